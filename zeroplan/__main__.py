@@ -1,0 +1,3 @@
+from zeroplan.cli import main
+
+main()

@@ -1,0 +1,40 @@
+"""The ``zeroplan`` command line: parses options, calls the API, renders. No logic of its own.
+
+Each command lives in its own module and registers itself on :data:`app`; heavy libraries
+(torch, deepspeed, optuna, pandas) are imported inside the command functions, so
+``zeroplan estimate`` starts without them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from zeroplan.spec.errors import SpecError
+
+app = typer.Typer(
+    name="zeroplan",
+    help="Memory planner and auto-tuner for ZeRO-style distributed training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Command modules register themselves on `app` when imported.
+from zeroplan.cli import estimate as _estimate  # noqa: E402,F401
+
+
+def main() -> None:
+    """Console-script entry point: bad input becomes one line on stderr and exit code 2."""
+    try:
+        app()
+    except SpecError as exc:
+        print(f"zeroplan: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("zeroplan: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+__all__ = ["app", "main"]

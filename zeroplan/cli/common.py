@@ -1,0 +1,246 @@
+"""Options shared by every command (same spellings everywhere) and their conversion to specs.
+
+Commands declare parameters with these ``Annotated`` aliases and call :func:`resolve_model`,
+:func:`resolve_cluster`, :func:`resolve_training` and :func:`plan_filters`; every bad value
+raises :class:`~zeroplan.spec.SpecError`, which ``zeroplan.cli.main`` turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from zeroplan.spec import (
+    CHECKPOINTING,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    ClusterSpec,
+    GiB,
+    ModelSpec,
+    SpecError,
+    TrainingSpec,
+)
+
+__all__ = [
+    "ParamsOpt",
+    "ModelOpt",
+    "GpusOpt",
+    "GpusPerNodeOpt",
+    "GpuOpt",
+    "GpuMemoryOpt",
+    "CpuMemoryOpt",
+    "NvmeOpt",
+    "SeqLenOpt",
+    "MicroBatchOpt",
+    "GlobalBatchOpt",
+    "GradAccumOpt",
+    "PrecisionOpt",
+    "OptimizerOpt",
+    "StageOpt",
+    "OffloadOptimizerOpt",
+    "OffloadParamOpt",
+    "CheckpointingOpt",
+    "FormatOpt",
+    "OutputOpt",
+    "resolve_model",
+    "resolve_cluster",
+    "resolve_training",
+    "check_choice_option",
+    "check_plan_options",
+    "write_output",
+]
+
+_MODEL = "Model"
+_CLUSTER = "Cluster"
+_TRAIN = "Training"
+_PLAN = "Plan"
+_OUT = "Output"
+
+ParamsOpt = Annotated[
+    Optional[float],
+    typer.Option("--params", help="Total parameters, e.g. 7e9 (shape derived by the GPT-3 rule).", rich_help_panel=_MODEL),
+]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", help="Preset name (see `zeroplan profiles`) or path to a Hugging Face config.json.", rich_help_panel=_MODEL),
+]
+GpusOpt = Annotated[int, typer.Option("--gpus", help="Total GPUs (data-parallel world size).", rich_help_panel=_CLUSTER)]
+GpusPerNodeOpt = Annotated[
+    Optional[int], typer.Option("--gpus-per-node", help="GPUs per node [default: min(gpus, 8)].", rich_help_panel=_CLUSTER)
+]
+GpuOpt = Annotated[
+    Optional[str],
+    typer.Option("--gpu", help="GPU profile name or path to a profile .toml [default: detected with NVML, else a100-80gb].", rich_help_panel=_CLUSTER),
+]
+GpuMemoryOpt = Annotated[
+    Optional[float], typer.Option("--gpu-memory", help="Usable GiB per GPU [default: the profile's].", rich_help_panel=_CLUSTER)
+]
+CpuMemoryOpt = Annotated[
+    Optional[float], typer.Option("--cpu-memory", help="Host GiB per node [default: this machine's, from psutil].", rich_help_panel=_CLUSTER)
+]
+NvmeOpt = Annotated[
+    Optional[float], typer.Option("--nvme", help="NVMe GiB per node for offload [default: 0, no NVMe].", rich_help_panel=_CLUSTER)
+]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sample.", rich_help_panel=_TRAIN)]
+MicroBatchOpt = Annotated[
+    Optional[int], typer.Option("--micro-batch", help="Samples per GPU per step [default: try 1, 2, 4, ...].", rich_help_panel=_TRAIN)
+]
+GlobalBatchOpt = Annotated[
+    Optional[int], typer.Option("--global-batch", help="Samples per optimizer step across all GPUs (kept exact).", rich_help_panel=_TRAIN)
+]
+GradAccumOpt = Annotated[
+    Optional[int], typer.Option("--grad-accum", help="Gradient-accumulation steps.", rich_help_panel=_TRAIN)
+]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 | fp16 | fp32.", rich_help_panel=_TRAIN)]
+OptimizerOpt = Annotated[
+    str, typer.Option("--optimizer", help="adamw | adam | sgd | adafactor | lion.", rich_help_panel=_TRAIN)
+]
+StageOpt = Annotated[Optional[int], typer.Option("--stage", help="ZeRO stage 0|1|2|3.", rich_help_panel=_PLAN)]
+OffloadOptimizerOpt = Annotated[
+    Optional[str], typer.Option("--offload-optimizer", help="none | cpu | nvme.", rich_help_panel=_PLAN)
+]
+OffloadParamOpt = Annotated[Optional[str], typer.Option("--offload-param", help="none | cpu | nvme.", rich_help_panel=_PLAN)]
+CheckpointingOpt = Annotated[
+    Optional[str], typer.Option("--checkpointing", help="none | selective | full.", rich_help_panel=_PLAN)
+]
+FormatOpt = Annotated[str, typer.Option("--format", help="table | json | csv.", rich_help_panel=_OUT)]
+OutputOpt = Annotated[
+    Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.", rich_help_panel=_OUT)
+]
+
+
+def check_choice_option(option: str, value: Optional[str], choices: tuple[str, ...]) -> None:
+    """SpecError naming the flag unless ``value`` is None or one of ``choices``."""
+    if value is not None and value not in choices:
+        raise SpecError(f"{option} {value!r} is not valid; choose one of {', '.join(choices)}")
+
+
+def _gib(option: str, value: Optional[float], *, allow_zero: bool = False) -> Optional[int]:
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(f"{option} {value:g} is not valid; give a positive number of GiB")
+    if value > 2**20:
+        raise SpecError(f"{option} {value:g} GiB is absurd; give a value below 1048576 GiB")
+    return int(value * GiB)
+
+
+def resolve_model(params: Optional[float], model: Optional[str]) -> ModelSpec:
+    """``--params`` or ``--model`` (preset name or config.json path) → ModelSpec."""
+    from zeroplan import profiles
+
+    if params is not None and model is not None:
+        raise SpecError("give either --params or --model, not both")
+    if model is not None:
+        looks_like_path = model.endswith(".json") or os.sep in model or Path(model).exists()
+        if looks_like_path:
+            return profiles.model_from_hf_config(Path(model))
+        return profiles.load_model_preset(model)
+    if params is None:
+        raise SpecError("no model given; use --params 7e9 or --model llama-3-8b (see `zeroplan profiles`)")
+    if not math.isfinite(params) or params <= 0:
+        raise SpecError(f"--params {params:g} is not valid; give a positive count such as 7e9")
+    return ModelSpec.from_params(params)
+
+
+def resolve_cluster(
+    *,
+    gpus: int,
+    gpus_per_node: Optional[int],
+    gpu: Optional[str],
+    gpu_memory_gib: Optional[float],
+    cpu_memory_gib: Optional[float],
+    nvme_gib: Optional[float],
+) -> ClusterSpec:
+    """Cluster options → ClusterSpec, filling defaults from NVML/psutil and saying so in ``notes``."""
+    from zeroplan import profiles
+
+    if gpus < 1:
+        raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise SpecError(f"--gpus-per-node {gpus_per_node} is not valid; give at least 1")
+    notes: list[str] = []
+    if gpu is None:
+        gpu_spec, note = profiles.default_gpu()
+        notes.append(note)
+    else:
+        gpu_spec = profiles.load_gpu(gpu)
+    if cpu_memory_gib is None:
+        import psutil
+
+        cpu_bytes = int(psutil.virtual_memory().total)
+        notes.append(f"CPU memory per node: {cpu_bytes / GiB:.0f} GiB (this machine, psutil; set --cpu-memory)")
+    else:
+        cpu_bytes = _gib("--cpu-memory", cpu_memory_gib)
+    return ClusterSpec(
+        gpus=gpus,
+        gpus_per_node=gpus_per_node if gpus_per_node is not None else min(gpus, 8),
+        gpu=gpu_spec,
+        gpu_memory_bytes=_gib("--gpu-memory", gpu_memory_gib) or 0,
+        cpu_memory_per_node_bytes=cpu_bytes,
+        nvme_per_node_bytes=_gib("--nvme", nvme_gib, allow_zero=True) or 0,
+        notes=tuple(notes),
+    )
+
+
+def resolve_training(
+    *,
+    precision: str,
+    optimizer: str,
+    seq_len: int,
+    micro_batch: Optional[int],
+    global_batch: Optional[int],
+    grad_accum: Optional[int],
+) -> TrainingSpec:
+    """Training options → TrainingSpec (checks name the flag)."""
+    check_choice_option("--precision", precision, PRECISIONS)
+    check_choice_option("--optimizer", optimizer, OPTIMIZERS)
+    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--global-batch", global_batch), ("--grad-accum", grad_accum)):
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} {value} is not valid; give a whole number >= 1")
+    if global_batch is not None and grad_accum is not None and micro_batch is None:
+        raise SpecError("--global-batch with --grad-accum also needs --micro-batch (or drop --grad-accum)")
+    return TrainingSpec(
+        precision=precision,
+        optimizer=optimizer,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        global_batch=global_batch,
+        grad_accum=grad_accum,
+    )
+
+
+def check_plan_options(
+    *, stage: Optional[int], offload_optimizer: Optional[str], offload_param: Optional[str], checkpointing: Optional[str]
+) -> None:
+    """Checks of the plan flags' spellings (combinations are checked by :class:`~zeroplan.spec.Plan`)."""
+    if stage is not None and stage not in (0, 1, 2, 3):
+        raise SpecError(f"--stage {stage} is not valid; choose 0, 1, 2 or 3")
+    check_choice_option("--offload-optimizer", offload_optimizer, OFFLOADS)
+    check_choice_option("--offload-param", offload_param, OFFLOADS)
+    check_choice_option("--checkpointing", checkpointing, CHECKPOINTING)
+
+
+def write_output(text: str, output: Optional[Path]) -> None:
+    """Print ``text`` or write it atomically to ``output`` (an existing file is replaced only on success)."""
+    if output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    if output.is_dir():
+        raise SpecError(f"--output {output} is a directory; give a file path")
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.exists():
+        raise SpecError(f"--output {output}: folder {parent} does not exist")
+    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text if text.endswith("\n") else text + "\n")
+        os.replace(tmp, output)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SpecError(f"--output {output}: cannot write ({exc.strerror})") from None

@@ -1,0 +1,33 @@
+"""Frozen, validated descriptions of a model, a cluster, a training setup and a plan."""
+
+from zeroplan.spec.cluster import GB, ClusterSpec, GiB, GpuSpec
+from zeroplan.spec.errors import SpecError
+from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params
+from zeroplan.spec.plan import CHECKPOINTING, OFFLOADS, STAGES, Plan
+from zeroplan.spec.training import (
+    OPTIMIZERS,
+    PRECISIONS,
+    TrainingSpec,
+    bytes_per_param,
+    optimizer_state_bytes_per_param,
+)
+
+__all__ = [
+    "CHECKPOINTING",
+    "ClusterSpec",
+    "GB",
+    "GiB",
+    "GpuSpec",
+    "MAX_PARAMS",
+    "ModelSpec",
+    "OFFLOADS",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "Plan",
+    "STAGES",
+    "SpecError",
+    "TrainingSpec",
+    "bytes_per_param",
+    "derive_shape_from_params",
+    "optimizer_state_bytes_per_param",
+]

@@ -1,0 +1,165 @@
+"""ModelSpec: the shape of a transformer, enough for memory, traffic and FLOP arithmetic."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from zeroplan.spec.errors import SpecError, check_positive_int
+
+__all__ = ["ModelSpec", "MAX_PARAMS", "derive_shape_from_params"]
+
+#: Largest model zeroplan accepts (100 trillion parameters); anything above is a typo.
+MAX_PARAMS = 10**14
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-style transformer as the estimator sees it.
+
+    ``params`` is authoritative for model-state memory (2Ψ + 2Ψ + KΨ); the shape fields feed
+    activations, FLOPs, bucket sizes and the largest-layer terms.
+    """
+
+    name: str
+    """Preset name, config path, or ``"<N> params"`` for a shape derived from a count."""
+    params: int
+    """Total trainable parameters Ψ (embeddings included, tied ones counted once)."""
+    hidden_size: int
+    """Model width h."""
+    num_layers: int
+    """Transformer blocks L."""
+    num_heads: int
+    """Attention heads a."""
+    num_kv_heads: int
+    """Key/value heads (== num_heads without GQA/MQA)."""
+    ffn_size: int
+    """Inner MLP width (4h for GPT, ~8h/3 rounded for SwiGLU models)."""
+    vocab_size: int
+    """Vocabulary V (rows of the embedding and of the output projection)."""
+    tied_embeddings: bool = True
+    """Output projection shares the input embedding."""
+    gated_mlp: bool = False
+    """SwiGLU/GeGLU MLP (three matrices instead of two)."""
+    largest_layer_params: int = 0
+    """Parameters of the largest single module (0: computed as max(embedding, one block's largest matrix))."""
+    source: str = "given"
+    """Where the shape came from: ``preset``, ``config.json``, ``derived`` (from --params) or ``given``."""
+    notes: tuple[str, ...] = field(default=())
+    """Things the user should know about how this spec was obtained."""
+
+    def __post_init__(self) -> None:
+        check_positive_int("params", self.params, maximum=MAX_PARAMS)
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size"):
+            check_positive_int(name, getattr(self, name), maximum=10**8)
+        if self.hidden_size % self.num_heads:
+            raise SpecError(
+                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise SpecError(
+                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
+            )
+        if self.largest_layer_params < 0:
+            raise SpecError(f"largest_layer_params={self.largest_layer_params} must be >= 0")
+        if self.largest_layer_params == 0:
+            object.__setattr__(self, "largest_layer_params", self._largest_layer())
+
+    @property
+    def head_dim(self) -> int:
+        """h / a."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding V·h (the output projection is another V·h when untied)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one transformer block from the shape (weights only, biases ignored).
+
+        Attention: Q and O are h×h, K and V are h×(kv_heads·head_dim); MLP: 2 or 3 matrices h×ffn.
+        """
+        h = self.hidden_size
+        kv = self.num_kv_heads * self.head_dim
+        attn = 2 * h * h + 2 * h * kv
+        mlp = (3 if self.gated_mlp else 2) * h * self.ffn_size
+        return attn + mlp
+
+    def _largest_layer(self) -> int:
+        # DeepSpeed's ZeRO-3 estimator uses the largest *layer* (module) because a whole module's
+        # parameters are gathered at once; embedding tables are usually the largest one.
+        h = self.hidden_size
+        largest_matrix = max(h * self.ffn_size, h * h)
+        return max(self.embedding_params, largest_matrix)
+
+    def as_dict(self) -> dict:
+        """JSON-ready dict (DESIGN.md `model` object)."""
+        return {
+            "name": self.name,
+            "params": self.params,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "ffn_size": self.ffn_size,
+            "vocab_size": self.vocab_size,
+            "tied_embeddings": self.tied_embeddings,
+            "gated_mlp": self.gated_mlp,
+            "largest_layer_params": self.largest_layer_params,
+            "source": self.source,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_params(cls, params: float, *, vocab_size: int = 50257) -> "ModelSpec":
+        """A plausible GPT-3-style shape for a bare parameter count.
+
+        Rule (documented in the output): GPT-3's family (Brown et al. 2020, Table 2.1) keeps
+        head_dim = 128 and h ≈ 128·L at scale, with Ψ ≈ 12·L·h² + V·h. We solve
+        12·(h/128)·h² + V·h = Ψ for h, round h to a multiple of 128 (at least 256), then pick L so
+        that 12·L·h² + V·h is closest to Ψ. For 175e9 this gives h = 12288, L = 96 — GPT-3 itself.
+        """
+        return derive_shape_from_params(params, vocab_size=vocab_size)
+
+
+def derive_shape_from_params(params: float, *, vocab_size: int = 50257) -> ModelSpec:
+    """See :meth:`ModelSpec.from_params`."""
+    if isinstance(params, bool) or not isinstance(params, (int, float)) or not math.isfinite(params):
+        raise SpecError(f"params={params!r} is not a finite number; give e.g. 7e9")
+    if params < 1e6:
+        raise SpecError(f"params={params:g} is too small; zeroplan models transformers of >= 1e6 parameters")
+    if params > MAX_PARAMS:
+        raise SpecError(f"params={params:g} is absurd; the largest accepted is {MAX_PARAMS:.0e}")
+    n = int(round(params))
+    # Solve 12 h^3 / 128 + V h = N by bisection (monotone in h).
+    lo, hi = 1.0, 1e7
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if 12 * mid**3 / 128 + vocab_size * mid < n:
+            lo = mid
+        else:
+            hi = mid
+    h = max(256, int(round(lo / 128)) * 128)
+    # Small models: the embedding may already exceed N; keep at least one block.
+    layers = max(1, int(round((n - vocab_size * h) / (12 * h * h))))
+    heads = h // 128
+    note = (
+        f"shape derived from --params {params:.3g}: h={h}, L={layers}, heads={heads}, V={vocab_size} "
+        "(GPT-3 rule: head_dim 128, h≈128·L, Ψ≈12·L·h²+V·h)"
+    )
+    return ModelSpec(
+        name=f"{params:.3g} params",
+        params=n,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        ffn_size=4 * h,
+        vocab_size=vocab_size,
+        tied_embeddings=True,
+        gated_mlp=False,
+        source="derived",
+        notes=(note,),
+    )

@@ -1,0 +1,113 @@
+"""Plan: one choice of ZeRO stage, offload, checkpointing and batch shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
+
+__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING"]
+
+STAGES = (0, 1, 2, 3)
+OFFLOADS = ("none", "cpu", "nvme")
+CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A ZeRO configuration to estimate, export, probe or tune.
+
+    Engine knobs left at ``None`` take DeepSpeed's defaults, or — when the model's hidden size
+    is known — Hugging Face's integration rule (reduce bucket h², prefetch 0.9·h², persistence
+    10·h), resolved by :func:`zeroplan.dsconfig.build_config` and by the estimator alike.
+    """
+
+    stage: int
+    """ZeRO stage: 0 (plain DDP), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)."""
+    offload_optimizer: str = "none"
+    """Where optimizer states live: none (GPU), cpu (ZeRO-Offload), nvme (ZeRO-Infinity, stage 3 only)."""
+    offload_param: str = "none"
+    """Where fp16 parameters live between uses: none, cpu or nvme (stage 3 only)."""
+    checkpointing: str = "none"
+    """Activation checkpointing: none, selective (attention recomputed) or full (per block)."""
+    micro_batch: int = 1
+    """Samples per GPU per forward/backward (train_micro_batch_size_per_gpu)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps per optimizer step."""
+    cpu_checkpointing: bool = False
+    """Keep checkpointed block inputs in host memory (DeepSpeed activation_checkpointing.cpu_checkpointing)."""
+    reduce_bucket_size: int | None = None
+    """Elements per gradient reduce bucket (DeepSpeed default 5e8)."""
+    allgather_bucket_size: int | None = None
+    """Elements per all-gather bucket in stages 1–2 (DeepSpeed default 5e8)."""
+    stage3_prefetch_bucket_size: int | None = None
+    """Elements prefetched ahead in stage 3 (DeepSpeed default 5e7)."""
+    stage3_param_persistence_threshold: int | None = None
+    """Parameters smaller than this stay unpartitioned in stage 3 (DeepSpeed default 1e5)."""
+    stage3_max_live_parameters: int | None = None
+    """Upper bound on gathered parameters alive at once in stage 3 (DeepSpeed default 1e9)."""
+    stage3_max_reuse_distance: int | None = None
+    """Gathered parameters reused within this many elements are not released (default 1e9)."""
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES or isinstance(self.stage, bool):
+            raise SpecError(f"stage={self.stage!r} is not valid; choose 0, 1, 2 or 3")
+        check_choice("offload_optimizer", self.offload_optimizer, OFFLOADS)
+        check_choice("offload_param", self.offload_param, OFFLOADS)
+        check_choice("checkpointing", self.checkpointing, CHECKPOINTING)
+        check_positive_int("micro_batch", self.micro_batch, maximum=1_000_000)
+        check_positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps, maximum=1_000_000)
+        if self.offload_param != "none" and self.stage != 3:
+            raise SpecError(
+                f"offload_param={self.offload_param} needs stage 3 (DeepSpeed ignores it below); "
+                "use --stage 3 or --offload-param none"
+            )
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise SpecError(
+                f"offload_optimizer={self.offload_optimizer} needs ZeRO stage 1, 2 or 3; use --stage 1 or higher"
+            )
+        if self.offload_optimizer == "nvme" and self.stage != 3:
+            raise SpecError(
+                "offload_optimizer=nvme needs stage 3 (ZeRO-Infinity); use --stage 3 or --offload-optimizer cpu"
+            )
+        if self.cpu_checkpointing and self.checkpointing == "none":
+            raise SpecError("cpu_checkpointing needs checkpointing selective or full")
+        for name in (
+            "reduce_bucket_size",
+            "allgather_bucket_size",
+            "stage3_prefetch_bucket_size",
+            "stage3_param_persistence_threshold",
+            "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive_int(name, value, minimum=0, maximum=10**13)
+
+    @property
+    def label(self) -> str:
+        """Short human label, e.g. ``z3 off-opt:cpu off-param:cpu ckpt:full mb4``."""
+        parts = [f"z{self.stage}"]
+        if self.offload_optimizer != "none":
+            parts.append(f"opt→{self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"param→{self.offload_param}")
+        if self.checkpointing != "none":
+            parts.append(f"ckpt:{self.checkpointing}")
+        parts.append(f"mb{self.micro_batch}")
+        if self.gradient_accumulation_steps > 1:
+            parts.append(f"ga{self.gradient_accumulation_steps}")
+        return " ".join(parts)
+
+    def as_dict(self) -> dict:
+        d = {
+            "stage": self.stage,
+            "offload_optimizer": self.offload_optimizer,
+            "offload_param": self.offload_param,
+            "checkpointing": self.checkpointing,
+            "micro_batch": self.micro_batch,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+        }
+        if self.cpu_checkpointing:
+            d["cpu_checkpointing"] = True
+        return d

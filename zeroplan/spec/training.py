@@ -1,0 +1,112 @@
+"""TrainingSpec: precision, optimizer and batch shape of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
+
+__all__ = [
+    "PRECISIONS",
+    "OPTIMIZERS",
+    "TrainingSpec",
+    "bytes_per_param",
+    "optimizer_state_bytes_per_param",
+]
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
+
+
+def bytes_per_param(precision: str) -> int:
+    """Bytes of one parameter (and one gradient) in the training precision: 2 for bf16/fp16, 4 for fp32.
+
+    ZeRO paper (arXiv 1910.02054) §3.1: mixed precision keeps fp16 parameters and gradients (2Ψ + 2Ψ).
+    """
+    check_choice("precision", precision, PRECISIONS)
+    return 2 if precision in ("bf16", "fp16") else 4
+
+
+def optimizer_state_bytes_per_param(optimizer: str, precision: str) -> int:
+    """K in the ZeRO paper's KΨ: optimizer-state bytes per parameter.
+
+    ZeRO paper §3.1: mixed-precision Adam keeps an fp32 master copy, momentum and variance:
+    K = 4 + 4 + 4 = 12. Other optimizers (same accounting, fp32 states):
+
+    * SGD with momentum: master 4 + momentum 4 = 8 (Lion: master 4 + momentum 4 = 8; Chen et al.
+      2023, arXiv 2302.06675, keeps one moment).
+    * Adafactor without momentum (Shazeer & Stern 2018, arXiv 1804.04235): master 4 + the factored
+      second moment, O(rows + cols) per matrix, counted as 0 per parameter: K = 4.
+
+    In pure fp32 training there is no separate master copy, so K drops by 4 (Adam: 8).
+    """
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_choice("precision", precision, PRECISIONS)
+    moments = {"adamw": 8, "adam": 8, "sgd": 4, "lion": 4, "adafactor": 0}[optimizer]
+    master = 4 if precision in ("bf16", "fp16") else 0
+    return master + moments
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """What one optimizer step processes and in which precision.
+
+    Give either ``global_batch`` (then accumulation is derived per plan and world size, exactly)
+    or ``grad_accum`` (then the global batch follows), or neither (accumulation 1).
+    """
+
+    precision: str = "bf16"
+    """Training precision: bf16, fp16 (both mixed precision with fp32 master) or fp32."""
+    optimizer: str = "adamw"
+    """adamw, adam, sgd (with momentum), adafactor or lion."""
+    seq_len: int = 2048
+    """Tokens per sample."""
+    micro_batch: int | None = None
+    """Samples per GPU per forward/backward; None lets the estimator enumerate 1, 2, 4, ..."""
+    global_batch: int | None = None
+    """Samples per optimizer step across all GPUs (train_batch_size), or None."""
+    grad_accum: int | None = None
+    """Micro-steps per optimizer step, or None."""
+    flash_attention: bool = True
+    """Attention kernel that does not keep the a·s² score matrix (SDPA/flash)."""
+
+    def __post_init__(self) -> None:
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_positive_int("seq_len", self.seq_len, maximum=10_000_000)
+        if self.micro_batch is not None:
+            check_positive_int("micro_batch", self.micro_batch, maximum=1_000_000)
+        if self.global_batch is not None:
+            check_positive_int("global_batch", self.global_batch, maximum=100_000_000)
+        if self.grad_accum is not None:
+            check_positive_int("grad_accum", self.grad_accum, maximum=1_000_000)
+
+    def accumulation_for(self, micro_batch: int, world_size: int) -> int:
+        """Gradient-accumulation steps for ``micro_batch`` on ``world_size`` data-parallel ranks.
+
+        DeepSpeed requires train_batch_size == micro_batch × accumulation × world_size exactly
+        (deepspeed/runtime/config.py, ``_batch_assertion``); a global batch that does not divide
+        raises SpecError naming the nearest valid values.
+        """
+        if self.global_batch is None:
+            return self.grad_accum or 1
+        per_step = micro_batch * world_size
+        if self.global_batch % per_step:
+            lower = max(per_step, self.global_batch // per_step * per_step)
+            raise SpecError(
+                f"global_batch={self.global_batch} is not a multiple of micro_batch×gpus="
+                f"{micro_batch}×{world_size}={per_step}; use {lower} or {lower + per_step}"
+            )
+        return self.global_batch // per_step
+
+    def as_dict(self) -> dict:
+        return {
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "seq_len": self.seq_len,
+            "micro_batch": self.micro_batch,
+            "global_batch": self.global_batch,
+            "grad_accum": self.grad_accum,
+            "flash_attention": self.flash_attention,
+        }
+
