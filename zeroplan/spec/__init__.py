@@ -3,7 +3,7 @@
 from zeroplan.spec.cluster import GB, ClusterSpec, GiB, GpuSpec
 from zeroplan.spec.errors import SpecError
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params
-from zeroplan.spec.plan import CHECKPOINTING, OFFLOADS, STAGES, Plan
+from zeroplan.spec.plan import CHECKPOINTING, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, resolve_engine_knobs
 from zeroplan.spec.training import (
     OPTIMIZERS,
     PRECISIONS,
@@ -15,6 +15,7 @@ from zeroplan.spec.training import (
 __all__ = [
     "CHECKPOINTING",
     "ClusterSpec",
+    "DEEPSPEED_DEFAULT_KNOBS",
     "GB",
     "GiB",
     "GpuSpec",
@@ -30,4 +31,5 @@ __all__ = [
     "bytes_per_param",
     "derive_shape_from_params",
     "optimizer_state_bytes_per_param",
+    "resolve_engine_knobs",
 ]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
-__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING"]
+__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "DEEPSPEED_DEFAULT_KNOBS", "resolve_engine_knobs"]
 
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")
@@ -111,3 +111,36 @@ class Plan:
         if self.cpu_checkpointing:
             d["cpu_checkpointing"] = True
         return d
+
+
+#: DeepSpeed's defaults (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig fields), in elements.
+DEEPSPEED_DEFAULT_KNOBS = {
+    "reduce_bucket_size": 500_000_000,
+    "allgather_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_param_persistence_threshold": 100_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
+    "sub_group_size": 1_000_000_000,
+}
+
+
+def resolve_engine_knobs(plan: Plan, hidden_size: int | None = None) -> dict[str, int]:
+    """Bucket and ZeRO-3 sizes (elements) a run of ``plan`` will use.
+
+    Plan fields that are set win. Otherwise, when the model's hidden size h is known, the rule
+    of Hugging Face's DeepSpeed integration (transformers/integrations/deepspeed.py,
+    ``trainer_config_finalize``: reduce_bucket_size = h², stage3_prefetch_bucket_size =
+    int(0.9·h²), stage3_param_persistence_threshold = 10·h); else DeepSpeed's defaults
+    (:data:`DEEPSPEED_DEFAULT_KNOBS`).
+    """
+    knobs = dict(DEEPSPEED_DEFAULT_KNOBS)
+    if hidden_size:
+        knobs["reduce_bucket_size"] = hidden_size * hidden_size
+        knobs["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+        knobs["stage3_param_persistence_threshold"] = 10 * hidden_size
+    for name in knobs:
+        value = getattr(plan, name, None)
+        if value is not None:
+            knobs[name] = int(value)
+    return knobs
