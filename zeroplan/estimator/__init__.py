@@ -1,0 +1,37 @@
+"""The analytic estimator: memory, traffic and time per ZeRO plan. Stdlib only — no torch."""
+
+from zeroplan.estimator.activations import ActivationMemory, activation_memory, layer_activation_bytes
+from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.memory import EngineOverhead, HostMemory, ModelStates, engine_overhead, host_memory, model_states
+from zeroplan.estimator.plans import (
+    DEFAULT_MICRO_BATCHES,
+    GpuMemory,
+    PlanEstimate,
+    enumerate_plans,
+    estimate_all,
+    estimate_plan,
+)
+from zeroplan.estimator.timing import StepTime, flops_per_token, step_time
+
+__all__ = [
+    "ActivationMemory",
+    "CommVolume",
+    "DEFAULT_MICRO_BATCHES",
+    "EngineOverhead",
+    "GpuMemory",
+    "HostMemory",
+    "ModelStates",
+    "PlanEstimate",
+    "StepTime",
+    "activation_memory",
+    "comm_volume",
+    "engine_overhead",
+    "enumerate_plans",
+    "estimate_all",
+    "estimate_plan",
+    "flops_per_token",
+    "host_memory",
+    "layer_activation_bytes",
+    "model_states",
+    "step_time",
+]

@@ -1,0 +1,268 @@
+"""``zeroplan estimate``: memory, traffic and time for every plan, best first."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from zeroplan import __version__
+from zeroplan.cli import app
+from zeroplan.cli.common import (
+    CheckpointingOpt,
+    CpuMemoryOpt,
+    FormatOpt,
+    GlobalBatchOpt,
+    GpuMemoryOpt,
+    GpuOpt,
+    GpusOpt,
+    GpusPerNodeOpt,
+    GradAccumOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    NvmeOpt,
+    OffloadOptimizerOpt,
+    OffloadParamOpt,
+    OptimizerOpt,
+    OutputOpt,
+    ParamsOpt,
+    PrecisionOpt,
+    SeqLenOpt,
+    StageOpt,
+    check_choice_option,
+    check_plan_options,
+    resolve_cluster,
+    resolve_model,
+    resolve_training,
+    write_output,
+)
+from zeroplan.spec import GiB, SpecError
+
+if False:  # pragma: no cover - typing only
+    from zeroplan.estimator import PlanEstimate
+
+__all__ = ["estimate", "estimates_to_json", "estimates_to_rows", "summarize"]
+
+
+def summarize(estimates: "list[PlanEstimate]") -> "list[PlanEstimate]":
+    """Best micro-batch per (stage, offloads, checkpointing), kept in ranking order."""
+    seen: set[tuple] = set()
+    best = []
+    for est in estimates:
+        p = est.plan
+        key = (p.stage, p.offload_optimizer, p.offload_param, p.checkpointing)
+        if key in seen:
+            continue
+        seen.add(key)
+        best.append(est)
+    return best
+
+
+def estimates_to_rows(estimates: "list[PlanEstimate]") -> list[dict]:
+    """Flat rows (one per plan) for CSV: bytes as integers, times in seconds."""
+    rows = []
+    for est in estimates:
+        d = est.plan.as_dict()
+        for k, v in est.gpu.as_dict().items():
+            d[f"gpu_{k}"] = v
+        d.update(
+            cpu_per_node=est.cpu_per_node,
+            nvme_per_node=est.nvme_per_node,
+            comm_per_step=est.comm_per_step,
+            pcie_per_step=est.comm.pcie,
+            step_time=est.step_time,
+            tokens_per_second=est.tokens_per_second,
+            fits=est.fits,
+            notes="; ".join(est.notes),
+        )
+        rows.append(d)
+    return rows
+
+
+def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]") -> dict:
+    """The DESIGN.md ``estimate --format json`` document."""
+    return {
+        "zeroplan_version": __version__,
+        "model": model.as_dict(),
+        "cluster": cluster.as_dict(),
+        "training": training.as_dict(),
+        "plans": [e.as_dict() for e in estimates],
+    }
+
+
+def _render_table(model, cluster, training, estimates, shown, *, total_plans: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(
+        title=(
+            f"{model.name}: {model.params / 1e9:.3g}B params on {cluster.gpus}× {cluster.gpu.name} "
+            f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
+            f"{training.precision}, seq {training.seq_len}"
+        ),
+        title_justify="left",
+    )
+    for col, justify in (
+        ("#", "right"), ("stage", "right"), ("offload opt/param", "left"), ("ckpt", "left"),
+        ("mb×ga", "right"), ("params", "right"), ("grads", "right"), ("optim", "right"),
+        ("activ", "right"), ("extra", "right"), ("GPU total", "right"), ("CPU/node", "right"),
+        ("comm/step", "right"), ("step s", "right"), ("tokens/s", "right"), ("fits", "left"),
+    ):
+        t.add_column(col, justify=justify, no_wrap=col not in ("fits",))
+
+    def g(n: int) -> str:
+        return f"{n / GiB:.1f}"
+
+    for i, est in enumerate(shown, 1):
+        p = est.plan
+        style = None if est.fits else "dim"
+        t.add_row(
+            str(i),
+            str(p.stage),
+            f"{p.offload_optimizer}/{p.offload_param}",
+            p.checkpointing,
+            f"{p.micro_batch}×{p.gradient_accumulation_steps}",
+            g(est.gpu.params),
+            g(est.gpu.gradients),
+            g(est.gpu.optimizer_states),
+            g(est.gpu.activations),
+            g(est.gpu.overhead),
+            g(est.gpu.total),
+            g(est.cpu_per_node),
+            f"{est.comm_per_step / 1e9:.1f} GB",
+            f"{est.step_time:.2f}",
+            f"{est.tokens_per_second:,.0f}",
+            "yes" if est.fits else "no: " + est.notes[0],
+            style=style,
+        )
+    console.print(t)
+    notes = list(model.notes) + list(cluster.notes)
+    n_fit = sum(e.fits for e in estimates)
+    notes.append(
+        f"{n_fit} of {total_plans} plans fit; showing the best micro-batch per configuration"
+        + ("" if len(shown) == len(summarize(estimates)) else f" (top {len(shown)}; --top 0 shows all)")
+        + ". Memory in GiB per GPU; 'extra' = engine buffers + CUDA reserve (--format json itemizes)."
+    )
+    for note in notes:
+        console.print(f"[dim]• {note}[/dim]")
+
+
+def _plot(path: Path, estimates, cluster) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpecError("--plot needs matplotlib; install it with: pip install 'zeroplan[plot]'") from None
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise SpecError(f"--plot {path}: give a .png, .svg or .pdf file name")
+    labels = [e.plan.label for e in estimates]
+    parts = ("params", "gradients", "optimizer_states", "activations", "overhead")
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(labels) + 2), 5))
+    bottoms = [0.0] * len(estimates)
+    for part in parts:
+        vals = [getattr(e.gpu, part) / GiB for e in estimates]
+        ax.bar(labels, vals, bottom=bottoms, label=part.replace("_", " "))
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.axhline(cluster.gpu_memory_bytes / GiB, color="black", linestyle="--", label=f"{cluster.gpu.name} capacity")
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title("Memory per GPU by plan")
+    ax.tick_params(axis="x", labelrotation=70, labelsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    try:
+        fig.savefig(tmp)
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SpecError(f"--plot {path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
+
+
+@app.command()
+def estimate(
+    params: ParamsOpt = None,
+    model: ModelOpt = None,
+    gpus: GpusOpt = 8,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpu: GpuOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
+    cpu_memory: CpuMemoryOpt = None,
+    nvme: NvmeOpt = None,
+    seq_len: SeqLenOpt = 2048,
+    micro_batch: MicroBatchOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    grad_accum: GradAccumOpt = None,
+    precision: PrecisionOpt = "bf16",
+    optimizer: OptimizerOpt = "adamw",
+    stage: StageOpt = None,
+    offload_optimizer: OffloadOptimizerOpt = None,
+    offload_param: OffloadParamOpt = None,
+    checkpointing: CheckpointingOpt = None,
+    no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
+    trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a stacked bar chart of memory per plan (PNG/SVG/PDF).")] = None,
+    top: Annotated[int, typer.Option("--top", help="Rows in the table (0: all configurations).")] = 20,
+    all_plans: Annotated[bool, typer.Option("--all", help="Table shows every micro-batch, not only the best per configuration.")] = False,
+) -> None:
+    """Memory per GPU, host memory, traffic and step time for every ZeRO plan, best first.
+
+    Exit code 0 when at least one plan fits, 1 when none does, 2 on bad input.
+    """
+    check_choice_option("--format", fmt, ("table", "json", "csv"))
+    check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    if top < 0:
+        raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
+    from dataclasses import replace
+
+    from zeroplan.estimator import enumerate_plans, estimate_all
+
+    model_spec = resolve_model(params, model)
+    cluster = resolve_cluster(
+        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+    )
+    training = resolve_training(
+        precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, grad_accum=grad_accum
+    )
+    if no_flash:
+        training = replace(training, flash_attention=False)
+    activation_bytes = None
+    if trace:
+        if model is None or not model.endswith(".json"):
+            raise SpecError("--trace needs --model path/to/config.json (a Hugging Face config to trace)")
+        from zeroplan.trace import activation_override
+
+        activation_bytes = activation_override(Path(model), training)
+    plans = enumerate_plans(
+        model_spec, cluster, training,
+        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
+    )
+    estimates = estimate_all(model_spec, cluster, training, plans, activation_bytes=activation_bytes)
+
+    if fmt == "json":
+        write_output(json.dumps(estimates_to_json(model_spec, cluster, training, estimates), indent=2), output)
+    elif fmt == "csv":
+        import pandas as pd
+
+        write_output(pd.DataFrame(estimates_to_rows(estimates)).to_csv(index=False), output)
+    else:
+        if output is not None:
+            raise SpecError("--output needs --format json or csv (the table prints to the terminal)")
+        shown = estimates if all_plans else summarize(estimates)
+        if top:
+            shown = shown[:top]
+        _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates))
+    if plot is not None:
+        _plot(plot, summarize(estimates)[: top or None], cluster)
+    if not any(e.fits for e in estimates):
+        print("zeroplan: no plan fits; see the reasons above (more GPUs, offload, checkpointing or a smaller micro-batch)", file=sys.stderr)
+        raise typer.Exit(1)

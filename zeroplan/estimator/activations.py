@@ -1,0 +1,132 @@
+"""Activation memory per GPU (Korthikanti et al. 2022, arXiv 2205.05198, §4).
+
+Korthikanti's per-layer count for a GPT block in 16-bit, no recomputation, is
+``s·b·h·(34 + 5·a·s/h)`` bytes: attention 11sbh + 5as²b, MLP 19sbh, two LayerNorms 4sbh (§4.1).
+We rebuild it term by term so the same code covers GQA (K and V have kv_heads·head_dim columns),
+SwiGLU MLPs, flash attention (no a·s² score tensors), fp32 activations and no-dropout models,
+and reduces to 34 + 5as/h exactly for GPT with dropout in 16-bit (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.spec import ModelSpec, Plan, TrainingSpec, bytes_per_param
+
+__all__ = ["ActivationMemory", "layer_activation_bytes", "activation_memory"]
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    precision: str,
+    flash_attention: bool,
+    recompute_attention: bool = False,
+) -> dict[str, int]:
+    """Bytes one transformer block saves for backward, by tensor (Korthikanti §4.1, Table 2 terms).
+
+    With s = seq_len, b = micro_batch, h = hidden, a = heads, kv = kv_heads·head_dim,
+    f = ffn_size, e = bytes per activation element (2 in 16-bit, 4 in fp32), and 1-byte dropout
+    masks (GPT-style models only — we take ``gated_mlp`` models, the Llama family, to have no
+    dropout):
+
+    * norms: each LayerNorm/RMSNorm keeps its input: 2 · e·sbh
+    * QKV projection input: e·sbh; Q: e·sbh; K and V: e·sb·kv each
+    * attention core: softmax output e·as²b, dropout mask as²b, dropout output e·as²b
+      (5as²b in 16-bit); flash attention keeps its output and fp32 log-sum-exp (4·asb) instead,
+      and selective recomputation (§4.2) drops the core entirely
+    * output projection input: e·sbh (the flash output itself when flash is used)
+    * attention dropout mask: sbh; MLP dropout mask: sbh
+    * MLP: input e·sbh; GELU MLP: fc1 output and GELU output e·sbf each (8sbh at f = 4h);
+      SwiGLU: gate, up, SiLU(gate) and their product e·sbf each
+    """
+    s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
+    kv = model.num_kv_heads * model.head_dim
+    f = model.ffn_size
+    e = bytes_per_param(precision)
+    sbh = s * b * h
+    dropout = not model.gated_mlp
+    terms: dict[str, int] = {
+        "norm_inputs": 2 * e * sbh,
+        "qkv_input": e * sbh,
+        "query": e * sbh,
+        "key_value": 2 * e * s * b * kv,
+    }
+    if flash_attention:
+        terms["attention_output"] = e * sbh  # also the output projection's input
+        terms["softmax_lse"] = 4 * a * s * b
+    else:
+        if not recompute_attention:
+            terms["attention_scores"] = (2 * e + (1 if dropout else 0)) * a * s * s * b
+        terms["output_projection_input"] = e * sbh
+    if dropout:
+        terms["dropout_masks"] = 2 * sbh
+    terms["mlp_input"] = e * sbh
+    terms["mlp_hidden"] = (4 if model.gated_mlp else 2) * e * s * b * f
+    return terms
+
+
+@dataclass(frozen=True)
+class ActivationMemory:
+    """Activation bytes on one GPU at the peak of backward, by component."""
+
+    per_layer: int
+    """Bytes one block keeps (all its saved tensors, or only its input under full recompute)."""
+    layers: int
+    """per_layer × num_layers (on the GPU)."""
+    recompute_working_set: int
+    """One block's full activations, rebuilt during backward under full recomputation."""
+    embeddings: int
+    """Embedding dropout mask and final-norm input."""
+    logits: int
+    """Logits and the fp32 log-softmax the loss keeps (s·b·V each)."""
+    on_cpu: int
+    """Checkpointed block inputs held on the host instead (cpu_checkpointing)."""
+
+    @property
+    def total(self) -> int:
+        """GPU activation bytes at the peak."""
+        return self.layers + self.recompute_working_set + self.embeddings + self.logits
+
+
+def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> ActivationMemory:
+    """Activations for ``plan`` (Korthikanti et al. 2022 §4.1–4.3, plus embeddings and logits).
+
+    * none: every block keeps :func:`layer_activation_bytes`.
+    * selective (§4.2): the attention core is recomputed — its a·s² tensors are not kept.
+    * full (§4.3): each block keeps only its input (e·sbh); during backward one block's full
+      activations are rebuilt at a time.
+    * cpu_checkpointing moves those block inputs to host memory.
+    * Logits: the output projection writes s·b·V in the activation dtype; the loss up-casts to
+      fp32 (4·sbV) and log-softmax keeps its fp32 output (4·sbV) — at large V this dominates
+      (Llama-3's V = 128256 at s = 8192 gives 10 GB per sample).
+    """
+    s, b, h = training.seq_len, plan.micro_batch, model.hidden_size
+    e = bytes_per_param(training.precision)
+    kwargs = dict(seq_len=s, micro_batch=b, precision=training.precision, flash_attention=training.flash_attention)
+    full_layer = sum(layer_activation_bytes(model, **kwargs).values())
+    if plan.checkpointing == "none":
+        per_layer, working = full_layer, 0
+    elif plan.checkpointing == "selective":
+        per_layer = sum(layer_activation_bytes(model, recompute_attention=True, **kwargs).values())
+        working = full_layer - per_layer
+    else:
+        per_layer, working = e * s * b * h, full_layer
+    on_cpu = 0
+    layers = per_layer * model.num_layers
+    if plan.cpu_checkpointing and plan.checkpointing == "full":
+        on_cpu, layers = layers, per_layer
+    dropout = not model.gated_mlp
+    embeddings = (s * b * h if dropout else 0) + e * s * b * h
+    fp32_copy = 4 * s * b * model.vocab_size if e != 4 else 0
+    logits = e * s * b * model.vocab_size + fp32_copy + 4 * s * b * model.vocab_size
+    return ActivationMemory(
+        per_layer=per_layer,
+        layers=layers,
+        recompute_working_set=working,
+        embeddings=embeddings,
+        logits=logits,
+        on_cpu=on_cpu,
+    )

@@ -1,0 +1,116 @@
+"""Communication per optimizer step, and collective times.
+
+Sources:
+
+* ZeRO paper (arXiv 1910.02054) §7: data parallelism and stages 1–2 move 2Ψ elements per GPU
+  per step (reduce-scatter + all-gather, i.e. an all-reduce); stage 3 moves 3Ψ (parameter
+  all-gather in forward and again in backward, gradient reduce-scatter).
+* DeepSpeed 0.19: stage 0 and 1 reduce once per optimizer step (engine.allreduce_gradients /
+  stage_1_and_2.reduce_gradients at the accumulation boundary); stage 2 reduces in every
+  micro-step's backward hooks; stage 3 gathers parameters in every micro-step's forward and
+  backward and reduce-scatters gradients every micro-step. Gradient accumulation multiplies
+  those terms.
+* nccl-tests PERFORMANCE.md: a ring all-gather / reduce-scatter of S bytes over n ranks moves
+  S·(n−1)/n bytes per rank, taking α·(n−1) + S·(n−1)/(n·B); an all-reduce moves twice that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param
+
+__all__ = ["CommVolume", "comm_volume", "ring_time", "bus_bandwidth"]
+
+
+@dataclass(frozen=True)
+class CommVolume:
+    """Bytes each GPU sends per optimizer step, by collective, plus host↔device traffic."""
+
+    gradient_reduce: int
+    """Reduce-scatter (stages 1–3) or the reduce half of an all-reduce (stage 0) of gradients."""
+    param_allgather: int
+    """All-gather of updated parameters (stages 0–2: once; stage 3: forward + backward each micro-step)."""
+    collectives: int
+    """Number of collective calls per step (for the latency term)."""
+    pcie: int
+    """Host↔device bytes per GPU per step for offload (gradients down, parameters up)."""
+    psi_multiple: float
+    """gradient_reduce + param_allgather in units of Ψ elements, before the (n−1)/n ring factor."""
+
+    @property
+    def total(self) -> int:
+        """Network bytes each GPU sends per step (``comm_per_step``)."""
+        return self.gradient_reduce + self.param_allgather
+
+
+def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> CommVolume:
+    """Per-GPU traffic for ``plan`` (ZeRO §7; DeepSpeed's per-micro-step behaviour; ring factor).
+
+    With Ψ parameters, p bytes per element, n GPUs, g accumulation steps and ring factor
+    r = (n−1)/n:
+
+    * stage 0, 1:  gradients Ψ·r·p (reduce half) + parameters Ψ·r·p (gather half) once → 2Ψ
+    * stage 2:     gradients Ψ·r·p every micro-step (g×), parameters Ψ·r·p once → (g+1)Ψ
+    * stage 3:     parameters 2Ψ·r·p and gradients Ψ·r·p every micro-step → 3gΨ
+
+    Offload (ZeRO-Offload §4.2, ZeRO-Infinity §5): optimizer offload moves the gradient
+    partition down (p·Ψ/n; every micro-step in stage 2–3) and the updated parameter partition up
+    (p·Ψ/n) each step; parameter offload brings each parameter partition up for forward and for
+    backward in every micro-step (2g·p·Ψ/n).
+    """
+    n = cluster.gpus
+    psi = model.params
+    p = bytes_per_param(training.precision)
+    g = plan.gradient_accumulation_steps
+    ring = (n - 1) / n
+    if plan.stage <= 1:
+        grad_mult, gather_mult = 1.0, 1.0
+    elif plan.stage == 2:
+        grad_mult, gather_mult = float(g), 1.0
+    else:
+        grad_mult, gather_mult = float(g), 2.0 * g
+    gradient_reduce = int(grad_mult * psi * ring * p)
+    param_allgather = int(gather_mult * psi * ring * p)
+    # One collective per bucket; stage 3 gathers per module (≈ 2 per block per pass).
+    if plan.stage == 3:
+        collectives = g * (4 * model.num_layers + 2) + g * model.num_layers
+    else:
+        collectives = int(grad_mult + gather_mult) * max(1, model.num_layers // 4)
+    shard = -(-psi // n)
+    pcie = 0
+    if plan.offload_optimizer != "none":
+        down = p * shard * (g if plan.stage >= 2 else 1)
+        pcie += down + p * shard
+    if plan.offload_param != "none":
+        pcie += 2 * g * p * shard
+    return CommVolume(
+        gradient_reduce=gradient_reduce,
+        param_allgather=param_allgather,
+        collectives=collectives,
+        pcie=pcie,
+        psi_multiple=grad_mult + gather_mult,
+    )
+
+
+def bus_bandwidth(cluster: ClusterSpec) -> float:
+    """Per-GPU ring bandwidth in bytes/s: NVLink/PCIe within a node, the network across nodes.
+
+    A ring that crosses nodes runs at its slowest link, the per-GPU share of the node's network.
+    """
+    gpu = cluster.gpu
+    if cluster.nodes == 1:
+        return gpu.intra_node_bandwidth
+    return min(gpu.intra_node_bandwidth, gpu.inter_node_bandwidth)
+
+
+def ring_time(bytes_sent: int, collectives: int, cluster: ClusterSpec) -> float:
+    """Seconds for ring collectives that send ``bytes_sent`` per GPU in ``collectives`` calls.
+
+    nccl-tests PERFORMANCE.md: t = α·(n−1) per call + S·(n−1)/(n·B); ``bytes_sent`` already
+    includes the (n−1)/n factor.
+    """
+    n = cluster.gpus
+    if n == 1:
+        return 0.0
+    return collectives * cluster.gpu.collective_latency_s * (n - 1) + bytes_sent / bus_bandwidth(cluster)

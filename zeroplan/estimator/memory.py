@@ -1,0 +1,261 @@
+"""Model-state and engine memory per GPU, and host/NVMe memory per node, for one ZeRO plan.
+
+Pure arithmetic (stdlib only). Sources:
+
+* ZeRO: Rajbhandari et al. 2020, arXiv 1910.02054, §3.1 (2Ψ + 2Ψ + KΨ, K = 12 for mixed-precision
+  Adam) and §5 / Figure 1 (P_os, P_os+g, P_os+g+p divide by N_d).
+* ZeRO-Offload (arXiv 2101.06840) and ZeRO-Infinity (arXiv 2104.07857) for what moves to CPU/NVMe.
+* DeepSpeed 0.19 source for what the engine really allocates on top (cited per item below).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zeroplan.spec import (
+    ClusterSpec,
+    ModelSpec,
+    Plan,
+    TrainingSpec,
+    bytes_per_param,
+    optimizer_state_bytes_per_param,
+    resolve_engine_knobs,
+)
+
+__all__ = [
+    "ModelStates",
+    "EngineOverhead",
+    "HostMemory",
+    "model_states",
+    "engine_overhead",
+    "host_memory",
+    "CUDA_CONTEXT_BYTES",
+    "ALLOCATOR_FRAGMENTATION",
+]
+
+#: CUDA context, cuBLAS workspace and NCCL communicator buffers: memory a process holds that
+#: ``torch.cuda.max_memory_allocated`` never reports (typically 0.5–1.5 GiB on A100/H100).
+CUDA_CONTEXT_BYTES = 1 * 1024**3
+#: Fraction of allocated bytes the caching allocator holds on top as fragmentation.
+ALLOCATOR_FRAGMENTATION = 0.05
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """The ZeRO paper's three model-state categories on one GPU, in bytes."""
+
+    params: int
+    """Low-precision (or fp32) parameters resident on the GPU: 2Ψ, or 2Ψ/N_d in stage 3."""
+    gradients: int
+    """Gradients resident on the GPU: 2Ψ, or 2Ψ/N_d from stage 2."""
+    optimizer_states: int
+    """fp32 master weights and optimizer moments on the GPU: KΨ, or KΨ/N_d from stage 1."""
+    offloaded_params: int = 0
+    """Parameter bytes per GPU held on the host/NVMe instead (offload_param)."""
+    offloaded_gradients: int = 0
+    """Gradient bytes per GPU held on the host instead (fp32 partition with offload_optimizer)."""
+    offloaded_optimizer_states: int = 0
+    """Optimizer-state bytes per GPU held on the host/NVMe instead (offload_optimizer)."""
+
+    @property
+    def total(self) -> int:
+        """params + gradients + optimizer_states (GPU side)."""
+        return self.params + self.gradients + self.optimizer_states
+
+
+def model_states(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> ModelStates:
+    """Per-GPU model states for ``plan`` (ZeRO paper §5, Figure 1; offload per ZeRO-Offload §4).
+
+    With Ψ parameters, N_d = cluster.gpus, p = bytes per parameter (2 for bf16/fp16, 4 for fp32)
+    and K = optimizer-state bytes per parameter (12 for mixed-precision Adam):
+
+    * stage 0:  params pΨ,      gradients pΨ,      optimizer KΨ
+    * stage 1:  params pΨ,      gradients pΨ,      optimizer KΨ/N_d       (P_os)
+    * stage 2:  params pΨ,      gradients pΨ/N_d,  optimizer KΨ/N_d       (P_os+g)
+    * stage 3:  params pΨ/N_d,  gradients pΨ/N_d,  optimizer KΨ/N_d       (P_os+g+p)
+
+    offload_optimizer moves the optimizer states — and, in DeepSpeed, the gradient partition,
+    which is reduced straight into the host's fp32 buffer (stage_1_and_2.py
+    ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``; stage3.py ``partition_grads`` with
+    ``offload_optimizer``) — off the GPU; offload_param moves the stage-3 parameter partition.
+    Partitions round up, as DeepSpeed pads each flat group to a multiple of N_d.
+    """
+    n = cluster.gpus
+    psi = model.params
+    p = bytes_per_param(training.precision)
+    k = optimizer_state_bytes_per_param(training.optimizer, training.precision)
+
+    def shard(count: int) -> int:
+        return -(-count // n)
+
+    params = p * (shard(psi) if plan.stage == 3 else psi)
+    gradients = p * (shard(psi) if plan.stage >= 2 else psi)
+    optimizer = k * (shard(psi) if plan.stage >= 1 else psi)
+
+    offloaded_params = offloaded_grads = offloaded_opt = 0
+    if plan.offload_optimizer != "none":
+        offloaded_opt, optimizer = optimizer, 0
+        if plan.stage >= 2:
+            # The gradient partition lives on the host as fp32 (4 bytes), next to the master weights.
+            offloaded_grads, gradients = 4 * shard(psi), 0
+    if plan.offload_param != "none":
+        offloaded_params, params = params, 0
+    return ModelStates(
+        params=params,
+        gradients=gradients,
+        optimizer_states=optimizer,
+        offloaded_params=offloaded_params,
+        offloaded_gradients=offloaded_grads,
+        offloaded_optimizer_states=offloaded_opt,
+    )
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """What DeepSpeed allocates on the GPU beyond the paper's model states, by phase.
+
+    ``during_backward`` items coexist with activations; ``during_step`` items exist only in the
+    optimizer step, after activations are freed; ``always`` items exist throughout. The peak is
+    always + max(activations + during_backward, during_step).
+    """
+
+    always: dict[str, int] = field(default_factory=dict)
+    during_backward: dict[str, int] = field(default_factory=dict)
+    during_step: dict[str, int] = field(default_factory=dict)
+    unallocated: dict[str, int] = field(default_factory=dict)
+    """Memory the process holds that ``max_memory_allocated`` does not report (CUDA only)."""
+
+    def items(self) -> dict[str, int]:
+        """Every named item (for the JSON ``overhead_items``)."""
+        return {**self.always, **self.during_backward, **self.during_step, **self.unallocated}
+
+
+def engine_overhead(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    *,
+    device: str = "cuda",
+) -> EngineOverhead:
+    """DeepSpeed's extra GPU allocations for ``plan`` (DeepSpeed 0.19 source, cited per item).
+
+    ``device="cpu"`` drops the CUDA-only terms (context, allocator fragmentation), for
+    comparison with probes measured on CPU.
+    """
+    n = cluster.gpus
+    psi = model.params
+    p = bytes_per_param(training.precision)
+    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    shard = -(-psi // n)
+    always: dict[str, int] = {}
+    backward: dict[str, int] = {}
+    step: dict[str, int] = {}
+
+    if plan.stage == 0:
+        if training.precision != "fp32":
+            # FP16_Optimizer (runtime/fp16/fused_optimizer.py, used for fp16 and for bf16 at stage 0)
+            # converts the flat low-precision gradients to an fp32 copy for the step.
+            step["fp32_gradient_copy"] = 4 * psi
+        # engine.allreduce_gradients flattens each bucket of reduce_bucket_size elements.
+        backward["reduce_bucket"] = p * min(knobs["reduce_bucket_size"], psi)
+    elif plan.stage in (1, 2):
+        # stage_1_and_2.py setup_buckets: contiguous_gradients (default True) allocates an ipg buffer
+        # of reduce_bucket_size elements (two when overlap_comm; default False below stage 3).
+        backward["reduce_bucket"] = p * knobs["reduce_bucket_size"]
+        if plan.offload_optimizer == "none":
+            # stage_1_and_2.py step(): single_grad_partition = flat_grad_partition.to(fp32), the
+            # fp32 gradient partition the optimizer consumes (4 bytes × Ψ/N_d).
+            step["fp32_gradient_partition"] = 4 * shard
+    else:
+        # stage3.py: the ipg bucket of reduce_bucket_size elements (__ipg_bucket_flat_buffer).
+        backward["reduce_bucket"] = p * knobs["reduce_bucket_size"]
+        # partitioned_param_coordinator: parameters gathered for the module running now plus
+        # those prefetched, bounded by stage3_max_live_parameters.
+        gathered = min(
+            knobs["stage3_max_live_parameters"],
+            model.largest_layer_params + knobs["stage3_prefetch_bucket_size"],
+        )
+        backward["gathered_params"] = p * gathered
+        # Parameters below stage3_param_persistence_threshold stay whole on every rank
+        # (parameter_offload.py persistent_parameters): norms and bias vectors, ~(2L+1)·h.
+        if model.hidden_size < knobs["stage3_param_persistence_threshold"]:
+            persistent = (2 * model.num_layers + 1) * model.hidden_size
+            always["persistent_params"] = p * (persistent - persistent // n)
+        if plan.offload_optimizer == "none":
+            # stage3.py _prepare_fp32_grad_for_sub_group: one sub-group's gradients as fp32 at a time.
+            step["fp32_gradient_partition"] = 4 * min(shard, knobs["sub_group_size"])
+    if device == "cuda":
+        unallocated = {"cuda_context": CUDA_CONTEXT_BYTES}
+        return EngineOverhead(always=always, during_backward=backward, during_step=step, unallocated=unallocated)
+    return EngineOverhead(always=always, during_backward=backward, during_step=step)
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Host RAM and NVMe per node for one plan, in bytes."""
+
+    cpu_items: dict[str, int]
+    """Host RAM per node while training, by item."""
+    nvme_items: dict[str, int]
+    """NVMe per node, by item."""
+    startup_cpu: int = 0
+    """Host RAM per node while the model is built, before ZeRO partitions it."""
+
+    @property
+    def cpu_per_node(self) -> int:
+        """The larger of start-up and steady-state host RAM per node."""
+        return max(self.startup_cpu, sum(self.cpu_items.values()))
+
+    @property
+    def nvme_per_node(self) -> int:
+        return sum(self.nvme_items.values())
+
+
+#: ZeRO-Infinity pinned staging buffers (DeepSpeed offload_param defaults buffer_count 5,
+#: buffer_size 1e8 elements; offload_optimizer swapper buffer_count 4).
+_NVME_PARAM_BUFFERS = 5 * 100_000_000
+_NVME_OPTIMIZER_BUFFERS = 4
+
+
+def host_memory(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    states: ModelStates,
+    *,
+    checkpoint_bytes_on_cpu: int = 0,
+) -> HostMemory:
+    """Host RAM and NVMe per node (ZeRO-Offload §4.1; ZeRO-Infinity §5).
+
+    Each of the node's ``gpus_in_node`` ranks keeps its offloaded partition on the host (or
+    NVMe). Before ``deepspeed.initialize`` partitions anything, each rank of a stage 0–2 run
+    builds the whole model in fp32 on the host (4Ψ per rank); stage 3 with ``zero.Init``
+    builds it partitioned. The per-node figure is the larger of that start-up peak and the
+    steady state. ``checkpoint_bytes_on_cpu`` adds activation checkpoints kept on the host
+    (``cpu_checkpointing``).
+    """
+    g = cluster.gpus_in_node
+    psi = model.params
+    p = bytes_per_param(training.precision)
+    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    cpu: dict[str, int] = {}
+    nvme: dict[str, int] = {}
+    if plan.offload_optimizer == "cpu":
+        cpu["optimizer_states"] = g * states.offloaded_optimizer_states
+        cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // cluster.gpus))
+    elif plan.offload_optimizer == "nvme":
+        nvme["optimizer_states"] = g * states.offloaded_optimizer_states
+        cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // cluster.gpus))
+        sub_group = min(-(-psi // cluster.gpus), knobs["sub_group_size"])
+        cpu["optimizer_swap_buffers"] = g * _NVME_OPTIMIZER_BUFFERS * 4 * sub_group
+    if plan.offload_param == "cpu":
+        cpu["params"] = g * states.offloaded_params
+    elif plan.offload_param == "nvme":
+        nvme["params"] = g * states.offloaded_params
+        cpu["param_swap_buffers"] = g * p * _NVME_PARAM_BUFFERS
+    if checkpoint_bytes_on_cpu:
+        cpu["activation_checkpoints"] = g * checkpoint_bytes_on_cpu
+    startup = g * 4 * (psi if plan.stage < 3 else model.largest_layer_params)
+    return HostMemory(cpu_items=cpu, nvme_items=nvme, startup_cpu=startup)

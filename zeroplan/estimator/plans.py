@@ -1,0 +1,313 @@
+"""Estimate one plan end to end, enumerate the plan space, rank plans."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+from zeroplan.estimator.activations import ActivationMemory, activation_memory
+from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.memory import (
+    ALLOCATOR_FRAGMENTATION,
+    EngineOverhead,
+    HostMemory,
+    ModelStates,
+    engine_overhead,
+    host_memory,
+    model_states,
+)
+from zeroplan.estimator.timing import StepTime, step_time
+from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
+
+__all__ = [
+    "GpuMemory",
+    "PlanEstimate",
+    "estimate_plan",
+    "enumerate_plans",
+    "estimate_all",
+    "DEFAULT_MICRO_BATCHES",
+]
+
+#: Micro-batches tried when the user gives none.
+DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """Per-GPU memory at the step's peak, in bytes (DESIGN.md ``gpu`` object)."""
+
+    params: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    overhead: int
+    """Engine extras alive at the peak plus the CUDA reserve (context, allocator fragmentation)."""
+    total: int
+    """Everything the GPU must hold at the peak: params + gradients + optimizer_states + activations + overhead."""
+    peak_allocated: int
+    """``total`` less the CUDA reserve: what ``torch.cuda.max_memory_allocated`` should report."""
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "params": self.params,
+            "gradients": self.gradients,
+            "optimizer_states": self.optimizer_states,
+            "activations": self.activations,
+            "overhead": self.overhead,
+            "total": self.total,
+            "peak_allocated": self.peak_allocated,
+        }
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """Everything the estimator predicts for one plan."""
+
+    plan: Plan
+    gpu: GpuMemory
+    overhead_items: dict[str, int]
+    """Every engine extra by name (alive at the peak or not; see notes for the phase)."""
+    states: ModelStates
+    activation_breakdown: Optional[ActivationMemory]
+    host: HostMemory
+    comm: CommVolume
+    time: StepTime
+    tokens_per_second: float
+    fits: bool
+    notes: tuple[str, ...]
+
+    @property
+    def cpu_per_node(self) -> int:
+        return self.host.cpu_per_node
+
+    @property
+    def nvme_per_node(self) -> int:
+        return self.host.nvme_per_node
+
+    @property
+    def comm_per_step(self) -> int:
+        return self.comm.total
+
+    @property
+    def step_time(self) -> float:
+        return self.time.total
+
+    def as_dict(self) -> dict:
+        """The DESIGN.md ``plans[]`` object."""
+        d = self.plan.as_dict()
+        d.update(
+            {
+                "gpu": self.gpu.as_dict(),
+                "overhead_items": dict(self.overhead_items),
+                "cpu_per_node": self.cpu_per_node,
+                "cpu_items": dict(self.host.cpu_items),
+                "nvme_per_node": self.nvme_per_node,
+                "comm_per_step": self.comm_per_step,
+                "pcie_per_step": self.comm.pcie,
+                "step_time": self.step_time,
+                "step_time_breakdown": {
+                    "compute": self.time.compute,
+                    "communication": self.time.communication,
+                    "exposed_communication": self.time.exposed_communication,
+                    "optimizer": self.time.optimizer,
+                    "offload_transfer": self.time.offload_transfer,
+                },
+                "tokens_per_second": self.tokens_per_second,
+                "fits": self.fits,
+                "notes": list(self.notes),
+            }
+        )
+        return d
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def estimate_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    *,
+    device: str = "cuda",
+    activation_bytes: Optional[Callable[[Plan], int]] = None,
+) -> PlanEstimate:
+    """Memory, traffic, time and fit of ``plan`` on ``cluster``.
+
+    Peak GPU bytes = model states + always-resident engine extras + max(activations + buffers
+    alive in backward, buffers alive only in the optimizer step), plus on CUDA the context and
+    allocator fragmentation (``device="cpu"`` leaves those out, for probes measured on CPU).
+    ``activation_bytes`` replaces the Korthikanti formula with traced numbers
+    (``zeroplan estimate --trace``).
+    """
+    if device not in ("cuda", "cpu"):
+        raise SpecError(f"device={device!r} is not valid; choose cuda or cpu")
+    notes: list[str] = []
+    states = model_states(model, cluster, training, plan)
+    extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device)
+    if activation_bytes is None:
+        acts: Optional[ActivationMemory] = activation_memory(model, training, plan)
+        act_total = acts.total
+        act_on_cpu = acts.on_cpu
+    else:
+        acts = None
+        act_total = int(activation_bytes(plan))
+        act_on_cpu = 0
+        notes.append("activations traced (FakeTensorMode), not from the formula")
+
+    always = sum(extra.always.values())
+    backward = act_total + sum(extra.during_backward.values())
+    step_phase = sum(extra.during_step.values())
+    allocated = states.total + always + max(backward, step_phase)
+    if step_phase > backward:
+        notes.append(
+            f"peak is in the optimizer step ({', '.join(extra.during_step)} {_gib(step_phase)} "
+            f"> activations and buckets {_gib(backward)})"
+        )
+    reserve = 0
+    overhead_items = extra.items()
+    if device == "cuda":
+        fragmentation = int(ALLOCATOR_FRAGMENTATION * allocated)
+        overhead_items["allocator_fragmentation"] = fragmentation
+        reserve = fragmentation + sum(extra.unallocated.values())
+    total = allocated + reserve
+    gpu = GpuMemory(
+        params=states.params,
+        gradients=states.gradients,
+        optimizer_states=states.optimizer_states,
+        activations=act_total,
+        overhead=total - states.total - act_total,
+        total=total,
+        peak_allocated=allocated,
+    )
+    host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
+    comm = comm_volume(model, cluster, training, plan)
+    timing = step_time(model, cluster, training, plan, comm)
+    tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
+    tps = tokens / timing.total if timing.total > 0 else 0.0
+
+    fits = True
+    if total > cluster.gpu_memory_bytes:
+        fits = False
+        notes.insert(0, f"GPU: needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
+    if host.cpu_per_node > cluster.cpu_memory_per_node_bytes > 0:
+        fits = False
+        notes.insert(0, f"CPU: needs {_gib(host.cpu_per_node)} per node > {_gib(cluster.cpu_memory_per_node_bytes)}")
+    if host.nvme_per_node:
+        if cluster.nvme_per_node_bytes == 0:
+            fits = False
+            notes.insert(0, f"NVMe: needs {_gib(host.nvme_per_node)} per node; none given (--nvme GiB)")
+        elif host.nvme_per_node > cluster.nvme_per_node_bytes:
+            fits = False
+            notes.insert(0, f"NVMe: needs {_gib(host.nvme_per_node)} per node > {_gib(cluster.nvme_per_node_bytes)}")
+    if host.startup_cpu > sum(host.cpu_items.values()) and host.startup_cpu > 0.5 * cluster.cpu_memory_per_node_bytes > 0:
+        notes.append(f"model build takes {_gib(host.startup_cpu)} of host RAM per node before partitioning")
+    return PlanEstimate(
+        plan=plan,
+        gpu=gpu,
+        overhead_items=overhead_items,
+        states=states,
+        activation_breakdown=acts,
+        host=host,
+        comm=comm,
+        time=timing,
+        tokens_per_second=tps,
+        fits=fits,
+        notes=tuple(notes),
+    )
+
+
+def _combos(stage: int) -> Iterable[tuple[str, str]]:
+    """(offload_optimizer, offload_param) pairs DeepSpeed accepts at ``stage``."""
+    if stage == 0:
+        yield ("none", "none")
+    elif stage in (1, 2):
+        yield ("none", "none")
+        yield ("cpu", "none")
+    else:
+        for opt in ("none", "cpu", "nvme"):
+            for param in ("none", "cpu", "nvme"):
+                yield (opt, param)
+
+
+def enumerate_plans(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    *,
+    stage: Optional[int] = None,
+    offload_optimizer: Optional[str] = None,
+    offload_param: Optional[str] = None,
+    checkpointing: Optional[str] = None,
+    micro_batches: Optional[Iterable[int]] = None,
+) -> list[Plan]:
+    """Every valid plan, optionally filtered; accumulation derived from the training spec.
+
+    Checkpointing: none and full, plus selective when attention is not flash (with flash,
+    selective keeps the same bytes as none). Micro-batches: ``micro_batches``, else the training spec's, else 1, 2, 4, …, 64. With a
+    global batch, micro-batches that cannot reach it exactly on ``cluster.gpus`` are skipped;
+    if none can, SpecError says which global batches would work.
+    """
+    if micro_batches is None:
+        micro_batches = (training.micro_batch,) if training.micro_batch else DEFAULT_MICRO_BATCHES
+    valid_mbs: list[tuple[int, int]] = []
+    last_error: Optional[SpecError] = None
+    for mb in micro_batches:
+        try:
+            valid_mbs.append((mb, training.accumulation_for(mb, cluster.gpus)))
+        except SpecError as exc:
+            last_error = exc
+    if not valid_mbs:
+        assert last_error is not None
+        raise last_error
+    stages = (stage,) if stage is not None else (0, 1, 2, 3)
+    if checkpointing is not None:
+        ckpts: tuple[str, ...] = (checkpointing,)
+    elif training.flash_attention:
+        # With flash attention the score matrix is never stored, so selective recomputation
+        # (Korthikanti §4.2) saves nothing over none: leave the duplicate out.
+        ckpts = ("none", "full")
+    else:
+        ckpts = ("none", "selective", "full")
+    plans = []
+    for st in stages:
+        for opt, param in _combos(st):
+            if offload_optimizer is not None and opt != offload_optimizer:
+                continue
+            if offload_param is not None and param != offload_param:
+                continue
+            for ck in ckpts:
+                for mb, gas in valid_mbs:
+                    plans.append(
+                        Plan(
+                            stage=st,
+                            offload_optimizer=opt,
+                            offload_param=param,
+                            checkpointing=ck,
+                            micro_batch=mb,
+                            gradient_accumulation_steps=gas,
+                        )
+                    )
+    if not plans:
+        raise SpecError(
+            f"no valid plan for --stage {stage} --offload-optimizer {offload_optimizer} "
+            f"--offload-param {offload_param}: offload_param needs stage 3, offload_optimizer stage >= 1, nvme optimizer offload stage 3"
+        )
+    return plans
+
+
+def estimate_all(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plans: Iterable[Plan],
+    *,
+    device: str = "cuda",
+    activation_bytes: Optional[Callable[[Plan], int]] = None,
+) -> list[PlanEstimate]:
+    """Estimate ``plans`` and sort best-first: plans that fit, fastest first, then the rest by memory."""
+    estimates = [
+        estimate_plan(model, cluster, training, p, device=device, activation_bytes=activation_bytes) for p in plans
+    ]
+    return sorted(estimates, key=lambda e: (not e.fits, -e.tokens_per_second if e.fits else e.gpu.total))

@@ -1,0 +1,104 @@
+"""Step time for one plan: compute, exposed communication, optimizer step and offload traffic.
+
+Sources:
+
+* FLOPs per token: Kaplan et al. 2020 (arXiv 2001.08361) §2.1 and PaLM (arXiv 2204.02311)
+  Appendix B: 6·N for forward + backward of the weights, plus 12·L·h·s for attention scores
+  (as in nanoGPT's ``estimate_mfu``); full recomputation repeats the forward (+2·N + 4·L·h·s,
+  Korthikanti et al. 2022 §5), selective recomputation only the attention core (+4·L·h·s).
+* Collectives: :mod:`zeroplan.estimator.comm` (ring model of nccl-tests PERFORMANCE.md).
+* DeepSpeed overlap defaults (deepspeed/runtime/zero/config.py): overlap_comm is False in
+  stages 1–2 and True in stage 3, where prefetching hides gathers behind compute.
+* Optimizer step: Adam is memory-bound — it reads and writes the fp32 master, both moments and
+  reads the gradient (≈ 32 bytes per parameter) on the GPU; on the host, CPU Adam throughput
+  (ZeRO-Offload §5) from the GPU profile (``cpu_adam_params_per_s``, measured by calibrate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.estimator.comm import CommVolume, ring_time
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
+
+__all__ = ["StepTime", "flops_per_token", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP"]
+
+#: NVMe read/write bandwidth per node assumed for ZeRO-Infinity swapping (bytes/s), a typical
+#: figure for a few PCIe 4.0 drives in RAID 0 (ZeRO-Infinity §6 measures 25 GB/s on 8 drives).
+NVME_BANDWIDTH = 12e9
+#: Fraction of stage-3 parameter gathers hidden behind compute by prefetching.
+STAGE3_OVERLAP = 0.7
+#: Adam on GPU touches ~32 bytes per parameter (fp32 master, m, v read+write, gradient read).
+_GPU_ADAM_BYTES_PER_PARAM = 32
+
+
+def flops_per_token(model: ModelSpec, training: TrainingSpec, plan: Plan) -> dict[str, float]:
+    """Training FLOPs per token, by term (Kaplan §2.1 / PaLM App. B / Korthikanti §5)."""
+    n = model.params
+    attention = 12 * model.num_layers * model.hidden_size * training.seq_len
+    terms = {"weights": 6.0 * n, "attention": float(attention)}
+    if plan.checkpointing == "full":
+        terms["recompute"] = 2.0 * n + attention / 3
+    elif plan.checkpointing == "selective" and not training.flash_attention:
+        terms["recompute"] = attention / 3
+    return terms
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step, by component; ``total`` is what the user waits."""
+
+    compute: float
+    """Forward + backward (+ recompute) FLOPs over peak × efficiency."""
+    communication: float
+    """All network collectives of the step, before overlap."""
+    exposed_communication: float
+    """The part of ``communication`` not hidden behind compute."""
+    optimizer: float
+    """The optimizer step (GPU memory-bound, or CPU Adam under offload)."""
+    offload_transfer: float
+    """Host↔device copies (PCIe) and NVMe swapping for offload."""
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.exposed_communication + self.optimizer + self.offload_transfer
+
+
+def step_time(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, comm: CommVolume
+) -> StepTime:
+    """Predicted seconds per optimizer step for ``plan`` (model in the module docstring)."""
+    gpu = cluster.gpu
+    n = cluster.gpus
+    tokens = plan.micro_batch * plan.gradient_accumulation_steps * training.seq_len
+    flops = tokens * sum(flops_per_token(model, training, plan).values())
+    compute = flops / (gpu.peak_flops[training.precision] * gpu.efficiency)
+
+    communication = ring_time(comm.total, comm.collectives, cluster)
+    if plan.stage == 3:
+        gathers = ring_time(comm.param_allgather, comm.collectives, cluster)
+        hidden = min(STAGE3_OVERLAP * gathers, compute)
+        exposed = communication - hidden
+    else:
+        exposed = communication
+
+    shard = -(-model.params // n)
+    if plan.offload_optimizer == "none":
+        optimizer = _GPU_ADAM_BYTES_PER_PARAM * shard / gpu.memory_bandwidth
+        if plan.stage == 0:
+            optimizer = _GPU_ADAM_BYTES_PER_PARAM * model.params / gpu.memory_bandwidth
+    else:
+        optimizer = shard / gpu.cpu_adam_params_per_s
+    transfer = comm.pcie / gpu.host_bandwidth
+    if plan.offload_optimizer == "nvme":
+        # Optimizer states (12Ψ/n per GPU) read and written once per step, sharing the node's NVMe.
+        transfer += 2 * 12 * shard * cluster.gpus_in_node / NVME_BANDWIDTH
+    if plan.offload_param == "nvme":
+        transfer += 2 * plan.gradient_accumulation_steps * 2 * shard * cluster.gpus_in_node / NVME_BANDWIDTH
+    return StepTime(
+        compute=compute,
+        communication=communication,
+        exposed_communication=exposed,
+        optimizer=optimizer,
+        offload_transfer=transfer,
+    )
