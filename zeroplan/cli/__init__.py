@@ -21,6 +21,21 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from zeroplan import __version__
+
+        print(f"zeroplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Memory planner and auto-tuner for ZeRO-style distributed training."""
+
 # Command modules register themselves on `app` when imported.
 from zeroplan.cli import estimate as _estimate  # noqa: E402,F401
 
