@@ -97,29 +97,27 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    name = model.name if model.source != "derived" else "model"
     t = Table(
         title=(
-            f"{model.name}: {model.params / 1e9:.3g}B params on {cluster.gpus}× {cluster.gpu.name} "
+            f"{name}: {model.params / 1e9:.3g}B params on {cluster.gpus}× {cluster.gpu.name} "
             f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
-            f"{training.precision}, seq {training.seq_len}"
+            f"{training.precision}, {training.optimizer}, seq {training.seq_len}"
         ),
         title_justify="left",
     )
-    for col, justify in (
-        ("#", "right"), ("stage", "right"), ("offload opt/param", "left"), ("ckpt", "left"),
-        ("mb×ga", "right"), ("params", "right"), ("grads", "right"), ("optim", "right"),
-        ("activ", "right"), ("extra", "right"), ("GPU total", "right"), ("CPU/node", "right"),
-        ("comm/step", "right"), ("step s", "right"), ("tokens/s", "right"), ("fits", "left"),
+    for col in (
+        "#", "stage", "offload opt/param", "ckpt", "mb×ga", "params", "grads", "optim", "activ",
+        "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "fits",
     ):
-        t.add_column(col, justify=justify, no_wrap=col not in ("fits",))
+        t.add_column(col, justify="left" if col in ("offload opt/param", "ckpt", "fits") else "right", no_wrap=col != "fits")
 
     def g(n: int) -> str:
         return f"{n / GiB:.1f}"
 
     for i, est in enumerate(shown, 1):
         p = est.plan
-        style = None if est.fits else "dim"
         t.add_row(
             str(i),
             str(p.stage),
@@ -133,11 +131,11 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
             g(est.gpu.overhead),
             g(est.gpu.total),
             g(est.cpu_per_node),
-            f"{est.comm_per_step / 1e9:.1f} GB",
+            f"{est.comm_per_step / 1e9:.0f}",
             f"{est.step_time:.2f}",
             f"{est.tokens_per_second:,.0f}",
             "yes" if est.fits else "no: " + est.notes[0],
-            style=style,
+            style=None if est.fits else "dim",
         )
     console.print(t)
     notes = list(model.notes) + list(cluster.notes)

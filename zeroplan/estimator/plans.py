@@ -190,17 +190,17 @@ def estimate_plan(
     fits = True
     if total > cluster.gpu_memory_bytes:
         fits = False
-        notes.insert(0, f"GPU: needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
+        notes.insert(0, f"GPU needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
     if host.cpu_per_node > cluster.cpu_memory_per_node_bytes > 0:
         fits = False
-        notes.insert(0, f"CPU: needs {_gib(host.cpu_per_node)} per node > {_gib(cluster.cpu_memory_per_node_bytes)}")
+        notes.insert(0, f"CPU needs {_gib(host.cpu_per_node)}/node > {_gib(cluster.cpu_memory_per_node_bytes)}")
     if host.nvme_per_node:
         if cluster.nvme_per_node_bytes == 0:
             fits = False
-            notes.insert(0, f"NVMe: needs {_gib(host.nvme_per_node)} per node; none given (--nvme GiB)")
+            notes.insert(0, f"NVMe needs {_gib(host.nvme_per_node)}/node, none given (--nvme)")
         elif host.nvme_per_node > cluster.nvme_per_node_bytes:
             fits = False
-            notes.insert(0, f"NVMe: needs {_gib(host.nvme_per_node)} per node > {_gib(cluster.nvme_per_node_bytes)}")
+            notes.insert(0, f"NVMe needs {_gib(host.nvme_per_node)}/node > {_gib(cluster.nvme_per_node_bytes)}")
     if host.startup_cpu > sum(host.cpu_items.values()) and host.startup_cpu > 0.5 * cluster.cpu_memory_per_node_bytes > 0:
         notes.append(f"model build takes {_gib(host.startup_cpu)} of host RAM per node before partitioning")
     return PlanEstimate(
