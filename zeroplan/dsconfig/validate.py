@@ -1,0 +1,57 @@
+"""Run every rule over a config: ``validate_config(cfg, ...) -> list[Finding]`` (errors first)."""
+
+from __future__ import annotations
+
+from zeroplan.dsconfig.rules import RULES, SEVERITIES, Context, Finding
+from zeroplan.spec import ClusterSpec, ModelSpec, SpecError, TrainingSpec
+
+__all__ = ["validate_config", "has_errors"]
+
+
+def validate_config(
+    cfg: dict,
+    *,
+    world_size: int | None = None,
+    model: ModelSpec | None = None,
+    cluster: ClusterSpec | None = None,
+    training: TrainingSpec | None = None,
+    checkpointing: str | None = None,
+    duplicate_keys: tuple[str, ...] = (),
+) -> list[Finding]:
+    """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
+
+    ``world_size`` is the data-parallel GPU count the config will run on (``cluster.gpus`` when
+    only a cluster is given); ``model`` enables the bucket-size rules and, with ``cluster``, the
+    memory-fit rule (ZP702, via :func:`zeroplan.estimator.estimate_plan`); ``training`` supplies
+    the sequence length for that estimate; ``checkpointing`` (none/selective/full) overrides the
+    guess from the config's activation_checkpointing block; ``duplicate_keys`` comes from
+    :func:`zeroplan.dsconfig.parse.load_config`.
+    """
+    if not isinstance(cfg, dict):
+        raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
+    if world_size is None and cluster is not None:
+        world_size = cluster.gpus
+    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
+        raise SpecError(f"world_size={world_size!r} is not valid; give the number of GPUs, >= 1")
+    if cluster is not None and model is None:
+        raise SpecError("checking the memory fit needs a model as well as GPUs; give --params or --model")
+    ctx = Context(
+        cfg=cfg,
+        world_size=world_size,
+        model=model,
+        cluster=cluster,
+        training=training,
+        checkpointing=checkpointing,
+        duplicate_keys=tuple(duplicate_keys),
+    )
+    findings: list[Finding] = []
+    for rule in RULES.values():
+        findings.extend(rule.check(ctx))
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: (order[f.severity], f.rule_id, f.path))
+    return findings
+
+
+def has_errors(findings: list[Finding]) -> bool:
+    """True when any finding is an error (``zeroplan validate`` exits 1)."""
+    return any(f.severity == "error" for f in findings)
