@@ -1,0 +1,122 @@
+"""`zeroplan estimate` end to end: formats, exit codes, bad input, no torch import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "zeroplan", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+
+
+def test_estimate_table_175b():
+    r = run("estimate", "--params", "175e9", "--gpus", "64", "--cpu-memory", "1024")
+    assert r.returncode == 0, r.stderr
+    assert "175B params on 64×" in r.stdout
+    assert "fits" in r.stdout and "yes" in r.stdout
+
+
+def test_estimate_json_schema():
+    r = run("estimate", "--params", "7e9", "--gpus", "8", "--cpu-memory", "512", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) >= {"zeroplan_version", "model", "cluster", "training", "plans"}
+    plan = doc["plans"][0]
+    for key in (
+        "stage", "offload_optimizer", "offload_param", "checkpointing", "micro_batch",
+        "gradient_accumulation_steps", "gpu", "overhead_items", "cpu_per_node", "nvme_per_node",
+        "comm_per_step", "step_time", "tokens_per_second", "fits", "notes",
+    ):
+        assert key in plan
+    assert set(plan["gpu"]) >= {"params", "gradients", "optimizer_states", "activations", "overhead", "total"}
+    assert doc["cluster"]["gpus"] == 8 and doc["model"]["params"] == 7_000_000_000
+
+
+def test_estimate_csv_and_plot(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plans.csv"
+    png = tmp_path / "mem.png"
+    r = run("estimate", "--params", "1e9", "--gpus", "2", "--cpu-memory", "64", "--format", "csv", "-o", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out)
+    assert len(df) > 10 and {"stage", "gpu_total", "tokens_per_second", "fits"} <= set(df.columns)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_filters_and_nothing_fits_exit_1():
+    r = run("estimate", "--params", "70e9", "--gpus", "1", "--stage", "0", "--cpu-memory", "64", "--gpu-memory", "24")
+    assert r.returncode == 1
+    assert "no plan fits" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--params", "-1"], "--params"),
+        (["--params", "nan"], "--params"),
+        (["--params", "inf"], "--params"),
+        (["--params", "1e30"], "absurd"),
+        (["--params", "7e9", "--gpus", "0"], "--gpus"),
+        (["--params", "7e9", "--gpus", "12", "--gpus-per-node", "8"], "multiple"),
+        (["--params", "7e9", "--gpu", "a100-80"], "a100"),
+        (["--model", "llama-3-9b"], "llama-3-8b"),
+        (["--model", "missing/config.json"], "config.json"),
+        (["--params", "7e9", "--format", "xml"], "--format"),
+        (["--params", "7e9", "--stage", "4"], "--stage"),
+        (["--params", "7e9", "--precision", "fp8"], "--precision"),
+        (["--params", "7e9", "--seq-len", "0"], "--seq-len"),
+        (["--params", "7e9", "--gpu-memory", "-3"], "--gpu-memory"),
+        (["--params", "7e9", "--global-batch", "100", "--micro-batch", "3", "--gpus", "8"], "global_batch"),
+        (["--params", "7e9", "--stage", "2", "--offload-param", "cpu"], "stage 3"),
+        ([], "no model"),
+    ],
+)
+def test_bad_input_one_line_exit_2(args, fragment):
+    r = run("estimate", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert fragment in r.stderr
+
+
+def test_bad_config_json(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    r = run("estimate", "--model", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and str(bad) in r.stderr
+
+
+def test_output_not_lost_on_error(tmp_path):
+    out = tmp_path / "keep.json"
+    out.write_text("precious")
+    r = run("estimate", "--params", "-5", "--format", "json", "-o", str(out))
+    assert r.returncode == 2
+    assert out.read_text() == "precious"
+
+
+def test_estimate_imports_no_torch():
+    code = (
+        "import sys; sys.argv=['zeroplan','estimate','--params','175e9','--gpus','64','--format','json'];"
+        "from zeroplan.cli import main\n"
+        "try:\n main()\nexcept SystemExit:\n pass\n"
+        "heavy=[m for m in ('torch','deepspeed','optuna','pandas','matplotlib','transformers') if m in sys.modules];"
+        "sys.stderr.write('HEAVY=' + ','.join(heavy))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert "HEAVY=" in r.stderr
+    assert r.stderr.strip().endswith("HEAVY="), r.stderr[-300:]
