@@ -1,0 +1,161 @@
+"""``zeroplan export``: a DeepSpeed JSON config for one plan (stdout, or ``-o FILE`` atomically).
+
+With ``--stage`` and ``--micro-batch`` the plan is taken as given. Without them a model
+(``--params``/``--model``) is needed and export takes the fastest plan the estimator says fits,
+within whatever plan options were given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from zeroplan.cli import app
+from zeroplan.cli.common import (
+    CheckpointingOpt,
+    CpuMemoryOpt,
+    GlobalBatchOpt,
+    GpuMemoryOpt,
+    GpuOpt,
+    GpusOpt,
+    GpusPerNodeOpt,
+    GradAccumOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    NvmeOpt,
+    OffloadOptimizerOpt,
+    OffloadParamOpt,
+    OptimizerOpt,
+    OutputOpt,
+    ParamsOpt,
+    PrecisionOpt,
+    SeqLenOpt,
+    StageOpt,
+    check_plan_options,
+    resolve_cluster,
+    resolve_model,
+    resolve_training,
+    write_output,
+)
+from zeroplan.spec import SpecError
+
+__all__ = ["export"]
+
+_PLAN = "Plan"
+NvmePathOpt = Annotated[
+    Optional[str],
+    typer.Option("--nvme-path", help="Directory on the NVMe drive for nvme offload (required with it).", rich_help_panel=_PLAN),
+]
+LrOpt = Annotated[float, typer.Option("--lr", help="Peak learning rate (optimizer and WarmupLR).", rich_help_panel="Training")]
+WarmupOpt = Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps of the scheduler.", rich_help_panel="Training")]
+TotalStepsOpt = Annotated[
+    Optional[int],
+    typer.Option("--total-steps", help="Total training steps: switches to WarmupDecayLR (linear decay to 0).", rich_help_panel="Training"),
+]
+CpuCkptOpt = Annotated[
+    bool, typer.Option("--cpu-checkpointing", help="Keep checkpointed activations in host memory.", rich_help_panel=_PLAN)
+]
+
+
+def _note(text: str) -> None:
+    print(f"zeroplan: {text}", file=sys.stderr)
+
+
+@app.command()
+def export(
+    params: ParamsOpt = None,
+    model: ModelOpt = None,
+    gpus: GpusOpt = 8,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpu: GpuOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
+    cpu_memory: CpuMemoryOpt = None,
+    nvme: NvmeOpt = None,
+    seq_len: SeqLenOpt = 2048,
+    micro_batch: MicroBatchOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    grad_accum: GradAccumOpt = None,
+    precision: PrecisionOpt = "bf16",
+    optimizer: OptimizerOpt = "adamw",
+    stage: StageOpt = None,
+    offload_optimizer: OffloadOptimizerOpt = None,
+    offload_param: OffloadParamOpt = None,
+    checkpointing: CheckpointingOpt = None,
+    cpu_checkpointing: CpuCkptOpt = False,
+    nvme_path: NvmePathOpt = None,
+    lr: LrOpt = 1e-4,
+    warmup_steps: WarmupOpt = 100,
+    total_steps: TotalStepsOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Write a DeepSpeed config for a plan: consistent batch keys, integer bucket sizes (from the
+    model's hidden size when given), offload blocks only where DeepSpeed honours them, optimizer
+    and scheduler blocks. The config passes `zeroplan validate`.
+
+    Exit code 0 on success, 1 when no plan fits (nothing written), 2 on bad input.
+    """
+    from zeroplan.dsconfig import build_config_with_notes, has_errors, validate_config
+    from zeroplan.spec import Plan
+
+    check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    if gpus < 1:
+        raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
+    training = resolve_training(
+        precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch,
+        global_batch=global_batch, grad_accum=grad_accum,
+    )
+    model_spec = resolve_model(params, model) if (params is not None or model is not None) else None
+
+    if stage is not None and micro_batch is not None:
+        plan = Plan(
+            stage=stage,
+            offload_optimizer=offload_optimizer or "none",
+            offload_param=offload_param or "none",
+            checkpointing=checkpointing or "none",
+            micro_batch=micro_batch,
+            gradient_accumulation_steps=training.accumulation_for(micro_batch, gpus),
+            cpu_checkpointing=cpu_checkpointing,
+        )
+    else:
+        if model_spec is None:
+            raise SpecError(
+                "give --stage and --micro-batch for an explicit plan, or a model (--params 7e9 / --model NAME) "
+                "so export picks the fastest plan that fits"
+            )
+        from zeroplan.estimator import enumerate_plans, estimate_all
+
+        cluster = resolve_cluster(
+            gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+        )
+        plans = enumerate_plans(
+            model_spec, cluster, training,
+            stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
+        )
+        fitting = [e for e in estimate_all(model_spec, cluster, training, plans) if e.fits]
+        if not fitting:
+            _note(f"no plan fits {model_spec.name} on {gpus} × {cluster.gpu.name}; nothing written (see `zeroplan estimate`)")
+            raise typer.Exit(1)
+        best = fitting[0]
+        plan = best.plan
+        if cpu_checkpointing and plan.checkpointing != "none":
+            from dataclasses import replace
+
+            plan = replace(plan, cpu_checkpointing=True)
+        _note(
+            f"chose {plan.label}: predicted {best.gpu.total / 1024**3:.1f} GiB per GPU, "
+            f"{best.tokens_per_second:,.0f} tokens/s ({len(fitting)} of {len(plans)} plans fit)"
+        )
+
+    cfg, notes = build_config_with_notes(
+        plan, world_size=gpus, training=training, model=model_spec, lr=lr,
+        warmup_steps=warmup_steps, total_steps=total_steps, nvme_path=nvme_path,
+    )
+    findings = validate_config(cfg, world_size=gpus, model=model_spec)
+    if has_errors(findings):  # a bug in build_config, never the user's input
+        raise RuntimeError("exported config fails validation: " + "; ".join(f.message for f in findings if f.severity == "error"))
+    write_output(json.dumps(cfg, indent=2), output)
+    for note in notes + [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "warning"]:
+        _note(note)

@@ -1,0 +1,144 @@
+"""``zeroplan validate CONFIG.json``: findings with rule ids, JSON paths and fixes.
+
+Exit 0 when there are no errors, 1 when there are, 2 when the config cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from zeroplan.cli import app
+from zeroplan.cli.common import (
+    CheckpointingOpt,
+    CpuMemoryOpt,
+    GpuMemoryOpt,
+    GpuOpt,
+    GpusPerNodeOpt,
+    ModelOpt,
+    NvmeOpt,
+    OutputOpt,
+    ParamsOpt,
+    SeqLenOpt,
+    check_choice_option,
+    check_plan_options,
+    resolve_cluster,
+    resolve_model,
+    write_output,
+)
+from zeroplan.spec import SpecError
+
+__all__ = ["validate", "findings_table"]
+
+ValidateGpusOpt = Annotated[
+    Optional[int],
+    typer.Option("--gpus", help="GPUs the config will run on (data-parallel world size) [default: what the batch keys imply].", rich_help_panel="Cluster"),
+]
+ValidateFormatOpt = Annotated[str, typer.Option("--format", help="table | json (a list of findings).", rich_help_panel="Output")]
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+
+
+def _implied_world_size(cfg: dict) -> int | None:
+    """GPU count the three batch keys are consistent with, if they are whole numbers."""
+    values = [cfg.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        return None
+    tb, mb, ga = values
+    return tb // (mb * ga) if tb % (mb * ga) == 0 else None
+
+
+def findings_table(findings, *, title: str):
+    """A rich Table of findings (severity, rule, path, message, fix)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for col in ("severity", "rule", "path", "problem", "fix"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("severity", "rule"))
+    for f in findings:
+        table.add_row(f.severity, f.rule_id, f.path or "(config)", f.message, f.fix, style=_STYLE[f.severity])
+    return table
+
+
+@app.command()
+def validate(
+    config: Annotated[str, typer.Argument(help="DeepSpeed JSON config to check.", show_default=False)],
+    gpus: ValidateGpusOpt = None,
+    params: ParamsOpt = None,
+    model: ModelOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpu: GpuOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
+    cpu_memory: CpuMemoryOpt = None,
+    nvme: NvmeOpt = None,
+    seq_len: SeqLenOpt = 2048,
+    checkpointing: CheckpointingOpt = None,
+    fmt: ValidateFormatOpt = "table",
+    output: OutputOpt = None,
+) -> None:
+    """Check a DeepSpeed config before the run: batch arithmetic for the GPU count, ZeRO/offload
+    combinations, precision, value types, unknown keys, optimizer; with a model, bucket sizes and
+    whether it fits the GPU.
+
+    Exit code 0 when no errors are found, 1 when some are, 2 when the config cannot be read.
+    """
+    from zeroplan.dsconfig import has_errors, load_config, validate_config
+    from zeroplan.spec import TrainingSpec
+
+    check_choice_option("--format", fmt, ("table", "json"))
+    check_plan_options(stage=None, offload_optimizer=None, offload_param=None, checkpointing=checkpointing)
+    if gpus is not None and gpus < 1:
+        raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
+    if seq_len < 1:
+        raise SpecError(f"--seq-len {seq_len} is not valid; give a whole number >= 1")
+    if output is not None and fmt != "json":
+        raise SpecError("--output needs --format json (the table prints to the terminal)")
+    parsed = load_config(config)
+
+    model_spec = cluster = None
+    notes: list[str] = []
+    if params is not None or model is not None:
+        model_spec = resolve_model(params, model)
+        cluster_gpus = gpus or _implied_world_size(parsed.config)
+        if cluster_gpus is None:
+            notes.append("memory fit not checked: give --gpus N (the batch keys do not fix a GPU count)")
+        else:
+            cluster = resolve_cluster(
+                gpus=cluster_gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory,
+                cpu_memory_gib=cpu_memory, nvme_gib=nvme,
+            )
+            notes.extend(cluster.notes)
+            if gpus is None:
+                notes.append(f"fit checked on {cluster_gpus} GPUs, the count the batch keys imply (set --gpus)")
+    elif any(v is not None for v in (gpu, gpu_memory, cpu_memory, nvme, gpus_per_node)):
+        raise SpecError("--gpu/--gpu-memory/--cpu-memory/--nvme/--gpus-per-node are for the memory check; also give --params or --model")
+
+    findings = validate_config(
+        parsed.config,
+        world_size=gpus,
+        model=model_spec,
+        cluster=cluster,
+        training=TrainingSpec(seq_len=seq_len),
+        checkpointing=checkpointing,
+        duplicate_keys=parsed.duplicate_keys,
+    )
+    if fmt == "json":
+        write_output(json.dumps([f.as_dict() for f in findings], indent=2), output)
+    else:
+        from rich.console import Console
+
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
+        summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
+        world = f"{gpus} GPUs" if gpus else "GPU count not given"
+        if findings:
+            console.print(findings_table(findings, title=f"{parsed.source} ({world}): {summary}"))
+        else:
+            console.print(f"{parsed.source} ({world}): no problems found")
+        for note in notes:
+            console.print(f"[dim]• {note}[/dim]")
+    if has_errors(findings):
+        raise typer.Exit(1)
