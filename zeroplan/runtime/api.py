@@ -1,0 +1,135 @@
+"""The probe contract: what the tuner and the CLI ask for (:class:`ProbeRequest`) and get back
+(:class:`ProbeResult`). No torch import here; the launcher and worker do the work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
+
+__all__ = ["BACKENDS", "STATUSES", "ProbeRequest", "ProbeResult"]
+
+BACKENDS = ("deepspeed", "fsdp")
+STATUSES = ("ok", "oom", "error", "timeout")
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One short probe job: a script, an engine, a plan, how long to run it."""
+
+    script: Path
+    """User script: a DeepSpeed training script, or a zeroplan task (defines ``zeroplan_task()``)."""
+    nproc: int = 2
+    """Processes per node (``torchrun --nproc_per_node``)."""
+    backend: str = "deepspeed"
+    """``deepspeed`` or ``fsdp`` (fsdp runs zeroplan tasks only)."""
+    ds_config: dict | None = None
+    """DeepSpeed config (written to ``ds_config.json`` in the workdir and passed to the script)."""
+    plan: Plan | None = None
+    """The plan under test (needed by the fsdp backend; used for the estimate)."""
+    training: TrainingSpec | None = None
+    """Training setup (precision, optimizer, seq_len) used for the estimate and by tasks."""
+    model: ModelSpec | None = None
+    """Model shape for the estimate (a zeroplan task may supply its own ``model_spec``)."""
+    script_args: tuple[str, ...] = ()
+    """Arguments for the script, before the config argument."""
+    config_arg: str = "--deepspeed_config"
+    """How the script takes its config path (``--deepspeed`` for Hugging Face Trainer scripts)."""
+    steps: int = 5
+    """Measured optimizer steps."""
+    warmup: int = 2
+    """Optimizer steps run before measuring (not timed)."""
+    timeout_s: float = 300.0
+    """Wall-clock limit for the whole job; past it the process group is killed."""
+    workdir: Path | None = None
+    """Where config, per-rank results and the log go (a temporary folder if None)."""
+    torchrun_args: tuple[str, ...] = ()
+    """Extra torchrun arguments (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` ...)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables for the job."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "script", Path(self.script))
+        if self.workdir is not None:
+            object.__setattr__(self, "workdir", Path(self.workdir))
+        if self.backend not in BACKENDS:
+            raise SpecError(f"backend={self.backend!r} is not valid; choose one of {', '.join(BACKENDS)}")
+        for name in ("nproc", "steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"{name}={value!r} is not valid; give a whole number >= 1")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise SpecError(f"warmup={self.warmup!r} is not valid; give a whole number >= 0")
+        if not self.timeout_s > 0:
+            raise SpecError(f"timeout_s={self.timeout_s!r} is not valid; give a positive number of seconds")
+        if not self.config_arg.startswith("-"):
+            raise SpecError(f"config_arg={self.config_arg!r} is not valid; give an option such as --deepspeed_config")
+        object.__setattr__(self, "script_args", tuple(str(a) for a in self.script_args))
+        object.__setattr__(self, "torchrun_args", tuple(str(a) for a in self.torchrun_args))
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in self.env))
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe measured (DESIGN.md "Runtime contracts"), with the estimate beside it."""
+
+    status: str
+    """``ok``, ``oom``, ``error`` or ``timeout``."""
+    backend: str
+    """Engine that ran: ``deepspeed`` or ``fsdp``."""
+    world_size: int
+    """Processes in the job."""
+    steps: int
+    """Measured optimizer steps completed (0 when the probe failed before any)."""
+    step_time: float | None = None
+    """Mean seconds per measured optimizer step (slowest rank)."""
+    samples_per_second: float | None = None
+    """Samples per optimizer step across all ranks / step_time."""
+    tokens_per_second: float | None = None
+    """samples_per_second × seq_len when the sequence length is known, else None."""
+    peak_memory: int | None = None
+    """Largest per-rank peak bytes (CUDA: max_memory_allocated; CPU: live tensor storage)."""
+    peak_memory_per_rank: list[int] = field(default_factory=list)
+    """Peak bytes of each rank, rank order."""
+    estimated_peak_memory: int | None = None
+    """The estimator's predicted peak bytes per GPU for this plan, when plan and model are known."""
+    error: str | None = None
+    """Readable reason when status is not ``ok``."""
+    log_tail: str = ""
+    """Last lines of the job's combined stdout/stderr."""
+    memory_kind: str | None = None
+    """How peak memory was measured: ``cuda`` or ``cpu-storage``."""
+    workdir: str | None = None
+    """Folder holding the config, per-rank results and the full log."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r} is not one of {STATUSES}")
+
+    @property
+    def memory_error(self) -> float | None:
+        """(estimated − measured) / measured peak memory, or None when either is missing."""
+        if not self.peak_memory or self.estimated_peak_memory is None:
+            return None
+        return (self.estimated_peak_memory - self.peak_memory) / self.peak_memory
+
+    def as_dict(self) -> dict:
+        """JSON-ready dict in the DESIGN.md contract order, plus ``memory_error`` and extras."""
+        return {
+            "status": self.status,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "steps": self.steps,
+            "step_time": self.step_time,
+            "samples_per_second": self.samples_per_second,
+            "tokens_per_second": self.tokens_per_second,
+            "peak_memory": self.peak_memory,
+            "peak_memory_per_rank": list(self.peak_memory_per_rank),
+            "estimated_peak_memory": self.estimated_peak_memory,
+            "memory_error": self.memory_error,
+            "memory_kind": self.memory_kind,
+            "error": self.error,
+            "log_tail": self.log_tail,
+            "workdir": self.workdir,
+        }

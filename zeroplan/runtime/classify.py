@@ -1,0 +1,90 @@
+"""Turn what a finished job left behind (exit code, per-rank results, log) into a status."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["OOM_PATTERN", "classify", "summarize_ranks", "last_error_line"]
+
+#: Log text that means the allocator (CUDA or host) ran out: torch.OutOfMemoryError, Python's
+#: MemoryError, c10's DefaultCPUAllocator, C++ std::bad_alloc, errno ENOMEM.
+OOM_PATTERN = re.compile(
+    r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|std::bad_alloc"
+    r"|DefaultCPUAllocator: can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED",
+    re.I,
+)
+_SIGKILL_PATTERN = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|AssertionError|ChildFailedError)\b.*")
+
+
+def last_error_line(log_text: str) -> str | None:
+    """The last ``SomethingError: message`` line of a log, if any (torchrun's own summary excluded)."""
+    lines = [ln.strip() for ln in log_text.splitlines() if _ERROR_LINE.match(ln) and "ChildFailedError" not in ln]
+    return lines[-1] if lines else None
+
+
+def classify(
+    *,
+    returncode: int | None,
+    timed_out: bool,
+    timeout_s: float,
+    ranks: list[dict],
+    expected_ranks: int,
+    log_text: str,
+) -> tuple[str, str | None]:
+    """(status, readable reason) of a finished probe job.
+
+    Order: our timeout; a rank's own report (oom before error); every rank ok; then the log and the
+    exit code for ranks that died without reporting (SIGKILL with no result is almost always the
+    kernel's OOM killer, which leaves no message).
+    """
+    if timed_out:
+        return "timeout", f"no result within {timeout_s:g} s; the job and all its processes were killed"
+    for wanted in ("oom", "error"):
+        for r in sorted(ranks, key=lambda r: r.get("rank", 0)):
+            if r.get("status") == wanted:
+                return wanted, f"rank {r.get('rank')}: {r.get('error') or wanted}"
+    ok_ranks = [r for r in ranks if r.get("status") == "ok"]
+    if ok_ranks and len(ok_ranks) >= expected_ranks:
+        return "ok", None
+    code = "no exit code" if returncode is None else f"exit code {returncode}"
+    if OOM_PATTERN.search(log_text):
+        line = last_error_line(log_text) or "out of memory"
+        return "oom", f"{line} ({code})"
+    if _SIGKILL_PATTERN.search(log_text) or returncode in (-9, 137):
+        return "oom", f"a worker was killed by SIGKILL with no result, usually the kernel's out-of-memory killer ({code})"
+    line = last_error_line(log_text)
+    missing = expected_ranks - len(ok_ranks)
+    reason = f"{missing} of {expected_ranks} ranks wrote no result ({code})"
+    return "error", f"{line}; {reason}" if line else reason
+
+
+def summarize_ranks(ranks: list[dict]) -> dict:
+    """Combine per-rank measurements: slowest rank's step time, every rank's peak memory."""
+    ok = sorted((r for r in ranks if r.get("status") == "ok"), key=lambda r: r.get("rank", 0))
+    out: dict = {}
+    if ranks:
+        out["world_size"] = max(int(r.get("world_size") or 0) for r in ranks) or None
+        first = min(ranks, key=lambda r: r.get("rank", 0))
+        out["model_spec"] = first.get("model_spec")
+    peaks = [(r.get("rank", 0), r.get("peak_memory")) for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
+    peaks = [p for _, p in peaks if isinstance(p, int)]
+    if peaks:
+        out["peak_memory_per_rank"] = peaks
+        out["peak_memory"] = max(peaks)
+        out["memory_kind"] = next((r.get("memory_kind") for r in ranks if r.get("memory_kind")), None)
+    if not ok:
+        out["steps"] = max((int(r.get("steps") or 0) for r in ranks), default=0)
+        return out
+    out["steps"] = min(int(r.get("steps") or 0) for r in ok)
+    times = [r["step_time"] for r in ok if r.get("step_time")]
+    if times:
+        step_time = max(times)
+        out["step_time"] = step_time
+        samples = ok[0].get("samples_per_step")
+        if samples:
+            out["samples_per_second"] = samples / step_time
+            seq_len = ok[0].get("seq_len")
+            if seq_len:
+                out["tokens_per_second"] = samples * seq_len / step_time
+    return out

@@ -1,0 +1,378 @@
+"""Launch one probe as ``torchrun`` in its own session, watch it, kill it whole, classify it.
+
+torchrun starts each worker with ``start_new_session=True`` (torch/distributed/elastic/
+multiprocessing/subprocess_handler), so killing torchrun's process group alone would orphan
+the workers: the launcher remembers every descendant it has seen and signals each one's group.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from zeroplan.runtime.api import ProbeRequest, ProbeResult
+from zeroplan.runtime.classify import classify, summarize_ranks
+from zeroplan.spec import Plan, SpecError, TrainingSpec
+
+__all__ = ["run_probe", "build_command", "probe_environment", "script_kind", "plan_from_ds_config"]
+
+#: Lines of the combined log kept in :attr:`ProbeResult.log_tail`.
+LOG_TAIL_LINES = 60
+#: Seconds between SIGTERM and SIGKILL when a probe is stopped.
+KILL_GRACE_S = 5.0
+
+_TASK_RE = re.compile(r"^(def\s+zeroplan_task\s*\(|zeroplan_task\s*=)", re.M)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def script_kind(script: Path) -> str:
+    """``task`` when the script defines ``zeroplan_task`` at top level, else ``script``."""
+    text = script.read_text(errors="replace")
+    return "task" if _TASK_RE.search(text) else "script"
+
+
+def plan_from_ds_config(config: dict) -> Plan | None:
+    """The plan a DeepSpeed config describes (stage, offload, batch shape), or None if unreadable.
+
+    Reads the keys DeepSpeed itself reads (deepspeed/runtime/zero/config.py and
+    deepspeed/runtime/config.py); ``"auto"`` values (Hugging Face) and missing batch keys fall back
+    to DeepSpeed's defaults (micro batch 1, accumulation 1).
+    """
+    try:
+        zero = config.get("zero_optimization") or {}
+        stage = int(zero.get("stage", 0))
+
+        def device(key: str) -> str:
+            dev = (zero.get(key) or {}).get("device", "none")
+            return dev if dev in ("cpu", "nvme") else "none"
+
+        def positive(key: str) -> int:
+            value = config.get(key, 1)
+            return value if isinstance(value, int) and value > 0 else 1
+
+        checkpointing = "none"
+        return Plan(
+            stage=stage,
+            offload_optimizer=device("offload_optimizer"),
+            offload_param=device("offload_param"),
+            checkpointing=checkpointing,
+            micro_batch=positive("train_micro_batch_size_per_gpu"),
+            gradient_accumulation_steps=positive("gradient_accumulation_steps"),
+        )
+    except (SpecError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _local_torchrun(torchrun_args: tuple[str, ...]) -> bool:
+    return not any(a.split("=")[0] in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr") for a in torchrun_args)
+
+
+def build_command(request: ProbeRequest, spec_path: Path) -> list[str]:
+    """``python -m torch.distributed.run ... -m zeroplan.runtime.worker SPEC``.
+
+    A single-node probe uses ``--standalone`` (a c10d store on a free localhost port), so
+    concurrent probes never fight over MASTER_PORT; multi-node arguments pass through unchanged.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(request.nproc), "--max-restarts", "0"]
+    if _local_torchrun(request.torchrun_args):
+        cmd.append("--standalone")
+    cmd += list(request.torchrun_args)
+    cmd += ["-m", "zeroplan.runtime.worker", str(spec_path)]
+    return cmd
+
+
+def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the job: zeroplan importable, unbuffered output, threads split per rank.
+
+    ``DS_ACCELERATOR=cpu`` (DeepSpeed 0.19 on CPU over gloo) is set by the worker itself when
+    torch sees no CUDA device, so it is right on every node of a multi-node job.
+    """
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // request.nproc))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # DeepSpeed 0.19 calls deprecated c10d names on every collective; one warning per call
+    # would fill the log tail that explains failures.
+    env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    env.update(dict(request.env))
+    return env
+
+
+class _Job:
+    """A running torchrun: streams its output, remembers its descendants, kills them all."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, on_line: Callable[[str], None] | None):
+        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self.full_log = log_path.open("w")
+        self.on_line = on_line
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=str(cwd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+        self.seen: dict[int, float] = {}  # pid -> create_time, for pid-reuse safety
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            self.full_log.write(line + "\n")
+            if self.on_line is not None:
+                try:
+                    self.on_line(line)
+                except Exception:  # a broken display callback must not stop the probe  # noqa: BLE001
+                    self.on_line = None
+
+    def remember_descendants(self) -> None:
+        import psutil
+
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                try:
+                    self.seen.setdefault(child.pid, child.create_time())
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+
+    def _alive(self) -> list:
+        import psutil
+
+        procs = []
+        for pid, created in list(self.seen.items()) + [(self.proc.pid, None)]:
+            try:
+                p = psutil.Process(pid)
+                if created is not None and abs(p.create_time() - created) > 1e-3:
+                    continue
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    procs.append(p)
+            except psutil.Error:
+                continue
+        return procs
+
+    def kill_all(self) -> None:
+        """SIGTERM every process group of the job, wait, then SIGKILL what is left."""
+        self.remember_descendants()
+        own_group = os.getpgid(0)
+        for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 2.0)):
+            procs = self._alive()
+            if not procs:
+                break
+            groups = set()
+            for p in procs:
+                try:
+                    groups.add(os.getpgid(p.pid))
+                except OSError:
+                    pass
+            for g in groups - {own_group}:
+                try:
+                    os.killpg(g, sig)
+                except OSError:
+                    pass
+            for p in procs:
+                try:
+                    p.send_signal(sig)
+                except Exception:  # already gone  # noqa: BLE001
+                    pass
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and self._alive():
+                try:
+                    self.proc.wait(timeout=0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+        try:
+            self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def wait(self, timeout_s: float) -> tuple[int | None, bool]:
+        """(return code, timed out); polls so descendants are remembered while they live."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.remember_descendants()
+            try:
+                return self.proc.wait(timeout=0.25), False
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    return None, True
+
+    def close(self) -> None:
+        self._reader.join(timeout=5.0)
+        self.full_log.close()
+
+
+def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Path | None) -> Path:
+    training = request.training
+    spec = {
+        "script": str(request.script.resolve()),
+        "kind": kind,
+        "backend": request.backend,
+        "script_args": list(request.script_args),
+        "config_arg": request.config_arg,
+        "config_path": str(config_path) if config_path else None,
+        "steps": request.steps,
+        "warmup": request.warmup,
+        "plan": dataclasses.asdict(request.plan) if request.plan else None,
+        "training": training.as_dict() if training else None,
+        "seq_len": training.seq_len if training else None,
+        "result_dir": str(workdir),
+    }
+    path = workdir / "probe.json"
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+def _deepspeed_config_for(request: ProbeRequest) -> dict | None:
+    """The request's config, or one built from its plan (zeroplan.dsconfig) for a task."""
+    if request.ds_config is not None:
+        return request.ds_config
+    if request.backend != "deepspeed" or request.plan is None:
+        return None
+    from zeroplan.runtime.dsfallback import config_for_plan
+
+    return config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.nproc, model=request.model)
+
+
+def _estimate(request: ProbeRequest, plan: Plan | None, model_dict: dict | None, world_size: int) -> tuple[int | None, str | None]:
+    """The estimator's predicted peak bytes per GPU, or (None, why not)."""
+    from zeroplan.spec import ModelSpec
+
+    model = request.model
+    if model is None and model_dict:
+        try:
+            model = ModelSpec(**model_dict)
+        except (SpecError, TypeError) as exc:
+            return None, f"no estimate: task model_spec invalid ({exc})"
+    if plan is None or model is None:
+        return None, "no estimate: model shape unknown (give a model or a task with model_spec)"
+    try:
+        from zeroplan import estimator, profiles
+        from zeroplan.spec import ClusterSpec
+
+        gpu, _ = profiles.default_gpu()
+        cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
+        est = estimator.estimate_plan(model, cluster, request.training or TrainingSpec(), plan)
+        return int(est.gpu.total), None
+    except (ImportError, AttributeError) as exc:
+        return None, f"no estimate: estimator unavailable ({exc})"
+    except SpecError as exc:
+        return None, f"no estimate: {exc}"
+
+
+def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = None) -> ProbeResult:
+    """Run one probe job to completion, failure or timeout; never raises for a failing script.
+
+    Raises SpecError only for a bad request (e.g. fsdp backend on a plain DeepSpeed script).
+    On KeyboardInterrupt the whole job is killed before the interrupt propagates.
+    """
+    workdir = Path(request.workdir) if request.workdir else Path(tempfile.mkdtemp(prefix="zeroplan-probe-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in workdir.glob("rank-*.json"):
+        stale.unlink()
+
+    def failed(reason: str) -> ProbeResult:
+        return ProbeResult(status="error", backend=request.backend, world_size=request.nproc, steps=0, error=reason, workdir=str(workdir))
+
+    script = request.script
+    if not script.exists():
+        return failed(f"script {script} does not exist")
+    if not script.is_file():
+        return failed(f"script {script} is not a file")
+    kind = script_kind(script)
+    if request.backend == "fsdp" and kind != "task":
+        raise SpecError(
+            f"backend fsdp runs zeroplan tasks only, and {script} defines no zeroplan_task(); "
+            "use --backend deepspeed for a DeepSpeed script"
+        )
+    if request.backend == "fsdp" and request.plan is None:
+        raise SpecError("backend fsdp needs a plan (stage, offload, checkpointing, micro batch)")
+
+    config = _deepspeed_config_for(request)
+    config_path = None
+    if config is not None:
+        config_path = workdir / "ds_config.json"
+        config_path.write_text(json.dumps(config, indent=2))
+    elif kind == "script":
+        raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json)")
+    plan = request.plan or (plan_from_ds_config(config) if config else None)
+    spec_path = _write_spec(request, workdir, kind, config_path)
+
+    cmd = build_command(request, spec_path)
+    env = probe_environment(request)
+    (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
+    started = time.monotonic()
+    job = _Job(cmd, env, script.resolve().parent, workdir / "probe.log", on_line)
+    try:
+        returncode, timed_out = job.wait(request.timeout_s)
+        if timed_out:
+            job.kill_all()
+        else:
+            # torchrun has exited; make sure no worker outlived it.
+            job.kill_all()
+    except BaseException:
+        job.kill_all()
+        job.close()
+        raise
+    job.close()
+    wall_s = time.monotonic() - started
+
+    ranks = []
+    for path in sorted(workdir.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1])):
+        try:
+            ranks.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    log_tail = "\n".join(job.tail)
+    status, error = classify(
+        returncode=returncode,
+        timed_out=timed_out,
+        timeout_s=request.timeout_s,
+        ranks=ranks,
+        expected_ranks=request.nproc,
+        log_text=log_tail,
+    )
+    summary = summarize_ranks(ranks)
+    world_size = summary.get("world_size") or request.nproc
+    estimated, why_not = _estimate(request, plan, summary.get("model_spec"), world_size)
+    result = ProbeResult(
+        status=status,
+        backend=request.backend,
+        world_size=world_size,
+        steps=summary.get("steps", 0),
+        step_time=summary.get("step_time"),
+        samples_per_second=summary.get("samples_per_second"),
+        tokens_per_second=summary.get("tokens_per_second"),
+        peak_memory=summary.get("peak_memory"),
+        peak_memory_per_rank=summary.get("peak_memory_per_rank", []),
+        estimated_peak_memory=estimated,
+        error=error,
+        log_tail=log_tail,
+        memory_kind=summary.get("memory_kind"),
+        workdir=str(workdir),
+    )
+    record = result.as_dict() | {"wall_s": wall_s, "estimate_note": why_not, "plan": plan.as_dict() if plan else None}
+    (workdir / "result.json").write_text(json.dumps(record, indent=2))
+    return result

@@ -1,0 +1,158 @@
+"""Peak memory of one rank: CUDA's allocator counter, or live tensor storage bytes on CPU.
+
+On CPU there is no allocator counter, so :class:`StorageTracker` watches every tensor an aten op
+returns (a ``TorchDispatchMode``) and counts each untyped storage once, from the op that created
+it until its last reference dies (a weakref callback) — the same accounting as
+torch.distributed._tools.mem_tracker, without its per-module bookkeeping. Storage resizes (FSDP2
+frees and re-allocates unsharded parameters with ``UntypedStorage.resize_``, which no dispatch
+mode sees) are tracked by wrapping ``resize_``. Live storages that existed before the tracker
+started can be added with :meth:`StorageTracker.track`.
+
+Not counted: transient buffers inside one C++ kernel, memory owned by communication libraries,
+the Python heap. The counter is therefore a lower bound of the process RSS, but it is the same
+quantity as CUDA's ``max_memory_allocated`` (bytes of live tensors), which is what the estimator
+predicts.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["StorageTracker", "PeakMemory", "storages_of"]
+
+
+def storages_of(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    """Untyped storages behind ``t``, looking through wrapper subclasses (DTensor, ...)."""
+    out, todo = [], [t]
+    while todo:
+        obj = todo.pop()
+        if is_traceable_wrapper_subclass(obj):
+            attrs, _ = obj.__tensor_flatten__()
+            todo.extend(v for v in (getattr(obj, a) for a in attrs) if isinstance(v, torch.Tensor))
+        elif isinstance(obj, torch.Tensor) and obj.layout == torch.strided and obj.device.type != "meta":
+            try:
+                out.append(obj.untyped_storage())
+            except (RuntimeError, NotImplementedError):  # e.g. functional tensors without storage
+                continue
+    return out
+
+
+class StorageTracker(TorchDispatchMode):
+    """Current and peak bytes of live tensor storage on one device type (default: CPU)."""
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self._sizes: dict[int, int] = {}  # id(storage) -> counted bytes
+        self._refs: dict[int, weakref.ref] = {}
+        self._lock = threading.Lock()
+        self._orig_resize = None
+
+    # -- accounting -------------------------------------------------------------------------
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            self._refs.pop(key, None)
+            self.current_bytes -= self._sizes.pop(key, 0)
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        key = id(st)
+        if key in self._refs:
+            return
+        nbytes = st.nbytes()
+        try:
+            ref = weakref.ref(st, lambda _r, key=key: self._forget(key))
+        except TypeError:  # storage type without weakref support: cannot know when it dies
+            return
+        with self._lock:
+            self._refs[key] = ref
+            self._sizes[key] = nbytes
+            self.current_bytes += nbytes
+            if self.current_bytes > self.peak_bytes:
+                self.peak_bytes = self.current_bytes
+
+    def track(self, *tensors: object) -> None:
+        """Count the storages of ``tensors`` (any pytree of tensors) if not counted yet."""
+        for leaf in tree_leaves(tensors):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == self.device_type:
+                for st in storages_of(leaf):
+                    self._add(st)
+
+    def reset_peak(self) -> None:
+        """Start a new peak window from the current live bytes."""
+        self.peak_bytes = self.current_bytes
+
+    # -- hooks ------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.track(out)
+        # In-place and out= ops return their (maybe pre-existing) argument: covered above.
+        return out
+
+    def _resize(self, st: torch.UntypedStorage, size: int):
+        result = self._orig_resize(st, size)
+        key = id(st)
+        if key in self._refs:
+            with self._lock:
+                new = st.nbytes()
+                self.current_bytes += new - self._sizes.get(key, 0)
+                self._sizes[key] = new
+                if self.current_bytes > self.peak_bytes:
+                    self.peak_bytes = self.current_bytes
+        elif st.device.type == self.device_type:
+            self._add(st)
+        return result
+
+    def __enter__(self):
+        self._orig_resize = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(st, size):
+            return tracker._resize(st, size)
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        return super().__exit__(*exc)
+
+
+class PeakMemory:
+    """Peak memory of this rank: ``torch.cuda.max_memory_allocated`` on CUDA, else a StorageTracker.
+
+    Use as a context manager around everything the rank does (model build included).
+    """
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.kind = "cuda" if (device is not None and device.type == "cuda") or (device is None and torch.cuda.is_available()) else "cpu-storage"
+        self.tracker = StorageTracker("cpu") if self.kind == "cpu-storage" else None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.tracker is not None:
+            self.tracker.__enter__()
+        else:
+            torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(*exc)
+
+    @property
+    def peak_bytes(self) -> int:
+        if self.tracker is not None:
+            return int(self.tracker.peak_bytes)
+        return int(torch.cuda.max_memory_allocated())
+
+    @property
+    def current_bytes(self) -> int:
+        if self.tracker is not None:
+            return int(self.tracker.current_bytes)
+        return int(torch.cuda.memory_allocated())

@@ -1,0 +1,243 @@
+"""What torchrun runs on every rank: ``python -m zeroplan.runtime.worker PROBE_JSON``.
+
+Runs the user's script in this process (``runpy``), measures optimizer steps and peak memory,
+stops after warm-up + N measured steps and writes ``rank-<RANK>.json`` into the probe folder.
+
+* DeepSpeed script: ``deepspeed.initialize`` is wrapped so the engine it returns counts its
+  optimizer steps (``engine.step()`` at a gradient-accumulation boundary); after the last one a
+  private ``BaseException`` unwinds the user's loop (so ``except Exception`` in the script does not
+  swallow it). Every data-parallel rank reaches the same step, so all stop together.
+* zeroplan task: the chosen backend (``zeroplan.runtime.backends``) builds the engine and runs
+  the loop with the same meter.
+
+A rank that fails writes its status and reason, then exits non-zero; torchrun then stops the
+other ranks, which may be waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+__all__ = ["ProbeDone", "StepMeter", "main"]
+
+
+class ProbeDone(BaseException):
+    """Raised inside the training loop after the last measured step (not an ``Exception``)."""
+
+
+class StepMeter:
+    """Counts optimizer steps; times the ones after warm-up; ends the run after the last."""
+
+    def __init__(self, *, warmup: int, steps: int, synchronize=None) -> None:
+        self.warmup = warmup
+        self.steps = steps
+        self.count = 0
+        self.samples_per_step: int | None = None
+        self.step_times: list[float] = []
+        self._synchronize = synchronize or (lambda: None)
+        self._last: float | None = None
+        self.started = False
+
+    def start(self) -> None:
+        """Called when the engine exists (timing of step 1 starts here when warmup is 0)."""
+        self.started = True
+        if self.warmup == 0:
+            self._synchronize()
+            self._last = time.perf_counter()
+
+    def optimizer_step_done(self) -> None:
+        self.count += 1
+        if self.count < self.warmup:
+            return
+        self._synchronize()
+        now = time.perf_counter()
+        if self.count > self.warmup and self._last is not None:
+            self.step_times.append(now - self._last)
+        self._last = now
+        if self.count >= self.warmup + self.steps:
+            raise ProbeDone()
+
+    @property
+    def measured(self) -> int:
+        return len(self.step_times)
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.measured,
+            "optimizer_steps": self.count,
+            "step_times": self.step_times,
+            "step_time": sum(self.step_times) / len(self.step_times) if self.step_times else None,
+            "samples_per_step": self.samples_per_step,
+        }
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: die with SIGKILL if torchrun dies, so a killed launcher leaves no worker behind."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
+    import deepspeed
+
+    original = deepspeed.initialize
+
+    def initialize(*args, **kwargs):
+        outputs = original(*args, **kwargs)
+        engine = outputs[0]
+        state["initialized"] = True
+        state["engine"] = engine
+        engine_step = engine.step
+
+        def step(*a, **kw):
+            boundary = engine.is_gradient_accumulation_boundary()
+            out = engine_step(*a, **kw)
+            if boundary:
+                meter.optimizer_step_done()
+            return out
+
+        engine.step = step
+        meter.samples_per_step = int(engine.train_batch_size())
+        meter.start()
+        return outputs
+
+    deepspeed.initialize = initialize
+
+
+def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
+    _wrap_deepspeed(meter, state)
+    script = spec["script"]
+    argv = [script, *spec["script_args"]]
+    if spec.get("config_path"):
+        argv += [spec["config_arg"], spec["config_path"]]
+    sys.argv = argv
+    runpy.run_path(script, run_name="__main__")
+
+
+def _load_task(spec: dict):
+    from zeroplan.runtime.task import Task
+
+    script = spec["script"]
+    sys.argv = [script, *spec["script_args"]]
+    namespace = runpy.run_path(script, run_name="__zeroplan_task__")
+    task = namespace["zeroplan_task"]()
+    if not isinstance(task, Task):
+        raise TypeError(f"zeroplan_task() in {script} returned {type(task).__name__}, not zeroplan.runtime.task.Task")
+    return task
+
+
+def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
+    from zeroplan.spec import Plan, TrainingSpec
+
+    task = _load_task(spec)
+    state["task"] = task
+    training = TrainingSpec(**spec["training"]) if spec.get("training") else TrainingSpec()
+    if spec["backend"] == "deepspeed":
+        from zeroplan.runtime.backends.deepspeed import run_deepspeed
+
+        _wrap_deepspeed(meter, state)
+        run_deepspeed(task, config_path=spec["config_path"], plan=Plan(**spec["plan"]) if spec.get("plan") else None, meter=meter)
+    else:
+        from zeroplan.runtime.backends.fsdp import run_fsdp
+
+        run_fsdp(task, plan=Plan(**spec["plan"]), training=training, meter=meter)
+
+
+def _finish_reason(spec: dict, meter: StepMeter, state: dict) -> str:
+    need = spec["warmup"] + spec["steps"]
+    if spec["kind"] == "script" and not state.get("initialized"):
+        return "the script finished without calling deepspeed.initialize (is it a DeepSpeed training script?)"
+    return f"the script finished after {meter.count} optimizer steps; the probe needs {need} (warmup {spec['warmup']} + steps {spec['steps']})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    _set_parent_death_signal()
+    sys.path.insert(0, str(Path(spec["script"]).parent))
+
+    import torch
+
+    from zeroplan.runtime.classify import OOM_PATTERN
+    from zeroplan.runtime.memory import PeakMemory
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        synchronize = torch.cuda.synchronize
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        synchronize = None
+    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize)
+    state: dict = {}
+    result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
+    memory = PeakMemory()
+    with memory:
+        try:
+            if spec["kind"] == "task":
+                _run_task(spec, meter, state)
+            else:
+                _run_script(spec, meter, state)
+            result["error"] = _finish_reason(spec, meter, state)
+        except ProbeDone:
+            result["status"] = "ok"
+        except SystemExit as exc:
+            if exc.code in (0, None):
+                result["error"] = _finish_reason(spec, meter, state)
+            else:
+                result["error"] = f"the script called sys.exit({exc.code!r}) after {meter.count} optimizer steps"
+        except BaseException as exc:  # the user's script may raise anything; report it, never hang
+            text = f"{type(exc).__name__}: {exc}".strip()
+            is_oom = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or OOM_PATTERN.search(text)
+            result["status"] = "oom" if is_oom else "error"
+            result["error"] = text.splitlines()[0][:500] if text else type(exc).__name__
+            traceback.print_exc()
+    result.update(meter.as_dict())
+    result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None) or _env_int("ZEROPLAN_SEQ_LEN")
+    result["peak_memory"] = memory.peak_bytes
+    result["memory_kind"] = memory.kind
+    task = state.get("task")
+    if task is not None and task.model_spec is not None:
+        result["model_spec"] = {k: v for k, v in task.model_spec.as_dict().items() if k != "notes"}
+    out = Path(spec["result_dir"]) / f"rank-{rank}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, out)
+    print(f"zeroplan worker rank {rank}: {result['status']}" + (f" ({result['error']})" if result["error"] else ""), file=sys.stderr)
+    code = 0 if result["status"] == "ok" else 1
+    if code == 0:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 - teardown problems must not turn a measured probe into a hang
+            print(f"zeroplan worker rank {rank}: destroy_process_group failed: {exc}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: engine threads and atexit hooks of a stopped script can hang.
+    os._exit(code)
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.isdigit() else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
