@@ -1,0 +1,159 @@
+"""Scale traced activation bytes to any micro-batch and sequence length from a few traces.
+
+Every tensor a transformer keeps for backward has a size of the form b·s·(width) or, for the
+attention scores of eager attention, b·a·s²; tensors shared by the whole batch (rotary cos/sin
+tables, a materialised causal mask) scale with s or s² alone. So for one checkpointing mode
+
+    bytes(b, s) = α·b·s + β·b·s² + γ·s + δ·s² + ε·b + ζ
+
+is exact (Korthikanti et al. 2022, arXiv 2205.05198, eq. 1–2, is the α/β part for one GPT
+layer: α = 34·h·L, β = 5·a·L; ε and ζ hold per-sample and per-batch scalars of the loss). Six
+traces — b ∈ {1, 2} × s ∈ {s₀/4, s₀/2, s₀} — fix the six coefficients (for each b a quadratic in
+s, linear in b); a seventh at (3, s₀) checks them (:attr:`ActivationFit.max_fit_error`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeroplan.spec import CHECKPOINTING
+from zeroplan.spec.errors import check_choice, check_positive_int
+from zeroplan.trace.tracer import TracedActivations, Tracer
+
+__all__ = ["ActivationModel", "ActivationFit", "fit_activation_model"]
+
+_COMPONENTS = ("embeddings", "layers", "logits", "recompute")
+
+
+def _features(b: int, s: int) -> tuple[float, ...]:
+    return (b * s, b * s * s, s, s * s, b, 1.0)
+
+
+@dataclass(frozen=True)
+class ActivationFit:
+    """Coefficients of α·b·s + β·b·s² + γ·s + δ·s² + ε·b + ζ for each component of one checkpointing mode."""
+
+    checkpointing: str
+    """none, selective or full."""
+    coefficients: dict[str, tuple[float, ...]]
+    """Component (embeddings, layers, logits, recompute) → (α, β, γ, δ, ε, ζ), bytes."""
+    points: tuple[TracedActivations, ...]
+    """The traces the fit was solved from (and checked against)."""
+    max_fit_error: float
+    """Largest relative error of the fit at the check point (0 for an exact fit)."""
+
+    def component(self, name: str, micro_batch: int, seq_len: int) -> int:
+        x = _features(micro_batch, seq_len)
+        return max(0, round(sum(c * f for c, f in zip(self.coefficients[name], x))))
+
+
+@dataclass
+class ActivationModel:
+    """Traced activation bytes for any (micro_batch, seq_len, checkpointing) from a few traces per mode.
+
+    Modes are traced lazily, on first use, with one built model (fake tensors: no memory).
+    """
+
+    tracer: Tracer
+    """The built model the traces run on."""
+    seq_len: int
+    """Sequence length the fit is centred on (traced at seq_len and seq_len/2; exact there)."""
+    fits: dict[str, ActivationFit] = field(default_factory=dict)
+    """Checkpointing mode → fit, filled on demand."""
+
+    @property
+    def source(self) -> str:
+        return self.tracer.source.name
+
+    def fit(self, checkpointing: str) -> ActivationFit:
+        """The fit for ``checkpointing`` (traced now if not yet)."""
+        check_choice("checkpointing", checkpointing, CHECKPOINTING)
+        if checkpointing not in self.fits:
+            self.fits[checkpointing] = _fit_mode(self.tracer, self.seq_len, checkpointing)
+        return self.fits[checkpointing]
+
+    def breakdown(self, micro_batch: int, seq_len: int, checkpointing: str) -> dict[str, int]:
+        """Bytes per component (embeddings, layers, logits, recompute) and their ``total``."""
+        check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
+        check_positive_int("seq_len", seq_len, maximum=10_000_000)
+        fit = self.fit(checkpointing)
+        parts = {name: fit.component(name, micro_batch, seq_len) for name in _COMPONENTS}
+        parts["total"] = sum(parts.values())
+        return parts
+
+    def bytes(self, micro_batch: int, seq_len: int, checkpointing: str) -> int:
+        """Total activation bytes per GPU for one micro-batch (see :class:`TracedActivations.total`)."""
+        return self.breakdown(micro_batch, seq_len, checkpointing)["total"]
+
+    def as_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "seq_len": self.seq_len,
+            "precision": self.tracer.precision,
+            "flash_attention": self.tracer.flash_attention,
+            "fits": {
+                mode: {
+                    "coefficients": {k: list(v) for k, v in fit.coefficients.items()},
+                    "max_fit_error": fit.max_fit_error,
+                }
+                for mode, fit in self.fits.items()
+            },
+        }
+
+
+def _trace_points(seq_len: int) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    # Two batch sizes × three sequence lengths determine the six coefficients.
+    s_hi = max(seq_len, 3)
+    s_mid = max(2, s_hi // 2)
+    s_lo = max(1, s_hi // 4)
+    if s_lo == s_mid:
+        s_lo = s_mid - 1
+    solve = [(1, s_mid), (2, s_mid), (1, s_hi), (2, s_hi), (1, s_lo), (2, s_lo)]
+    return solve, (3, s_hi)
+
+
+def _solve(points: list[tuple[int, int]], values: list[int]) -> tuple[float, ...]:
+    import numpy as np
+
+    a = np.array([_features(b, s) for b, s in points], dtype=np.float64)
+    y = np.array(values, dtype=np.float64)
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    return tuple(float(c) for c in coef)
+
+
+def _fit_mode(tracer: Tracer, seq_len: int, checkpointing: str) -> ActivationFit:
+    solve, check = _trace_points(seq_len)
+    traces = []
+    for b, s in solve + [check]:
+        traces.append(tracer.trace(micro_batch=b, seq_len=s, checkpointing=checkpointing))
+    coefficients = {
+        name: _solve(solve, [getattr(t, name) for t in traces[: len(solve)]]) for name in _COMPONENTS
+    }
+    fit = ActivationFit(checkpointing=checkpointing, coefficients=coefficients, points=tuple(traces), max_fit_error=0.0)
+    checked = traces[-1]
+    predicted = sum(fit.component(name, checked.micro_batch, checked.seq_len) for name in _COMPONENTS)
+    error = abs(predicted - checked.total) / max(1, checked.total)
+    return ActivationFit(checkpointing=checkpointing, coefficients=coefficients, points=tuple(traces), max_fit_error=error)
+
+
+def fit_activation_model(
+    source: Any,
+    *,
+    seq_len: int,
+    precision: str = "bf16",
+    flash_attention: bool = True,
+    checkpointing: tuple[str, ...] = CHECKPOINTING,
+    fake: bool = True,
+) -> ActivationModel:
+    """Build ``source`` once and fit the given checkpointing modes around ``seq_len`` (others on demand)."""
+    check_positive_int("seq_len", seq_len, maximum=10_000_000)
+    for mode in checkpointing:
+        check_choice("checkpointing", mode, CHECKPOINTING)
+    tracer = Tracer(source, precision=precision, flash_attention=flash_attention, fake=fake)
+    model = ActivationModel(tracer=tracer, seq_len=seq_len)
+    for mode in checkpointing:
+        model.fit(mode)
+    return model
+
+

@@ -1,0 +1,64 @@
+"""The hook the estimator uses to replace the activation formula with traced bytes.
+
+Contract with :mod:`zeroplan.estimator.activations`::
+
+    override = activation_override(model_path, training)   # SpecError on bad input, at once
+    override(plan) -> int                                    # activation bytes per GPU for plan
+
+``override.describe()`` is a one-line note for the estimate's ``notes``; ``override.as_dict()``
+the fitted coefficients for ``--format json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zeroplan.spec import Plan, TrainingSpec
+from zeroplan.trace.fit import ActivationModel, fit_activation_model
+
+__all__ = ["TracedActivationOverride", "activation_override"]
+
+
+class TracedActivationOverride:
+    """Callable ``plan -> activation bytes`` backed by an :class:`ActivationModel` at the training's seq_len."""
+
+    def __init__(self, model: ActivationModel, training: TrainingSpec) -> None:
+        self.model = model
+        self.training = training
+
+    def __call__(self, plan: Plan) -> int:
+        # cpu_checkpointing (block inputs in host memory) is not modelled: the trace keeps them on the device.
+        return self.model.bytes(plan.micro_batch, self.training.seq_len, plan.checkpointing)
+
+    def breakdown(self, plan: Plan) -> dict[str, int]:
+        """Per-component bytes (embeddings, layers, logits, recompute, total) for ``plan``."""
+        return self.model.breakdown(plan.micro_batch, self.training.seq_len, plan.checkpointing)
+
+    def describe(self) -> str:
+        attention = "flash attention" if self.model.tracer.flash_attention else "eager attention"
+        return (
+            f"activations traced from {self.model.source} under FakeTensorMode "
+            f"({self.model.tracer.precision}, {attention}, seq_len {self.training.seq_len}), not the formula"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"method": "trace", **self.model.as_dict()}
+
+
+def activation_override(model_path: str | Path, training: TrainingSpec) -> TracedActivationOverride:
+    """Trace ``model_path`` (a Hugging Face config.json or a zeroplan task script) for ``training``.
+
+    Builds the model once under FakeTensorMode and fits the un-checkpointed mode immediately, so
+    a missing transformers, an unknown model_type or a config that fails to build raises
+    :class:`~zeroplan.spec.SpecError` here, before any table is printed. Checkpointed modes are
+    traced on first use.
+    """
+    model = fit_activation_model(
+        model_path,
+        seq_len=training.seq_len,
+        precision=training.precision,
+        flash_attention=training.flash_attention,
+        checkpointing=("none",),
+    )
+    return TracedActivationOverride(model, training)

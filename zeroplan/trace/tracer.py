@@ -1,0 +1,440 @@
+"""Count the activation bytes a forward pass keeps for backward, without allocating them.
+
+Method (PyTorch's own machinery, no model-specific formulas):
+
+* the model is built and run under :class:`torch._subclasses.fake_tensor.FakeTensorMode`, so
+  every tensor has a shape, dtype and storage but no memory (a Llama-3-8B forward at 4096 tokens
+  traces in about a second);
+* every tensor autograd saves for backward passes through
+  :func:`torch.autograd.graph.saved_tensors_hooks`; its *storage* is counted once (views and
+  tensors saved by several nodes share one storage), parameters and buffers are excluded;
+* the logits the model returns are counted too (they stay alive until the loss's backward);
+* bytes are attributed to a region by module hooks: ``embeddings`` (before the first block),
+  one entry per transformer block, and ``logits`` (final norm, output projection and loss);
+* checkpointing is applied for real: ``full`` wraps every block in
+  :func:`torch.utils.checkpoint.checkpoint` (reentrant form, whose saved inputs pass through the
+  same hook), ``selective`` wraps only the attention core (Korthikanti et al. 2022,
+  arXiv 2205.05198, §4.2). The bytes a block's recomputation re-creates during backward are
+  the difference between the ``none`` trace and the checkpointed trace of that block; the largest
+  one is reported as ``recompute`` (only one block is recomputed at a time).
+
+The trace models what CUDA kernels keep, also when it runs on CPU tensors:
+
+* dropout saves a 1-byte boolean mask (``torch.native_dropout``, what CUDA runs) instead of the
+  CPU fallback's mask in the activation dtype;
+* with ``flash_attention`` the attention core runs the flash kernel without dropout (the CUDA
+  flash kernel regenerates its dropout mask from a seed), keeping q, k, v, the output and the
+  fp32 log-sum-exp; without it the model's eager attention runs and keeps the score matrix.
+
+The real-tensor mode (``fake=False``) runs the same code on real CPU tensors; the validation
+benchmark compares both with the bytes actually alive after forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from zeroplan.spec import CHECKPOINTING, SpecError
+from zeroplan.spec.errors import check_choice, check_positive_int
+from zeroplan.trace.source import TraceSource, resolve_source
+
+__all__ = ["TracedActivations", "trace_activations", "Tracer"]
+
+
+@dataclass(frozen=True)
+class TracedActivations:
+    """Activation bytes of one forward + loss at one batch shape, by region."""
+
+    source: str
+    """Config path or task script traced."""
+    micro_batch: int
+    """Samples in the traced batch."""
+    seq_len: int
+    """Tokens per sample."""
+    precision: str
+    """Training dtype of the model (bf16, fp16, fp32)."""
+    checkpointing: str
+    """none, selective (attention core recomputed) or full (every block recomputed)."""
+    flash_attention: bool
+    """Attention through the flash kernel (no score matrix kept) rather than eager attention."""
+    embeddings: int
+    """Bytes saved before the first block: token ids, embedding output, dropout mask."""
+    per_layer: tuple[int, ...]
+    """Bytes saved inside each transformer block (with ``full``: the block's input only)."""
+    logits: int
+    """Bytes saved after the last block (final norm, output projection, fp32 loss) plus the logits output."""
+    recompute: int
+    """Bytes re-created while the largest block (full) or attention core (selective) is recomputed in backward."""
+    fake: bool = True
+    """True when traced under FakeTensorMode (no memory); False for a run on real tensors."""
+
+    @property
+    def layers(self) -> int:
+        """Sum of :attr:`per_layer`."""
+        return sum(self.per_layer)
+
+    @property
+    def total(self) -> int:
+        """Activation bytes at the start of backward plus one block's recomputation."""
+        return self.embeddings + self.layers + self.logits + self.recompute
+
+    def as_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "micro_batch": self.micro_batch,
+            "seq_len": self.seq_len,
+            "precision": self.precision,
+            "checkpointing": self.checkpointing,
+            "flash_attention": self.flash_attention,
+            "embeddings": self.embeddings,
+            "per_layer": list(self.per_layer),
+            "layers": self.layers,
+            "logits": self.logits,
+            "recompute": self.recompute,
+            "total": self.total,
+            "fake": self.fake,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# recording saved tensors
+
+
+class _Recorder:
+    """Pack hook that counts each saved storage once, by the region active when it is first saved."""
+
+    def __init__(self, excluded_keys: set) -> None:
+        self.excluded = excluded_keys
+        self.region: Any = "embeddings"
+        self.bytes_by_region: dict[Any, int] = {}
+        self._seen: set = set()
+        # Holding the storages keeps their ids from being reused by later allocations.
+        self._keep: list = []
+
+    def add(self, tensor: Any) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storage = tensor.untyped_storage()
+        key = StorageWeakRef(storage)
+        if key in self.excluded or key in self._seen:
+            return
+        self._seen.add(key)
+        self._keep.append(storage)
+        self.bytes_by_region[self.region] = self.bytes_by_region.get(self.region, 0) + storage.nbytes()
+
+    def pack(self, tensor: Any) -> Any:
+        self.add(tensor)
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: Any) -> Any:
+        return tensor
+
+
+def _hold(recorder: _Recorder, *objects: Any) -> None:
+    """Count tensors a checkpoint keeps alive through its closure (keyword arguments, masks).
+
+    Reentrant checkpoint saves only its positional tensor inputs through autograd; everything
+    else the recomputation needs stays referenced by the closure until backward.
+    """
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(list(objects)):
+        if isinstance(leaf, torch.Tensor):
+            recorder.add(leaf)
+
+
+def _storage_keys(tensors) -> set:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return {StorageWeakRef(t.untyped_storage()) for t in tensors}
+
+
+# ---------------------------------------------------------------------------------------------
+# device-faithful ops and the attention core
+
+
+def _device_faithful_mode(*, flash_attention: bool, selective: bool, recorder: _Recorder):
+    """A TorchFunctionMode that makes CPU ops keep what their CUDA counterparts keep (see module doc)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = F.scaled_dot_product_attention
+
+    class DeviceFaithful(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.dropout:
+                return _native_dropout(*args, **kwargs)
+            if func is sdpa:
+                return _attention(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    def _native_dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return input
+        return torch.native_dropout(input, p, True)[0]
+
+    def _sdpa_call(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if flash_attention:
+            # CUDA's flash kernel keeps q, k, v, out and the log-sum-exp, and regenerates the
+            # dropout mask from a seed: run the CPU flash kernel without dropout to get exactly that.
+            try:
+                with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                    return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            except RuntimeError:
+                return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        with sdpa_kernel([SDPBackend.MATH]):
+            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    def _attention(q, k, v, *args, **kwargs):
+        def core(q_, k_, v_):
+            return _sdpa_call(q_, k_, v_, *args, **kwargs)
+
+        return _in_attention_core(recorder, selective, core, q, k, v, closure=(args, kwargs))
+
+    return DeviceFaithful()
+
+
+def _in_attention_core(recorder: _Recorder, selective: bool, core, *tensors, closure: Any = ()):
+    """Run the attention core in its own region; with ``selective``, under reentrant checkpoint."""
+    import torch.utils.checkpoint as ckpt
+
+    outer = recorder.region
+    recorder.region = ("attention", outer)
+    try:
+        if selective:
+            _hold(recorder, closure)
+            return ckpt.checkpoint(core, *tensors, use_reentrant=True)
+        return core(*tensors)
+    finally:
+        recorder.region = outer
+
+
+@contextlib.contextmanager
+def _hf_eager_attention(source: TraceSource, recorder: _Recorder, *, selective: bool) -> Iterator[None]:
+    """Route Hugging Face eager attention through :func:`_in_attention_core` while tracing.
+
+    HF attention modules look their kernel up in ``AttentionInterface`` (falling back to the
+    model file's ``eager_attention_forward``); an ``eager`` entry there is used first, so adding
+    one for the duration of the trace wraps every layer's attention core.
+    """
+    try:
+        from transformers.modeling_utils import AttentionInterface
+    except ImportError:
+        yield
+        return
+    mapping = AttentionInterface._global_mapping
+    had = "eager" in mapping
+    previous = mapping.get("eager")
+
+    def eager(module, query, key, value, attention_mask, **kwargs):
+        fn = source.eager_attention(module)
+
+        def core(q_, k_, v_):
+            return fn(module, q_, k_, v_, attention_mask, **kwargs)
+
+        return _in_attention_core(recorder, selective, core, query, key, value, closure=(attention_mask, kwargs))
+
+    mapping["eager"] = eager
+    try:
+        yield
+    finally:
+        if had:
+            mapping["eager"] = previous
+        else:
+            mapping.pop("eager", None)
+
+
+@contextlib.contextmanager
+def _block_regions(blocks: list, recorder: _Recorder, *, full: bool) -> Iterator[None]:
+    """Attribute saves to blocks; with ``full`` checkpoint every block (reentrant, inputs saved)."""
+    import torch.utils.checkpoint as ckpt
+
+    handles = []
+    patched = []
+    last = len(blocks) - 1
+    for i, block in enumerate(blocks):
+
+        def pre(_module, _args, _i=i):
+            recorder.region = ("layer", _i)
+
+        def post(_module, _args, _output, _i=i):
+            recorder.region = "logits" if _i == last else ("layer", _i)
+
+        handles.append(block.register_forward_pre_hook(pre))
+        handles.append(block.register_forward_hook(post))
+        if full:
+            original = block.forward
+
+            def checkpointed(*args, _original=original, **kwargs):
+                def run(*a):
+                    return _original(*a, **kwargs)
+
+                _hold(recorder, kwargs)
+                return ckpt.checkpoint(run, *args, use_reentrant=True)
+
+            block.forward = checkpointed
+            patched.append(block)
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for block in patched:
+            del block.forward
+
+
+# ---------------------------------------------------------------------------------------------
+# the tracer
+
+
+@dataclass
+class _RawTrace:
+    embeddings: int
+    per_layer: tuple[int, ...]
+    logits: int
+    attention: tuple[int, ...]
+
+
+@dataclass
+class Tracer:
+    """A built model (fake or real) that can be traced at several batch shapes and checkpointing modes.
+
+    Building is the slow part for big configs, so :class:`~zeroplan.trace.fit.ActivationModel`
+    keeps one Tracer and runs a few forwards on it.
+    """
+
+    source: TraceSource
+    precision: str = "bf16"
+    flash_attention: bool = True
+    fake: bool = True
+    _mode: Any = field(default=None, repr=False)
+    _model: Any = field(default=None, repr=False)
+    _blocks: list = field(default_factory=list, repr=False)
+    _excluded: set = field(default_factory=set, repr=False)
+    _none_cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        check_choice("precision", self.precision, ("bf16", "fp16", "fp32"))
+        self.source = resolve_source(self.source)
+        self._mode = self._new_mode()
+        with self._entered():
+            self._model = self.source.build(precision=self.precision, flash_attention=self.flash_attention)
+        self._blocks = self.source.blocks(self._model)
+        self._excluded = _storage_keys(list(self._model.parameters()) + list(self._model.buffers()))
+
+    def _new_mode(self):
+        if not self.fake:
+            return None
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        return FakeTensorMode(allow_non_fake_inputs=True)
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        with self._mode if self._mode is not None else contextlib.nullcontext():
+            yield
+
+    @property
+    def num_layers(self) -> int:
+        """Blocks found in the model."""
+        return len(self._blocks)
+
+    def _raw(self, *, micro_batch: int, seq_len: int, checkpointing: str) -> _RawTrace:
+        import torch
+
+        recorder = _Recorder(self._excluded)
+        with self._entered():
+            batch = self.source.make_batch(self._model, micro_batch=micro_batch, seq_len=seq_len)
+            function_mode = _device_faithful_mode(
+                flash_attention=self.flash_attention, selective=checkpointing == "selective", recorder=recorder
+            )
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.enable_grad())
+                stack.enter_context(_block_regions(self._blocks, recorder, full=checkpointing == "full"))
+                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "selective"))
+                stack.enter_context(function_mode)
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack))
+                try:
+                    loss, outputs = self.source.forward_loss(self._model, batch)
+                except SpecError:
+                    raise
+                except Exception as exc:
+                    raise SpecError(
+                        f"forward of {self.source.name} failed at micro_batch={micro_batch}, "
+                        f"seq_len={seq_len}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    ) from None
+            recorder.region = "logits"
+            for tensor in (outputs, loss):
+                if isinstance(tensor, torch.Tensor):
+                    recorder.add(tensor)
+        by = recorder.bytes_by_region
+        n = len(self._blocks)
+        per_layer = tuple(by.get(("layer", i), 0) + by.get(("attention", ("layer", i)), 0) for i in range(n))
+        attention = tuple(by.get(("attention", ("layer", i)), 0) for i in range(n))
+        other_attention = sum(v for k, v in by.items() if isinstance(k, tuple) and k[0] == "attention" and k[1] in ("embeddings", "logits"))
+        return _RawTrace(
+            embeddings=by.get("embeddings", 0),
+            per_layer=per_layer,
+            logits=by.get("logits", 0) + other_attention,
+            attention=attention,
+        )
+
+    def trace(self, *, micro_batch: int, seq_len: int, checkpointing: str = "none") -> TracedActivations:
+        """Trace one forward + loss (checkpointed modes also need the ``none`` trace, which is cached)."""
+        check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
+        check_positive_int("seq_len", seq_len, maximum=10_000_000)
+        check_choice("checkpointing", checkpointing, CHECKPOINTING)
+        raw = self._raw(micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing)
+        if checkpointing == "none":
+            self._none_cache[(micro_batch, seq_len)] = raw
+        recompute = 0
+        if checkpointing != "none":
+            base = self.raw_none(micro_batch=micro_batch, seq_len=seq_len)
+            # One block (full) or one attention core (selective) is rematerialised at a time in
+            # backward: the extra bytes are what that block kept without checkpointing.
+            recompute = max((b - c for b, c in zip(base.per_layer, raw.per_layer)), default=0)
+        return TracedActivations(
+            source=self.source.name,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            precision=self.precision,
+            checkpointing=checkpointing,
+            flash_attention=self.flash_attention,
+            embeddings=raw.embeddings,
+            per_layer=raw.per_layer,
+            logits=raw.logits,
+            recompute=max(recompute, 0),
+            fake=self.fake,
+        )
+
+    def raw_none(self, *, micro_batch: int, seq_len: int) -> _RawTrace:
+        """The un-checkpointed trace at this shape (cached)."""
+        key = (micro_batch, seq_len)
+        if key not in self._none_cache:
+            self._none_cache[key] = self._raw(micro_batch=micro_batch, seq_len=seq_len, checkpointing="none")
+        return self._none_cache[key]
+
+
+def trace_activations(
+    source: Any,
+    *,
+    seq_len: int,
+    micro_batch: int = 1,
+    precision: str = "bf16",
+    checkpointing: str = "none",
+    flash_attention: bool = True,
+    fake: bool = True,
+) -> TracedActivations:
+    """Activation bytes of one forward + loss of ``source`` (config.json path, task script or TraceSource).
+
+    ``fake=False`` allocates real CPU tensors (only for small models: validation).
+    """
+    tracer = Tracer(source, precision=precision, flash_attention=flash_attention, fake=fake)
+    return tracer.trace(micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing)
