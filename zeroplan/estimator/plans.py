@@ -66,7 +66,8 @@ class PlanEstimate:
     plan: Plan
     gpu: GpuMemory
     overhead_items: dict[str, int]
-    """Every engine extra by name (alive at the peak or not; see notes for the phase)."""
+    """Every engine extra by name; items of the other phase (see ``peak_phase`` and
+    :class:`~zeroplan.estimator.memory.EngineOverhead`) are listed but not in ``gpu.overhead``."""
     states: ModelStates
     activation_breakdown: Optional[ActivationMemory]
     host: HostMemory
@@ -75,6 +76,8 @@ class PlanEstimate:
     tokens_per_second: float
     fits: bool
     notes: tuple[str, ...]
+    peak_phase: str = "backward"
+    """When the GPU peak happens: ``backward`` (activations alive) or ``step`` (optimizer step)."""
 
     @property
     def cpu_per_node(self) -> int:
@@ -99,6 +102,7 @@ class PlanEstimate:
             {
                 "gpu": self.gpu.as_dict(),
                 "overhead_items": dict(self.overhead_items),
+                "peak_phase": self.peak_phase,
                 "cpu_per_node": self.cpu_per_node,
                 "cpu_items": dict(self.host.cpu_items),
                 "nvme_per_node": self.nvme_per_node,
@@ -215,6 +219,7 @@ def estimate_plan(
         tokens_per_second=tps,
         fits=fits,
         notes=tuple(notes),
+        peak_phase="step" if step_phase > backward else "backward",
     )
 
 
