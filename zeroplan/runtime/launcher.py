@@ -224,7 +224,8 @@ class _Job:
         self.full_log.close()
 
 
-def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Path | None) -> Path:
+def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Path | None, config_written: bool) -> Path:
+    """The worker's instructions (``probe.json``): what to run, how long, where to write."""
     training = request.training
     spec = {
         "script": str(request.script.resolve()),
@@ -233,6 +234,8 @@ def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Pa
         "script_args": list(request.script_args),
         "config_arg": request.config_arg,
         "config_path": str(config_path) if config_path else None,
+        "config_given": config_written,
+        "model": request.model.as_dict() if request.model else None,
         "steps": request.steps,
         "warmup": request.warmup,
         "plan": dataclasses.asdict(request.plan) if request.plan else None,
@@ -245,19 +248,24 @@ def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Pa
     return path
 
 
-def _deepspeed_config_for(request: ProbeRequest) -> dict | None:
-    """The request's config, or one built from its plan (zeroplan.dsconfig) for a task."""
-    if request.ds_config is not None:
-        return request.ds_config
-    if request.backend != "deepspeed" or request.plan is None:
-        return None
-    from zeroplan.runtime.dsfallback import config_for_plan
+def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, model=None, workdir: Path) -> dict:
+    """The DeepSpeed config ``zeroplan export`` writes for ``plan`` (zeroplan.dsconfig.build_config)."""
+    from zeroplan.dsconfig import build_config
 
-    return config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.nproc, model=request.model)
+    uses_nvme = "nvme" in (plan.offload_optimizer, plan.offload_param)
+    return build_config(
+        plan, world_size=world_size, training=training, model=model, nvme_path=str(workdir / "nvme") if uses_nvme else None
+    )
 
 
-def _estimate(request: ProbeRequest, plan: Plan | None, model_dict: dict | None, world_size: int) -> tuple[int | None, str | None]:
-    """The estimator's predicted peak bytes per GPU, or (None, why not)."""
+def _estimate(
+    request: ProbeRequest, plan: Plan | None, model_dict: dict | None, world_size: int, memory_kind: str | None
+) -> tuple[int | None, str | None]:
+    """The estimator's predicted peak bytes per GPU, or (None, why not).
+
+    A probe measured on CPU (live tensor storage) is compared with ``device="cpu"``: no CUDA
+    context and no allocator fragmentation in the prediction.
+    """
     from zeroplan.spec import ModelSpec
 
     model = request.model
@@ -274,7 +282,8 @@ def _estimate(request: ProbeRequest, plan: Plan | None, model_dict: dict | None,
 
         gpu, _ = profiles.default_gpu()
         cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
-        est = estimator.estimate_plan(model, cluster, request.training or TrainingSpec(), plan)
+        device = "cpu" if memory_kind == "cpu-storage" else "cuda"
+        est = estimator.estimate_plan(model, cluster, request.training or TrainingSpec(), plan, device=device)
         return int(est.gpu.total), None
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"
@@ -310,15 +319,23 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     if request.backend == "fsdp" and request.plan is None:
         raise SpecError("backend fsdp needs a plan (stage, offload, checkpointing, micro batch)")
 
-    config = _deepspeed_config_for(request)
+    # A task's config is built by the worker, which knows the task's model_spec (bucket sizes
+    # follow the hidden size); a script needs its config file before it starts.
+    config = request.ds_config
     config_path = None
+    if config is None and kind == "script":
+        if request.plan is None:
+            raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json) or a plan")
+        config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.nproc, model=request.model, workdir=workdir)
     if config is not None:
         config_path = workdir / "ds_config.json"
         config_path.write_text(json.dumps(config, indent=2))
-    elif kind == "script":
-        raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json)")
+    elif request.backend == "deepspeed":
+        if request.plan is None:
+            raise SpecError("backend deepspeed needs a DeepSpeed config or a plan (--stage ...)")
+        config_path = workdir / "ds_config.json"
     plan = request.plan or (plan_from_ds_config(config) if config else None)
-    spec_path = _write_spec(request, workdir, kind, config_path)
+    spec_path = _write_spec(request, workdir, kind, config_path, config is not None)
 
     cmd = build_command(request, spec_path)
     env = probe_environment(request)
@@ -356,7 +373,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     )
     summary = summarize_ranks(ranks)
     world_size = summary.get("world_size") or request.nproc
-    estimated, why_not = _estimate(request, plan, summary.get("model_spec"), world_size)
+    estimated, why_not = _estimate(request, plan, summary.get("model_spec"), world_size, summary.get("memory_kind"))
     result = ProbeResult(
         status=status,
         backend=request.backend,

@@ -145,15 +145,32 @@ def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
     task = _load_task(spec)
     state["task"] = task
     training = TrainingSpec(**spec["training"]) if spec.get("training") else TrainingSpec()
+    plan = Plan(**spec["plan"]) if spec.get("plan") else None
     if spec["backend"] == "deepspeed":
         from zeroplan.runtime.backends.deepspeed import run_deepspeed
 
+        if not spec.get("config_given"):
+            _write_plan_config(spec, plan, training, task)
         _wrap_deepspeed(meter, state)
-        run_deepspeed(task, config_path=spec["config_path"], plan=Plan(**spec["plan"]) if spec.get("plan") else None, meter=meter)
+        run_deepspeed(task, config_path=spec["config_path"], plan=plan, meter=meter)
     else:
         from zeroplan.runtime.backends.fsdp import run_fsdp
 
         run_fsdp(task, plan=Plan(**spec["plan"]), training=training, meter=meter)
+
+
+def _write_plan_config(spec: dict, plan, training, task) -> None:
+    """The config ``zeroplan export`` gives for ``plan`` and this task's model (bucket sizes from h)."""
+    from zeroplan.runtime.launcher import config_for_plan
+    from zeroplan.spec import ModelSpec
+
+    model = ModelSpec(**spec["model"]) if spec.get("model") else task.model_spec
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    config = config_for_plan(plan, training, world_size=world_size, model=model, workdir=Path(spec["result_dir"]))
+    path = Path(spec["config_path"])
+    tmp = path.with_name(f".{path.name}.rank{os.environ.get('RANK', '0')}")
+    tmp.write_text(json.dumps(config, indent=2))
+    os.replace(tmp, path)
 
 
 def _finish_reason(spec: dict, meter: StepMeter, state: dict) -> str:
