@@ -76,7 +76,7 @@ def _render_tables(doc: dict, console) -> None:
     models.add_column("name", no_wrap=True)
     for col in ("params", "h", "L", "heads", "kv\nheads", "ffn", "V"):
         models.add_column(col, justify="right", no_wrap=True)
-    for m in doc["models"]:
+    for m in sorted(doc["models"], key=lambda m: m["params"]):
         models.add_row(
             m["name"],
             _params_short(m["params"]),
