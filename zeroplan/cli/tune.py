@@ -1,0 +1,370 @@
+"""``zeroplan tune SCRIPT``: search plans with real probes and write the best validated config."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, List, Optional
+
+import typer
+
+from zeroplan.cli import app
+from zeroplan.cli.common import (
+    CheckpointingOpt,
+    CpuMemoryOpt,
+    GlobalBatchOpt,
+    GpuMemoryOpt,
+    GpuOpt,
+    GpusOpt,
+    GpusPerNodeOpt,
+    GradAccumOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    NvmeOpt,
+    OffloadOptimizerOpt,
+    OffloadParamOpt,
+    OptimizerOpt,
+    ParamsOpt,
+    PrecisionOpt,
+    StageOpt,
+    check_choice_option,
+    check_plan_options,
+    resolve_cluster,
+    resolve_model,
+    resolve_training,
+)
+from zeroplan.spec import SpecError
+
+__all__ = ["tune"]
+
+_TUNE = "Tuning"
+
+SeqLenTuneOpt = Annotated[
+    Optional[int],
+    typer.Option("--seq-len", help="Tokens per sample [default: the task's, else 2048].", rich_help_panel="Training"),
+]
+
+
+def _parse_bucket_sizes(text: Optional[str]) -> tuple[int, ...]:
+    if not text:
+        return ()
+    out = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise SpecError(f"--bucket-sizes {text!r}: {part!r} is not a number; give e.g. 5e7,2e8,5e8") from None
+        if not value >= 1 or value > 1e12 or value != int(value):
+            raise SpecError(f"--bucket-sizes {text!r}: {part!r} is not a whole number of elements in [1, 1e12]")
+        out.append(int(value))
+    return tuple(sorted(set(out)))
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def tune(
+    script: Annotated[Path, typer.Argument(help="Training script: a DeepSpeed script or a zeroplan task (zeroplan_task()).")],
+    script_args: Annotated[Optional[List[str]], typer.Argument(help="Arguments for the script, after --.", show_default=False)] = None,
+    gpus: GpusOpt = 1,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpu: GpuOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
+    cpu_memory: CpuMemoryOpt = None,
+    nvme: NvmeOpt = None,
+    params: ParamsOpt = None,
+    model: ModelOpt = None,
+    seq_len: SeqLenTuneOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    grad_accum: GradAccumOpt = None,
+    precision: PrecisionOpt = "bf16",
+    optimizer: OptimizerOpt = "adamw",
+    stage: StageOpt = None,
+    offload_optimizer: OffloadOptimizerOpt = None,
+    offload_param: OffloadParamOpt = None,
+    checkpointing: CheckpointingOpt = None,
+    trials: Annotated[int, typer.Option("--trials", help="Probes the study should hold (pruned plans do not count).", rich_help_panel=_TUNE)] = 8,
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Seconds after which no new probe starts.", rich_help_panel=_TUNE)] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per probe before it is killed (status timeout).", rich_help_panel=_TUNE)] = 300.0,
+    backend: Annotated[str, typer.Option("--backend", help="deepspeed | fsdp (fsdp runs zeroplan tasks only).", rich_help_panel=_TUNE)] = "deepspeed",
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for ds_config.json, trials.csv, report.md, throughput.png and study.db.", rich_help_panel=_TUNE)] = Path("zeroplan-out"),
+    storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna RDB URL (sqlite:///x.db, postgresql://...) or a journal file path [default: OUTPUT/study.db].", rich_help_panel=_TUNE)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the study in the storage (also: join it as another worker).", rich_help_panel=_TUNE)] = False,
+    config_arg: Annotated[str, typer.Option("--config-arg", help="How a DeepSpeed script takes its config (--deepspeed for HF Trainer).", rich_help_panel=_TUNE)] = "--deepspeed_config",
+    nvme_path: Annotated[Optional[str], typer.Option("--nvme-path", help="Folder on an NVMe drive: adds nvme offload to the search.", rich_help_panel=_TUNE)] = None,
+    bucket_sizes: Annotated[Optional[str], typer.Option("--bucket-sizes", help="Also tune reduce_bucket_size over these element counts, e.g. 5e7,5e8.", rich_help_panel=_TUNE)] = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="tpe | random (after the estimator's picks).", rich_help_panel=_TUNE)] = "tpe",
+    initial: Annotated[Optional[int], typer.Option("--initial", help="Estimator-ranked plans probed before the sampler [default: half of --trials].", rich_help_panel=_TUNE)] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.", rich_help_panel=_TUNE)] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Measured optimizer steps per probe.", rich_help_panel=_TUNE)] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured optimizer steps before them.", rich_help_panel=_TUNE)] = 1,
+) -> None:
+    """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
+    from zeroplan.runtime.launcher import script_kind
+    from zeroplan.tuner import (
+        ProbeRunner,
+        TuneSettings,
+        Tuner,
+        build_space,
+        make_sampler,
+        open_study,
+        storage_url,
+        write_results,
+    )
+    from zeroplan.tuner.checks import cuda_visible, deepspeed_parse_error, task_model_spec
+
+    check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    check_choice_option("--backend", backend, ("deepspeed", "fsdp"))
+    if not script.is_file():
+        raise SpecError(f"script {script} does not exist or is not a file")
+    if timeout <= 0:
+        raise SpecError(f"--timeout {timeout:g} is not valid; give seconds > 0")
+    if steps < 1 or warmup < 0:
+        raise SpecError("--steps must be >= 1 and --warmup >= 0")
+    if output.exists() and not output.is_dir():
+        raise SpecError(f"--output {output} is a file; give a folder")
+    args = tuple(script_args or ())
+    kind = script_kind(script)
+    if backend == "fsdp" and kind != "task":
+        raise SpecError(f"--backend fsdp runs zeroplan tasks only, and {script} defines no zeroplan_task(); use --backend deepspeed")
+    settings = TuneSettings(trials=trials, time_budget_s=time_budget, n_initial=initial, probe_timeout_s=timeout)
+    buckets = _parse_bucket_sizes(bucket_sizes)
+
+    # Model: --params/--model, else what the task declares.
+    task_seq_len = None
+    if params is None and model is None:
+        if kind != "task":
+            raise SpecError(f"{script} is a DeepSpeed script: give the model with --params 7e9 or --model NAME|config.json")
+        model_spec, task_seq_len = task_model_spec(script, args)
+        if model_spec is None:
+            raise SpecError(f"the task in {script} declares no model_spec; give --params or --model")
+    else:
+        model_spec = resolve_model(params, model)
+        if kind == "task":
+            _, task_seq_len = task_model_spec(script, args)
+    if seq_len is not None and task_seq_len is not None and seq_len != task_seq_len:
+        raise SpecError(f"--seq-len {seq_len} differs from the task's sequence length {task_seq_len}; pass it to the task after --")
+    training = resolve_training(
+        precision=precision,
+        optimizer=optimizer,
+        seq_len=seq_len or task_seq_len or 2048,
+        micro_batch=micro_batch,
+        global_batch=global_batch,
+        grad_accum=grad_accum,
+    )
+    cluster = resolve_cluster(
+        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+    )
+    if cluster.nodes > 1:
+        raise SpecError(f"--gpus {gpus} spans {cluster.nodes} nodes; tune probes one node (run a worker per node with --storage)")
+    on_cuda = cuda_visible()
+
+    searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
+    opt_targets = [offload_optimizer] if offload_optimizer else searched
+    param_targets = [offload_param] if offload_param else searched
+    if "nvme" in (*opt_targets, *param_targets) and not nvme_path:
+        raise SpecError("nvme offload needs --nvme-path DIR (a folder on the NVMe drive)")
+    ckpts = [checkpointing] if checkpointing else (["none", "full"] if kind == "task" else ["none"])
+    space = build_space(
+        model_spec,
+        cluster,
+        training,
+        stages=(stage,) if stage is not None else None,
+        offload_optimizer=opt_targets,
+        offload_param=param_targets,
+        checkpointing=ckpts,
+        bucket_sizes=buckets,
+        device="cuda" if on_cuda else "cpu",
+    )
+
+    from rich.console import Console
+
+    console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
+    output.mkdir(parents=True, exist_ok=True)
+    url = storage_url(storage, output)
+    meta = {
+        "script": " ".join([str(script), *args]),
+        "backend": backend + ("" if on_cuda else " (CPU, gloo)"),
+        "gpus": cluster.gpus,
+        "model": f"{model_spec.name} ({model_spec.params:,} params)",
+        "global_batch": training.global_batch,
+        "seq_len": training.seq_len,
+        "precision": training.precision,
+        "storage": url,
+        "sampler": f"{sampler} after {settings.initial} estimator picks",
+        "plans": len(space.candidates),
+        "pruned": len(space.pruned),
+    }
+    if not space.fitting:
+        closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
+        console.print(
+            f"[bold red]nothing fits[/]: all {len(space.candidates)} plans are ruled out by the estimator; "
+            f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"
+        )
+        raise typer.Exit(1)
+
+    study = open_study(url, resume=resume, sampler=make_sampler(sampler, seed=seed))
+    runner = ProbeRunner(
+        script=script,
+        nproc=cluster.gpus,
+        training=training,
+        model=model_spec,
+        workdir=output / "probes",
+        backend=backend,
+        script_args=args,
+        config_arg=config_arg,
+        steps=steps,
+        warmup=warmup,
+        timeout_s=timeout,
+        nvme_path=nvme_path,
+    )
+    view = _LiveView(console, settings.trials)
+
+    def after_trial() -> None:
+        write_results(study.get_trials(deepcopy=False), output, meta)
+
+    tuner = Tuner(study, space, runner, settings, on_event=view.event, after_trial=after_trial)
+    for message in tuner.prepare(resume=resume):
+        console.print(f"[dim]{message}[/]")
+    view.done = tuner.probes_in_study()
+    view.best = _best_text(tuner)
+    best_so_far = tuner.best()
+    view.best_value = best_so_far.value if best_so_far is not None else 0.0
+    try:
+        with view.live():
+            summary = tuner.run()
+    except KeyboardInterrupt:
+        write_results(study.get_trials(deepcopy=False), output, meta)
+        console.print(f"[yellow]interrupted[/]: the study in {url} is intact; run again with --resume to continue")
+        raise
+    frame = write_results(study.get_trials(deepcopy=False), output, meta)
+    _finish(console, frame, summary, output, study, cluster.gpus, deepspeed_parse_error)
+
+
+def _best_text(tuner: Any) -> str:
+    best = tuner.best()
+    if best is None:
+        return "–"
+    return f"{best.user_attrs.get('plan_key', '?')}  {best.value:.2f} samples/s (trial #{best.number})"
+
+
+def _finish(console: Any, frame: Any, summary: Any, output: Path, study: Any, world_size: int, parse_error: Any) -> None:
+    import json
+
+    from rich.table import Table
+
+    from zeroplan.dsconfig import validate_config
+    from zeroplan.tuner.results import best_row
+
+    probed = frame[frame["status"].isin(["ok", "oom", "error", "timeout"])]
+    ok = frame[frame["status"] == "ok"].sort_values("measured_samples_per_second", ascending=False)
+    table = Table(title=f"zeroplan tune: {len(probed)} probes ({summary.stopped_because})", title_justify="left")
+    for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. rank"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    for i, (_, r) in enumerate(ok.head(10).iterrows(), start=1):
+        rank = r["predicted_rank"]
+        table.add_row(
+            str(i),
+            str(r["plan"]),
+            f"{r['measured_samples_per_second']:.2f}",
+            f"{r['measured_tokens_per_second']:.0f}" if r["measured_tokens_per_second"] else "–",
+            f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
+            "–" if rank is None or rank != rank or rank < 0 else str(int(rank) + 1),
+        )
+    console.print(table)
+    failed = probed[probed["status"] != "ok"]
+    for _, r in failed.iterrows():
+        console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")
+    best = best_row(frame)
+    if best is None:
+        if probed.empty:
+            console.print("[bold red]no probe ran[/]: every plan left was skipped; see report.md")
+        else:
+            console.print(f"[bold red]every probe failed[/] ({len(probed)}); see {output / 'report.md'} and {output / 'probes'}/")
+        raise typer.Exit(1)
+    cfg = json.loads((output / "ds_config.json").read_text())
+    errors = [f"{f.rule_id}: {f.message}" for f in validate_config(cfg, world_size=world_size) if f.severity == "error"]
+    ds_error = parse_error(cfg, world_size=world_size)
+    if errors or ds_error:
+        console.print(f"[bold red]the best config does not validate[/]: {'; '.join(errors + ([ds_error] if ds_error else []))}")
+        raise typer.Exit(1)
+    console.print(
+        f"[bold green]best[/]: {best['plan']} — {best['measured_samples_per_second']:.2f} samples/s "
+        f"(trial #{best['trial']}); config validated by zeroplan and DeepSpeed's parser"
+    )
+    for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
+        if (output / name).exists():
+            console.print(f"  wrote {output / name}")
+
+
+class _LiveView:
+    """Progress over probes, the plan being probed, its last log line and the best so far."""
+
+    def __init__(self, console: Any, total: int) -> None:
+        self.console = console
+        self.total = total
+        self.done = 0
+        self.current = "–"
+        self.started = 0.0
+        self.last_line = ""
+        self.best = "–"
+        self.best_value = 0.0
+        self._live: Any = None
+        self._progress: Any = None
+        self._task: Any = None
+
+    def live(self) -> Any:
+        from rich.live import Live
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("probes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.console
+        )
+        self._task = self._progress.add_task("probes", total=self.total, completed=min(self.done, self.total))
+        self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        return self._live
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        info = Table.grid(padding=(0, 1))
+        elapsed = f" ({time.monotonic() - self.started:.0f} s)" if self.current != "–" else ""
+        info.add_row("[bold]now[/]", f"{self.current}{elapsed}")
+        info.add_row("[bold]log[/]", self.last_line[-110:] or "–")
+        info.add_row("[bold]best[/]", self.best)
+        return Group(self._progress, info) if self._progress is not None else info
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def event(self, kind: str, **data: Any) -> None:
+        if kind == "start":
+            self.current = f"trial #{data['number']} {data['candidate'].key} [{data['source']}]"
+            self.started = time.monotonic()
+            self.last_line = ""
+        elif kind == "line":
+            text = str(data.get("text", "")).strip()
+            if text:
+                self.last_line = text
+        elif kind == "end":
+            outcome = data["outcome"]
+            cand = data["candidate"]
+            if outcome.status == "ok":
+                msg = f"{outcome.samples_per_second:.2f} samples/s, peak {outcome.peak_memory_bytes / 2**20:.1f} MiB"
+                if outcome.samples_per_second > self.best_value:
+                    self.best_value = outcome.samples_per_second
+                    self.best = f"{cand.key}  {outcome.samples_per_second:.2f} samples/s (trial #{data['number']})"
+            else:
+                msg = f"[red]{outcome.status}[/] {outcome.error[:120]}"
+            self.console.print(f"trial #{data['number']:<3} {cand.key:<34} {msg}")
+            if outcome.status in ("ok", "oom", "error", "timeout"):
+                self.done += 1
+                if self._progress is not None:
+                    self._progress.update(self._task, completed=min(self.done, self.total))
+            self.current = "–"
+        elif kind == "skip":
+            if data.get("status") == "pruned" and data.get("key"):
+                self.console.print(f"[dim]trial #{data['number']:<3} {data['key']:<34} pruned: {data['reason']}[/]")
+        self._refresh()

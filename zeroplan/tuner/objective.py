@@ -1,0 +1,143 @@
+"""A trial's evaluation: build the DeepSpeed JSON for a plan, run one probe, report what it measured.
+
+The tuner never calls the runtime directly; it calls a *runner* — any callable
+``runner(plan, *, trial_number, on_line) -> ProbeOutcome`` — so the same search drives real probes
+(:class:`ProbeRunner`) and the benchmark's exhaustive grid uses exactly the same measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+
+from zeroplan.spec import ModelSpec, Plan, TrainingSpec
+
+__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES"]
+
+#: Statuses a probe can end with (the runtime's, plus "invalid" for a config that fails validation).
+PROBE_STATUSES = ("ok", "oom", "error", "timeout", "invalid")
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """What one trial's probe measured (or why it failed)."""
+
+    status: str
+    """ok | oom | error | timeout | invalid (the built config failed validation; nothing ran)."""
+    samples_per_second: float = 0.0
+    """Measured samples/s over all ranks (0 unless ok)."""
+    tokens_per_second: float = 0.0
+    """Measured tokens/s over all ranks (0 when the script does not report tokens)."""
+    step_time_s: float = 0.0
+    """Mean measured optimizer-step time, seconds."""
+    peak_memory_bytes: int = 0
+    """Largest per-rank peak allocated memory, bytes."""
+    peak_memory_per_rank_bytes: tuple[int, ...] = ()
+    """Peak allocated memory of each rank, bytes."""
+    error: str = ""
+    """One line saying what went wrong (empty when ok)."""
+    log_tail: str = ""
+    """Last lines of the probe's output."""
+    wall_s: float = 0.0
+    """Wall time of the probe including launch, seconds."""
+    ds_config: dict = field(default_factory=dict)
+    """The DeepSpeed JSON the probe ran with."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["peak_memory_per_rank_bytes"] = list(self.peak_memory_per_rank_bytes)
+        return d
+
+
+class Runner(Protocol):
+    def __call__(self, plan: Plan, *, trial_number: int, on_line: Optional[Callable[[str], None]] = None) -> ProbeOutcome: ...
+
+
+@dataclass
+class ProbeRunner:
+    """Runs a real probe (``zeroplan.runtime.run_probe``) for each plan, one workdir per trial."""
+
+    script: Path
+    """The training script (a DeepSpeed script or a zeroplan task)."""
+    nproc: int
+    """Processes (ranks) per probe."""
+    training: TrainingSpec
+    model: Optional[ModelSpec]
+    workdir: Path
+    """Folder under which each trial gets ``trial-<n>/`` (config, logs)."""
+    backend: str = "deepspeed"
+    script_args: tuple[str, ...] = ()
+    config_arg: str = "--deepspeed_config"
+    """The flag that passes the DeepSpeed JSON to a DeepSpeed script (``--deepspeed`` for HF Trainer)."""
+    steps: int = 3
+    warmup: int = 1
+    timeout_s: float = 300.0
+    nvme_path: Optional[str] = None
+    torchrun_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def build_config(self, plan: Plan) -> tuple[dict, list[str]]:
+        """The trial's DeepSpeed JSON and the validation errors it has (empty: valid)."""
+        from zeroplan.dsconfig import build_config, validate_config
+
+        cfg = build_config(plan, world_size=self.nproc, training=self.training, model=self.model, nvme_path=self.nvme_path)
+        findings = validate_config(
+            cfg, world_size=self.nproc, model=self.model, training=self.training, checkpointing=plan.checkpointing
+        )
+        errors = [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "error"]
+        return cfg, errors
+
+    def __call__(self, plan: Plan, *, trial_number: int, on_line: Optional[Callable[[str], None]] = None) -> ProbeOutcome:
+        from zeroplan.runtime import ProbeRequest, run_probe
+
+        start = time.monotonic()
+        cfg, errors = self.build_config(plan)
+        if errors:
+            return ProbeOutcome(status="invalid", error="; ".join(errors), ds_config=cfg)
+        trial_dir = self.workdir / f"trial-{trial_number:04d}"
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "ds_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        request = ProbeRequest(
+            script=self.script,
+            nproc=self.nproc,
+            backend=self.backend,
+            ds_config=cfg,
+            plan=plan,
+            training=self.training,
+            model=self.model,
+            script_args=tuple(self.script_args),
+            config_arg=self.config_arg,
+            steps=self.steps,
+            warmup=self.warmup,
+            timeout_s=self.timeout_s,
+            workdir=trial_dir,
+            torchrun_args=tuple(self.torchrun_args),
+            env=tuple(self.env.items()),
+        )
+        result = run_probe(request, on_line=on_line)
+        return outcome_from_result(result, cfg=cfg, wall_s=time.monotonic() - start)
+
+
+def outcome_from_result(result: Any, *, cfg: dict, wall_s: float) -> ProbeOutcome:
+    """Convert the runtime's ProbeResult into a ProbeOutcome (missing numbers become 0)."""
+    per_rank = tuple(int(x or 0) for x in (getattr(result, "peak_memory_per_rank", None) or ()))
+    error = getattr(result, "error", None) or ""
+    return ProbeOutcome(
+        status=str(result.status),
+        samples_per_second=float(getattr(result, "samples_per_second", 0.0) or 0.0),
+        tokens_per_second=float(getattr(result, "tokens_per_second", 0.0) or 0.0),
+        step_time_s=float(getattr(result, "step_time", 0.0) or 0.0),
+        peak_memory_bytes=int(getattr(result, "peak_memory", 0) or 0),
+        peak_memory_per_rank_bytes=per_rank,
+        error=str(error).strip().splitlines()[-1] if str(error).strip() else "",
+        log_tail=str(getattr(result, "log_tail", "") or ""),
+        wall_s=wall_s,
+        ds_config=cfg,
+    )

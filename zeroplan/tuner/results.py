@@ -1,0 +1,252 @@
+"""What a tuning run leaves in its output folder, rewritten atomically after every trial.
+
+* ``trials.csv`` — one row per trial (probed, failed, pruned, duplicate proposals): the plan,
+  predicted vs measured throughput and memory, status and reason;
+* ``ds_config.json`` — the DeepSpeed config the best trial ran with;
+* ``report.md`` — the ranking, failures and pruned plans, with ``throughput.png``
+  (predicted vs measured throughput per probed plan).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = [
+    "CSV_COLUMNS",
+    "trials_frame",
+    "best_row",
+    "write_atomic",
+    "write_results",
+    "render_report",
+    "plot_throughput",
+]
+
+MiB = 1024**2
+
+#: Columns of trials.csv, in order (units in the names).
+CSV_COLUMNS = [
+    "trial",
+    "state",
+    "status",
+    "source",
+    "plan",
+    "stage",
+    "offload_optimizer",
+    "offload_param",
+    "checkpointing",
+    "micro_batch",
+    "gradient_accumulation_steps",
+    "predicted_rank",
+    "predicted_samples_per_second",
+    "measured_samples_per_second",
+    "measured_tokens_per_second",
+    "predicted_peak_memory_bytes",
+    "measured_peak_memory_bytes",
+    "predicted_step_time_s",
+    "measured_step_time_s",
+    "probe_wall_s",
+    "worker",
+    "reason",
+]
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``os.replace`` (readers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def trials_frame(trials: list[Any]) -> Any:
+    """A pandas DataFrame of every finished trial (WAITING ones, not yet started, are left out)."""
+    import pandas as pd
+
+    rows = []
+    for t in trials:
+        if t.state.name == "WAITING":
+            continue
+        attrs = t.user_attrs
+        plan = attrs.get("plan") or {}
+        status = attrs.get("status") or ("running" if t.state.name == "RUNNING" else t.state.name.lower())
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name,
+                "status": status,
+                "source": attrs.get("source", ""),
+                "plan": attrs.get("plan_key", ""),
+                "stage": plan.get("stage"),
+                "offload_optimizer": plan.get("offload_optimizer"),
+                "offload_param": plan.get("offload_param"),
+                "checkpointing": plan.get("checkpointing"),
+                "micro_batch": plan.get("micro_batch"),
+                "gradient_accumulation_steps": plan.get("gradient_accumulation_steps"),
+                "predicted_rank": attrs.get("predicted_rank"),
+                "predicted_samples_per_second": attrs.get("predicted_samples_per_second"),
+                "measured_samples_per_second": attrs.get("measured_samples_per_second") if status == "ok" else None,
+                "measured_tokens_per_second": attrs.get("measured_tokens_per_second") if status == "ok" else None,
+                "predicted_peak_memory_bytes": attrs.get("predicted_peak_memory_bytes"),
+                "measured_peak_memory_bytes": attrs.get("measured_peak_memory_bytes") or None,
+                "predicted_step_time_s": attrs.get("predicted_step_time_s"),
+                "measured_step_time_s": attrs.get("measured_step_time_s") or None,
+                "probe_wall_s": attrs.get("probe_wall_s"),
+                "worker": attrs.get("worker", ""),
+                "reason": attrs.get("reason", ""),
+            }
+        )
+    frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
+    for col in ("stage", "micro_batch", "gradient_accumulation_steps", "predicted_rank", "predicted_peak_memory_bytes", "measured_peak_memory_bytes"):
+        frame[col] = frame[col].astype("Int64")
+    return frame.sort_values("trial").reset_index(drop=True)
+
+
+def best_row(frame: Any) -> Optional[Any]:
+    """The probed trial with the highest measured samples/s, or None."""
+    ok = frame[frame["status"] == "ok"].dropna(subset=["measured_samples_per_second"])
+    if ok.empty:
+        return None
+    return ok.loc[ok["measured_samples_per_second"].astype(float).idxmax()]
+
+
+def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
+    try:
+        if value is None or value != value:  # None or NaN
+            return "–"
+        return format(float(value) / scale, spec)
+    except (TypeError, ValueError):
+        return "–"
+
+
+def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str]) -> str:
+    """``report.md``: what was searched, the best plan, the measured ranking, failures, pruned plans."""
+    lines = ["# zeroplan tune report", ""]
+    for key in ("script", "backend", "gpus", "model", "global_batch", "seq_len", "precision", "storage", "sampler"):
+        if meta.get(key) not in (None, ""):
+            lines.append(f"- **{key.replace('_', ' ')}**: {meta[key]}")
+    probed = frame[frame["status"].isin(["ok", "oom", "error", "timeout"])]
+    ok = frame[frame["status"] == "ok"].copy()
+    pruned = frame[frame["status"] == "pruned"]
+    dup = frame[frame["status"] == "duplicate"]
+    lines += [
+        f"- **plans in the space**: {meta.get('plans', '?')} ({meta.get('pruned', '?')} ruled out by the estimator)",
+        f"- **probes**: {len(probed)} ({len(ok)} ok, {len(probed) - len(ok)} failed); "
+        f"{len(pruned)} pruned trials and {len(dup)} duplicate proposals recorded without a probe",
+        "",
+    ]
+    best = best_row(frame)
+    if best is None:
+        lines += ["**No probe succeeded.**", ""]
+    else:
+        lines += [
+            f"**Best plan: `{best['plan']}`** — {_fmt(best['measured_samples_per_second'], '.2f')} samples/s"
+            + (f", {_fmt(best['measured_tokens_per_second'], '.0f')} tokens/s" if best["measured_tokens_per_second"] else "")
+            + f", peak {_fmt(best['measured_peak_memory_bytes'], '.1f', MiB)} MiB per rank"
+            + f" (estimator's rank #{best['predicted_rank'] + 1 if best['predicted_rank'] is not None and best['predicted_rank'] >= 0 else '?'}"
+            + f", trial #{best['trial']}). Its DeepSpeed config is `ds_config.json`.",
+            "",
+        ]
+    if len(ok) >= 3:
+        rho = ok["predicted_samples_per_second"].astype(float).corr(ok["measured_samples_per_second"].astype(float), method="spearman")
+        lines += [f"Spearman rank correlation, predicted vs measured throughput over {len(ok)} probes: {rho:.2f}", ""]
+    if not ok.empty:
+        ok = ok.sort_values("measured_samples_per_second", ascending=False)
+        lines += [
+            "## Ranking (measured)",
+            "",
+            "| # | plan | measured samples/s | predicted samples/s | predicted rank | measured peak MiB | predicted peak MiB | trial |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for i, (_, r) in enumerate(ok.iterrows(), start=1):
+            rank = r["predicted_rank"]
+            lines.append(
+                f"| {i} | `{r['plan']}` | {_fmt(r['measured_samples_per_second'], '.2f')} | "
+                f"{_fmt(r['predicted_samples_per_second'], '.3g')} | {'' if rank is None or rank != rank else int(rank) + 1} | "
+                f"{_fmt(r['measured_peak_memory_bytes'], '.1f', MiB)} | {_fmt(r['predicted_peak_memory_bytes'], '.1f', MiB)} | {r['trial']} |"
+            )
+        lines.append("")
+    failed = probed[probed["status"] != "ok"]
+    if not failed.empty:
+        lines += ["## Failed probes", "", "| trial | plan | status | reason |", "|---:|---|---|---|"]
+        for _, r in failed.iterrows():
+            lines.append(f"| {r['trial']} | `{r['plan']}` | {r['status']} | {str(r['reason']).replace('|', '/')[:200]} |")
+        lines.append("")
+    if not pruned.empty:
+        lines += ["## Pruned without a probe", "", "| plan | reason |", "|---|---|"]
+        shown = pruned.drop_duplicates("plan")
+        for _, r in shown.head(30).iterrows():
+            lines.append(f"| `{r['plan']}` | {str(r['reason']).replace('|', '/')} |")
+        if len(shown) > 30:
+            lines.append(f"| … | {len(shown) - 30} more in trials.csv |")
+        lines.append("")
+    if plot_name:
+        lines += ["## Predicted vs measured throughput", "", f"![predicted vs measured throughput]({plot_name})", ""]
+    lines += [
+        "Predicted throughput comes from the estimator's GPU profile; on a machine without GPUs the "
+        "probes run on CPU, so compare the ranking, not the absolute numbers.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot_throughput(frame: Any, path: Path) -> bool:
+    """``throughput.png``: measured samples/s per probed plan beside the estimator's prediction."""
+    ok = frame[frame["status"] == "ok"].dropna(subset=["measured_samples_per_second"])
+    if ok.empty:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = ok.sort_values("measured_samples_per_second")
+    labels = [str(p) for p in ok["plan"]]
+    measured = ok["measured_samples_per_second"].astype(float).to_numpy()
+    predicted = ok["predicted_samples_per_second"].astype(float).to_numpy()
+    height = max(3.0, 0.35 * len(ok) + 1.5)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [3, 2]})
+    ys = range(len(ok))
+    ax1.barh(ys, measured, color="tab:blue", label="measured")
+    ax1.set_yticks(list(ys), labels, fontsize=8)
+    ax1.set_xlabel("measured samples/s")
+    ax1.set_title("measured throughput per plan")
+    ax1b = ax1.twiny()
+    ax1b.plot(predicted, list(ys), "o", color="tab:orange", label="predicted")
+    ax1b.set_xlabel("predicted samples/s (estimator)", color="tab:orange")
+    ax2.scatter(predicted, measured, color="tab:blue")
+    ax2.set_xlabel("predicted samples/s")
+    ax2.set_ylabel("measured samples/s")
+    ax2.set_title("predicted vs measured")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def write_results(trials: list[Any], output_dir: Path, meta: dict[str, Any], *, plot: bool = True) -> Any:
+    """Write trials.csv, ds_config.json (best trial's), report.md and throughput.png; return the frame."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    frame = trials_frame(trials)
+    write_atomic(output_dir / "trials.csv", frame.to_csv(index=False))
+    best = best_row(frame)
+    if best is not None:
+        by_number = {t.number: t for t in trials}
+        cfg = by_number[int(best["trial"])].user_attrs.get("ds_config")
+        if cfg:
+            write_atomic(output_dir / "ds_config.json", json.dumps(cfg, indent=2) + "\n")
+    plotted = plot and plot_throughput(frame, output_dir / "throughput.png")
+    write_atomic(output_dir / "report.md", render_report(frame, meta, plot_name="throughput.png" if plotted else None))
+    return frame

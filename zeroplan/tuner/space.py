@@ -1,0 +1,332 @@
+"""The tuner's search space: every plan the estimator enumerates, split into fits / pruned.
+
+A trial's Optuna parameters are three categorical choices that are valid in every combination
+(so the sampler never proposes an impossible plan):
+
+* ``zero`` — the ZeRO stage together with its offloads, e.g. ``z2``, ``z3+opt:cpu+param:cpu``
+  (offload_param needs stage 3, offload_optimizer stage ≥ 1: folding them into one choice keeps
+  the space rectangular);
+* ``checkpointing`` — none / selective / full;
+* ``micro_batch`` — samples per GPU per micro-step; gradient accumulation follows from
+  ``--global-batch`` (kept exact, DeepSpeed's ``train_batch_size = mb × ga × world``).
+
+Optionally ``reduce_bucket_size`` (elements; 0 = the engine's default) when bucket sizes are tuned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from zeroplan.spec import GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+
+__all__ = [
+    "Candidate",
+    "SearchSpace",
+    "build_space",
+    "plan_key",
+    "zero_choice",
+    "micro_batch_choices",
+    "CHECKPOINTING_MEMORY_RANK",
+]
+
+#: How much memory each checkpointing mode saves, least to most (used by the OOM rule).
+CHECKPOINTING_MEMORY_RANK = {"none": 0, "selective": 1, "full": 2}
+
+#: Largest micro-batch tried when no --global-batch bounds it.
+DEFAULT_MAX_MICRO_BATCH = 64
+
+
+def zero_choice(plan: Plan) -> str:
+    """The ``zero`` parameter of a plan: stage plus offloads, e.g. ``z3+opt:cpu+param:cpu``."""
+    text = f"z{plan.stage}"
+    if plan.offload_optimizer != "none":
+        text += f"+opt:{plan.offload_optimizer}"
+    if plan.offload_param != "none":
+        text += f"+param:{plan.offload_param}"
+    return text
+
+
+def parse_zero_choice(text: str) -> dict[str, Any]:
+    """Inverse of :func:`zero_choice`: ``{"stage", "offload_optimizer", "offload_param"}``."""
+    parts = text.split("+")
+    if not parts[0].startswith("z") or not parts[0][1:].isdigit():
+        raise SpecError(f"zero choice {text!r} is not valid; expected e.g. z2 or z3+opt:cpu")
+    out: dict[str, Any] = {"stage": int(parts[0][1:]), "offload_optimizer": "none", "offload_param": "none"}
+    for part in parts[1:]:
+        name, _, where = part.partition(":")
+        if name == "opt":
+            out["offload_optimizer"] = where
+        elif name == "param":
+            out["offload_param"] = where
+        else:
+            raise SpecError(f"zero choice {text!r} has an unknown part {part!r}")
+    return out
+
+
+def plan_key(plan: Plan) -> str:
+    """A canonical string naming a plan: equal keys ⇔ the same probe (used for de-duplication)."""
+    key = f"{zero_choice(plan)}/ckpt:{plan.checkpointing}/mb{plan.micro_batch}/ga{plan.gradient_accumulation_steps}"
+    if plan.reduce_bucket_size is not None:
+        key += f"/rb{plan.reduce_bucket_size}"
+    return key
+
+
+def micro_batch_choices(training: TrainingSpec, world_size: int, *, max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH) -> list[int]:
+    """Micro-batches to search.
+
+    ``--micro-batch`` fixes it; with ``--global-batch`` B every divisor of B / world that is
+    ≤ max_micro_batch (so B stays exact); otherwise powers of two up to max_micro_batch.
+    """
+    if training.micro_batch is not None:
+        training.accumulation_for(training.micro_batch, world_size)  # raises if B does not divide
+        return [training.micro_batch]
+    if training.global_batch is not None:
+        if training.global_batch % world_size:
+            raise SpecError(
+                f"--global-batch {training.global_batch} is not a multiple of --gpus {world_size}; "
+                f"use {max(world_size, training.global_batch // world_size * world_size)} or "
+                f"{(training.global_batch // world_size + 1) * world_size}"
+            )
+        per_rank = training.global_batch // world_size
+        return [d for d in range(1, min(per_rank, max_micro_batch) + 1) if per_rank % d == 0]
+    out, mb = [], 1
+    while mb <= max_micro_batch:
+        out.append(mb)
+        mb *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan of the space with what the estimator predicts for it."""
+
+    plan: Plan
+    """The plan (gradient accumulation already set from the global batch)."""
+    key: str
+    """:func:`plan_key` of the plan."""
+    fits: bool
+    """The estimator predicts it fits in GPU (and host/NVMe) memory."""
+    predicted_samples_per_second: float
+    """Estimated throughput, samples/s over all GPUs (tokens/s ÷ seq_len)."""
+    predicted_peak_memory_bytes: int
+    """Estimated peak allocated bytes per GPU."""
+    predicted_step_time_s: float
+    """Estimated time of one optimizer step, seconds."""
+    reason: str = ""
+    """Why it was pruned (empty when it fits)."""
+    rank: int = 0
+    """Position in the estimator's ranking of fitting plans (0 = predicted fastest; -1 if pruned)."""
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The Optuna parameters that select this plan."""
+        params: dict[str, Any] = {
+            "zero": zero_choice(self.plan),
+            "checkpointing": self.plan.checkpointing,
+            "micro_batch": self.plan.micro_batch,
+        }
+        if self.plan.reduce_bucket_size is not None:
+            params["reduce_bucket_size"] = self.plan.reduce_bucket_size
+        return params
+
+
+@dataclass
+class SearchSpace:
+    """All candidates, the choices of each Optuna parameter, and lookups between them."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    candidates: list[Candidate]
+    """Every plan enumerated, fitting ones first in predicted-throughput order, then pruned ones."""
+    zero_choices: list[str]
+    checkpointing_choices: list[str]
+    micro_batches: list[int]
+    bucket_sizes: list[int] = field(default_factory=list)
+    """Reduce-bucket sizes searched (elements); empty: not tuned (the engine's default)."""
+    _by_key: dict[str, Candidate] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_key = {c.key: c for c in self.candidates}
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        """Candidates predicted to fit, fastest predicted first."""
+        return [c for c in self.candidates if c.fits]
+
+    @property
+    def pruned(self) -> list[Candidate]:
+        """Candidates the estimator rules out (never probed)."""
+        return [c for c in self.candidates if not c.fits]
+
+    def distributions(self) -> dict:
+        """Optuna distributions of the trial parameters (imports optuna)."""
+        from optuna.distributions import CategoricalDistribution
+
+        dists = {
+            "zero": CategoricalDistribution(self.zero_choices),
+            "checkpointing": CategoricalDistribution(self.checkpointing_choices),
+            "micro_batch": CategoricalDistribution(self.micro_batches),
+        }
+        if self.bucket_sizes:
+            dists["reduce_bucket_size"] = CategoricalDistribution(self.bucket_sizes)
+        return dists
+
+    def plan_for(self, params: dict[str, Any]) -> Plan:
+        """The plan selected by Optuna parameters (gradient accumulation from the global batch)."""
+        zero = parse_zero_choice(str(params["zero"]))
+        micro_batch = int(params["micro_batch"])
+        bucket = params.get("reduce_bucket_size")
+        return Plan(
+            **zero,
+            checkpointing=str(params["checkpointing"]),
+            micro_batch=micro_batch,
+            gradient_accumulation_steps=self.training.accumulation_for(micro_batch, self.cluster.gpus),
+            reduce_bucket_size=int(bucket) if bucket is not None else None,
+        )
+
+    def candidate_for(self, params: dict[str, Any]) -> Candidate | None:
+        """The candidate with these parameters, or None if the estimator never enumerated it."""
+        try:
+            return self._by_key.get(plan_key(self.plan_for(params)))
+        except SpecError:
+            return None
+
+    def get(self, key: str) -> Candidate | None:
+        return self._by_key.get(key)
+
+
+def _pruned_reason(estimate: Any, cluster: ClusterSpec) -> str:
+    """Why the estimator says a plan does not fit, in one line with the numbers."""
+    reasons = []
+    if estimate.gpu.total > cluster.gpu_memory_bytes:
+        reasons.append(
+            f"predicted {estimate.gpu.total / GiB:.2f} GiB per GPU > {cluster.gpu_memory_bytes / GiB:.2f} GiB"
+        )
+    if cluster.cpu_memory_per_node_bytes and estimate.cpu_per_node > cluster.cpu_memory_per_node_bytes:
+        reasons.append(
+            f"predicted {estimate.cpu_per_node / GiB:.2f} GiB host memory per node > "
+            f"{cluster.cpu_memory_per_node_bytes / GiB:.2f} GiB"
+        )
+    if estimate.nvme_per_node and estimate.nvme_per_node > cluster.nvme_per_node_bytes:
+        reasons.append(
+            f"predicted {estimate.nvme_per_node / GiB:.2f} GiB NVMe per node > "
+            f"{cluster.nvme_per_node_bytes / GiB:.2f} GiB"
+        )
+    if not reasons:
+        reasons.extend(n for n in estimate.notes if n)
+    return "does not fit: " + ("; ".join(reasons) if reasons else "estimator")
+
+
+def build_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    *,
+    stages: Sequence[int] | None = None,
+    offload_optimizer: Sequence[str] = ("none", "cpu"),
+    offload_param: Sequence[str] = ("none", "cpu"),
+    checkpointing: Sequence[str] = ("none", "full"),
+    micro_batches: Sequence[int] | None = None,
+    bucket_sizes: Sequence[int] = (),
+    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
+    device: str = "cuda",
+) -> SearchSpace:
+    """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
+
+    ``offload_optimizer`` / ``offload_param`` list the offload targets searched for each ("nvme"
+    only when an NVMe path is given);
+    ``bucket_sizes`` (elements) adds the reduce-bucket size as a parameter. Gradient accumulation
+    is set so that ``--global-batch`` is met exactly; micro-batches that cannot meet it are left
+    out of the space. ``device="cpu"`` estimates memory as measured on CPU probes (no CUDA
+    context or allocator reserve).
+    """
+    from zeroplan.estimator import enumerate_plans, estimate_all
+
+    for where in (*offload_optimizer, *offload_param):
+        if where not in ("none", "cpu", "nvme"):
+            raise SpecError(f"offload {where!r} is not valid; choose none, cpu or nvme")
+    for mode in checkpointing:
+        if mode not in CHECKPOINTING_MEMORY_RANK:
+            raise SpecError(f"checkpointing {mode!r} is not valid; choose none, selective or full")
+    mbs = list(micro_batches) if micro_batches else micro_batch_choices(training, cluster.gpus, max_micro_batch=max_micro_batch)
+    if not mbs:
+        raise SpecError("no micro-batch can meet the requested --global-batch; check --global-batch and --gpus")
+
+    wanted_stages = tuple(stages) if stages is not None else (0, 1, 2, 3)
+    plans: list[Plan] = []
+    seen: set[str] = set()
+    for plan in enumerate_plans(model, cluster, training, micro_batches=mbs):
+        if (
+            plan.stage not in wanted_stages
+            or plan.offload_optimizer not in offload_optimizer
+            or plan.offload_param not in offload_param
+            or plan.checkpointing not in checkpointing
+        ):
+            continue
+        for bucket in bucket_sizes or (None,):
+            variant = replace(plan, reduce_bucket_size=bucket)
+            key = plan_key(variant)
+            if key not in seen:
+                seen.add(key)
+                plans.append(variant)
+    if not plans:
+        raise SpecError("the estimator enumerated no plan for these options; widen --stage/--micro-batch")
+
+    estimates = estimate_all(model, cluster, training, plans, device=device)
+    fitting: list[Candidate] = []
+    pruned: list[Candidate] = []
+    for est in estimates:
+        plan = est.plan
+        samples_per_s = float(est.tokens_per_second) / training.seq_len
+        common = dict(
+            plan=plan,
+            key=plan_key(plan),
+            predicted_samples_per_second=samples_per_s,
+            predicted_peak_memory_bytes=int(est.gpu.total),
+            predicted_step_time_s=float(est.step_time),
+        )
+        if est.fits:
+            fitting.append(Candidate(fits=True, **common))
+        else:
+            pruned.append(Candidate(fits=False, reason=_pruned_reason(est, cluster), rank=-1, **common))
+    # Ties (a small model is latency-bound in the arithmetic) go to the larger micro-batch, the
+    # lower stage and less recomputation: fewer micro-steps, collectives and FLOPs in practice.
+    fitting.sort(
+        key=lambda c: (
+            -float(f"{c.predicted_samples_per_second:.6g}"),
+            -c.plan.micro_batch,
+            c.plan.stage,
+            c.plan.offload_optimizer != "none",
+            c.plan.offload_param != "none",
+            CHECKPOINTING_MEMORY_RANK[c.plan.checkpointing],
+        )
+    )
+    fitting = [replace(c, rank=i) for i, c in enumerate(fitting)]
+
+    present = {zero_choice(p) for p in plans}
+    zero_choices = [z for z in _zero_order(wanted_stages, offload_optimizer, offload_param) if z in present]
+    return SearchSpace(
+        model=model,
+        cluster=cluster,
+        training=training,
+        candidates=fitting + pruned,
+        zero_choices=zero_choices,
+        checkpointing_choices=[m for m in checkpointing if any(p.checkpointing == m for p in plans)],
+        micro_batches=sorted({p.micro_batch for p in plans}),
+        bucket_sizes=list(bucket_sizes),
+    )
+
+
+def _zero_order(stages: Sequence[int], offload_optimizer: Sequence[str], offload_param: Sequence[str]) -> list[str]:
+    """Every valid stage/offload combination, in a stable order (stage, then offloads)."""
+    out = []
+    for stage in stages:
+        for oo in offload_optimizer:
+            for op in offload_param:
+                try:
+                    out.append(zero_choice(Plan(stage=stage, offload_optimizer=oo, offload_param=op)))
+                except SpecError:
+                    continue
+    return out
