@@ -124,6 +124,7 @@ def validate(
         training=TrainingSpec(seq_len=seq_len),
         checkpointing=checkpointing,
         duplicate_keys=parsed.duplicate_keys,
+        syntax=parsed.syntax,
     )
     if fmt == "json":
         write_output(json.dumps([f.as_dict() for f in findings], indent=2), output)

@@ -36,6 +36,9 @@ class ParsedConfig:
     """Where it came from (a path, or ``<text>``)."""
     duplicate_keys: tuple[str, ...] = ()
     """JSON paths (``zero_optimization.stage``) of keys that appear more than once in one object."""
+    syntax: str = "json"
+    """``json``, or ``hjson`` for a file with comments or trailing commas: DeepSpeed reads files with
+    ``hjson.load`` and accepts them, but JSON readers (Hugging Face/accelerate's ``json.load``) do not."""
 
 
 def _max_depth(text: str) -> int:
@@ -63,6 +66,25 @@ def _paths_of(obj: object, targets: dict[int, tuple[dict, list[str]]], prefix: s
             _paths_of(value, targets, f"{prefix}[{i}]", out)
 
 
+_LEADING_COMMENTS = re.compile(r"\A(?:\s+|//[^\n]*\n?|#[^\n]*\n?|/\*.*?\*/)*", re.DOTALL)
+
+
+def _try_hjson(text: str, pairs_hook) -> dict | None:
+    """DeepSpeed's own file reader (``hjson.load``) accepts comments and trailing commas; accept
+    what it accepts, but only for text that is an object (hjson would also take bare words)."""
+    if not text[_LEADING_COMMENTS.match(text).end():].startswith("{"):
+        return None
+    try:
+        import hjson
+    except ImportError:
+        return None
+    try:
+        data = hjson.loads(text, object_pairs_hook=pairs_hook)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def parse_config_text(text: str, *, source: str = "<text>") -> ParsedConfig:
     """Parse JSON text into a :class:`ParsedConfig`; SpecError (one line) on anything unusable."""
     if not text.strip():
@@ -88,10 +110,14 @@ def parse_config_text(text: str, *, source: str = "<text>") -> ParsedConfig:
     def reject_constant(name: str) -> float:
         raise ValueError(f"{name} is not a JSON number")
 
+    syntax = "json"
     try:
         data = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=reject_constant)
     except json.JSONDecodeError as exc:
-        raise SpecError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        data = _try_hjson(text, pairs_hook)
+        if data is None:
+            raise SpecError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        syntax = "hjson"
     except ValueError as exc:  # parse_constant: NaN / Infinity
         raise SpecError(f"{source} is not valid JSON: {exc}; write a finite number") from None
     except RecursionError:
@@ -102,7 +128,7 @@ def parse_config_text(text: str, *, source: str = "<text>") -> ParsedConfig:
     paths: list[str] = []
     if duplicates:
         _paths_of(data, duplicates, "", paths)
-    return ParsedConfig(config=data, source=source, duplicate_keys=tuple(paths))
+    return ParsedConfig(config=data, source=source, duplicate_keys=tuple(paths), syntax=syntax)
 
 
 def load_config(path: str | Path) -> ParsedConfig:

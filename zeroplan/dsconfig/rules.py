@@ -52,6 +52,7 @@ class Context:
     training: TrainingSpec | None = None
     checkpointing: str | None = None
     duplicate_keys: tuple[str, ...] = ()
+    syntax: str = "json"
 
     @property
     def zero(self) -> dict:
@@ -71,6 +72,8 @@ class Context:
         s = z.get("stage", 0)
         if s == "auto":
             return 0
+        if isinstance(s, str) and s.strip().isdigit():  # pydantic's lax mode reads "2" as 2
+            s = int(s)
         if isinstance(s, bool) or not isinstance(s, (int, float)) or s != int(s) or not 0 <= s <= 3:
             return None
         return int(s)
@@ -140,7 +143,8 @@ def _is_int_value(v: object) -> bool:
 
 
 def _fmt(n: float) -> str:
-    return f"{int(n):,}".replace(",", "_") if float(n).is_integer() and abs(n) >= 10_000 else f"{n:g}"
+    """A number as it should be written in the JSON (integers in full, so they can be pasted)."""
+    return str(int(n)) if float(n).is_integer() else f"{n:g}"
 
 
 # ---------------------------------------------------------------------------------------- batch
@@ -390,8 +394,15 @@ def _deprecated_offload(ctx: Context) -> Iterator[Finding]:
         "cpu_offload_param": "\"offload_param\": {\"device\": \"cpu\"}",
         "cpu_offload_use_pin_memory": "\"pin_memory\": true inside the offload blocks",
     }
+    successors = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
     for key, new in replacements.items():
-        if key in ctx.zero:
+        if key not in ctx.zero:
+            continue
+        if successors.get(key) in ctx.zero:
+            yield _f("ZP206", f"zero_optimization.{key}",
+                     f"{key} and its replacement {successors[key]} are both set: DeepSpeed refuses the combination",
+                     f"remove zero_optimization.{key}", severity="error")
+        else:
             yield _f("ZP206", f"zero_optimization.{key}", f"{key} is deprecated", f"replace it with {new}")
 
 
@@ -480,19 +491,33 @@ def _walk(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
             yield from _walk(v, path)
 
 
+def _pydantic_int_paths() -> set[str]:
+    """Paths whose value DeepSpeed's pydantic models coerce from an integer string ("500000000")."""
+    paths = {f"zero_optimization.{k}" for k in K.ZERO_INT_FIELDS} | {"zero_optimization.stage"}
+    paths |= {f"zero_optimization.offload_param.{k}" for k in K.OFFLOAD_PARAM_INT_FIELDS}
+    paths |= {f"zero_optimization.offload_optimizer.{k}" for k in K.OFFLOAD_OPTIMIZER_INT_FIELDS}
+    paths |= {f"fp16.{k}" for k in K.FP16_INT_FIELDS} | {"fp16.loss_scale"}
+    return paths
+
+
 @rule(
     "ZP401", "error", "Number written as a string",
     "\"lr\": \"1e-4\" reaches the optimizer as a str: DeepSpeed's CPU Adam and torch optimizers crash at start-up "
-    "with a TypeError, and pydantic rejects \"5e8\" for integer fields.",
+    "with a TypeError, batch keys fail in arithmetic, and pydantic rejects \"5e8\" for integer fields.",
 )
 def _number_strings(ctx: Context) -> Iterator[Finding]:
+    coerced = _pydantic_int_paths()
     for path, value in _walk(ctx.cfg):
         if isinstance(value, str) and _NUMBER_STRING.match(value) and not path.endswith("nvme_path"):
             literal = value.strip()
             number = float(literal)
             shown = str(int(number)) if number.is_integer() and "e" not in literal.lower() else literal
-            yield _f("ZP401", path, f"{path} is the string {value!r}, not a number",
-                     f"write it without quotes: {path.rsplit('.', 1)[-1]}: {shown}")
+            fix = f"write it without quotes: {path.rsplit('.', 1)[-1]}: {shown}"
+            if path in coerced and re.fullmatch(r"[-+]?\d+", literal):
+                yield _f("ZP401", path, f"{path} is the string {value!r}; DeepSpeed's config model converts it, other tools may not",
+                         fix, severity="warning")
+            else:
+                yield _f("ZP401", path, f"{path} is the string {value!r}, not a number", fix)
 
 
 def _int_field_findings(ctx: Context, block: object, prefix: str, fields: dict[str, int | None]) -> Iterator[Finding]:
@@ -607,6 +632,17 @@ def _removed_keys(ctx: Context) -> Iterator[Finding]:
 def _duplicates(ctx: Context) -> Iterator[Finding]:
     for path in ctx.duplicate_keys:
         yield _f("ZP503", path, f"{path} appears more than once (only the last value counts)", "keep one of them")
+
+
+@rule(
+    "ZP506", "warning", "Comments or trailing commas",
+    "DeepSpeed reads config files with hjson and accepts them, but the Hugging Face Trainer / accelerate read the "
+    "same file with json.load and fail.",
+)
+def _hjson_syntax(ctx: Context) -> Iterator[Finding]:
+    if ctx.syntax == "hjson":
+        yield _f("ZP506", "", "the file has comments or trailing commas (hjson): DeepSpeed accepts it, JSON readers do not",
+                 "remove comments and trailing commas to make it plain JSON")
 
 
 #: What Hugging Face's Trainer writes for "auto" (transformers/integrations/deepspeed.py

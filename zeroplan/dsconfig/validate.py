@@ -17,6 +17,7 @@ def validate_config(
     training: TrainingSpec | None = None,
     checkpointing: str | None = None,
     duplicate_keys: tuple[str, ...] = (),
+    syntax: str = "json",
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
@@ -25,7 +26,7 @@ def validate_config(
     memory-fit rule (ZP702, via :func:`zeroplan.estimator.estimate_plan`); ``training`` supplies
     the sequence length for that estimate; ``checkpointing`` (none/selective/full) overrides the
     guess from the config's activation_checkpointing block; ``duplicate_keys`` comes from
-    :func:`zeroplan.dsconfig.parse.load_config`.
+    :func:`zeroplan.dsconfig.parse.load_config`, and so does ``syntax`` (``json``/``hjson``).
     """
     if not isinstance(cfg, dict):
         raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
@@ -43,6 +44,7 @@ def validate_config(
         training=training,
         checkpointing=checkpointing,
         duplicate_keys=tuple(duplicate_keys),
+        syntax=syntax,
     )
     findings: list[Finding] = []
     for rule in RULES.values():
