@@ -12,7 +12,6 @@ reader can check every term against the source.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -51,7 +50,7 @@ class _Config:
     def _fail(self, msg: str) -> SpecError:
         return SpecError(f"{self.where}: {msg}")
 
-    def int(self, *keys: str, default: int | None = None, minimum: int = 1) -> int:
+    def get_int(self, *keys: str, default: int | None = None, minimum: int = 1) -> int:
         """The first of ``keys`` present (aliases, e.g. n_embd / hidden_size), as a checked int."""
         for key in keys:
             if key in self.data and self.data[key] is not None:
@@ -71,24 +70,16 @@ class _Config:
 
     def opt_int(self, *keys: str, minimum: int = 1) -> int | None:
         if any(self.data.get(k) is not None for k in keys):
-            return self.int(*keys, minimum=minimum)
+            return self.get_int(*keys, minimum=minimum)
         return None
 
-    def bool(self, key: str, default: bool) -> bool:
+    def get_bool(self, key: str, default: bool) -> bool:
         value = self.data.get(key, default)
         if value is None:
             return default
         if not isinstance(value, bool):
             raise self._fail(f'"{key}" is {value!r}; it must be true or false')
         return value
-
-    def float(self, key: str, default: float) -> float:
-        value = self.data.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self._fail(f'"{key}" is {value!r}; it must be a finite number')
-        return float(value)
 
     def divisible(self, name_a: str, a: int, name_b: str, b: int) -> None:
         if a % b:
@@ -112,15 +103,15 @@ def _count_gpt2(c: _Config) -> _Counted:
     c_fc Conv1D(h→inner)+b, c_proj Conv1D(inner→h)+b; ln_f; lm_head V×h without bias, tied to
     wte by default (counted once).
     """
-    h = c.int("n_embd", "hidden_size")
-    layers = c.int("n_layer", "num_hidden_layers")
-    heads = c.int("n_head", "num_attention_heads")
-    vocab = c.int("vocab_size")
-    positions = c.int("n_positions", "max_position_embeddings")
+    h = c.get_int("n_embd", "hidden_size")
+    layers = c.get_int("n_layer", "num_hidden_layers")
+    heads = c.get_int("n_head", "num_attention_heads")
+    vocab = c.get_int("vocab_size")
+    positions = c.get_int("n_positions", "max_position_embeddings")
     inner = c.opt_int("n_inner") or 4 * h
-    tied = c.bool("tie_word_embeddings", True)
+    tied = c.get_bool("tie_word_embeddings", True)
     c.divisible("n_embd", h, "n_head", heads)
-    if c.bool("add_cross_attention", False):
+    if c.get_bool("add_cross_attention", False):
         raise c._fail('"add_cross_attention": true (GPT-2 as a decoder of an encoder-decoder) is not supported')
     block = (
         _layer_norm(h)
@@ -156,22 +147,22 @@ def _llama_family(
     without), Qwen3 (per-head q_norm/k_norm), Gemma (head_dim 256 by default, tied) and Phi-3
     (fused qkv_proj and gate_up_proj: same counts) share this shape.
     """
-    h = c.int("hidden_size")
-    layers = c.int("num_hidden_layers")
-    heads = c.int("num_attention_heads")
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
     kv = c.opt_int("num_key_value_heads") or default_kv or heads
-    ffn = c.int("intermediate_size")
-    vocab = c.int("vocab_size")
+    ffn = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
     if heads % kv:
         raise c._fail(f"num_attention_heads={heads} is not divisible by num_key_value_heads={kv}")
     head_dim = c.opt_int("head_dim") or default_head_dim
     if head_dim is None:
         c.divisible("hidden_size", h, "num_attention_heads", heads)
         head_dim = h // heads
-    attn_bias = c.bool("attention_bias", False) if attention_bias_key else False
+    attn_bias = c.get_bool("attention_bias", False) if attention_bias_key else False
     q_b = attn_bias if qkv_bias is None else qkv_bias
-    mlp_bias = c.bool("mlp_bias", False) if mlp_bias_key else False
-    tied = c.bool("tie_word_embeddings", default_tied)
+    mlp_bias = c.get_bool("mlp_bias", False) if mlp_bias_key else False
+    tied = c.get_bool("tie_word_embeddings", default_tied)
     attn = (
         _linear(h, heads * head_dim, bias=q_b)
         + 2 * _linear(h, kv * head_dim, bias=q_b)
@@ -230,14 +221,14 @@ def _count_gpt_neox(c: _Config) -> _Counted:
     (biases if ``attention_bias``, default true), dense_h_to_4h h→I and dense_4h_to_h I→h (always
     biased); final_layer_norm; embed_out V×h unless tied (default untied).
     """
-    h = c.int("hidden_size")
-    layers = c.int("num_hidden_layers")
-    heads = c.int("num_attention_heads")
-    ffn = c.int("intermediate_size")
-    vocab = c.int("vocab_size")
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
+    ffn = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
     c.divisible("hidden_size", h, "num_attention_heads", heads)
-    bias = c.bool("attention_bias", True)
-    tied = c.bool("tie_word_embeddings", False)
+    bias = c.get_bool("attention_bias", True)
+    tied = c.get_bool("tie_word_embeddings", False)
     block = (
         2 * _layer_norm(h)
         + _linear(h, 3 * h, bias=bias)
@@ -259,24 +250,24 @@ def _count_opt(c: _Config) -> _Counted:
     and fc1 h→F, fc2 F→h (biases if ``enable_bias``), two LayerNorms (affine if
     ``layer_norm_elementwise_affine``); lm_head p→V without bias, tied by default.
     """
-    h = c.int("hidden_size")
-    layers = c.int("num_hidden_layers")
-    heads = c.int("num_attention_heads")
-    ffn = c.int("ffn_dim")
-    vocab = c.int("vocab_size")
-    positions = c.int("max_position_embeddings")
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
+    ffn = c.get_int("ffn_dim")
+    vocab = c.get_int("vocab_size")
+    positions = c.get_int("max_position_embeddings")
     proj = c.opt_int("word_embed_proj_dim") or h
     c.divisible("hidden_size", h, "num_attention_heads", heads)
-    bias = c.bool("enable_bias", True)
-    affine = c.bool("layer_norm_elementwise_affine", True)
-    tied = c.bool("tie_word_embeddings", True)
+    bias = c.get_bool("enable_bias", True)
+    affine = c.get_bool("layer_norm_elementwise_affine", True)
+    tied = c.get_bool("tie_word_embeddings", True)
     norm = _layer_norm(h) if affine else 0
     block = 4 * _linear(h, h, bias=bias) + _linear(h, ffn, bias=bias) + _linear(ffn, h, bias=bias) + 2 * norm
     embed = vocab * proj
     total = embed + (positions + 2) * h + layers * block
     if proj != h:
         total += 2 * proj * h
-    if c.bool("do_layer_norm_before", True) and not c.bool("_remove_final_layer_norm", False):
+    if c.get_bool("do_layer_norm_before", True) and not c.get_bool("_remove_final_layer_norm", False):
         total += norm
     total += 0 if tied else vocab * proj
     return _Counted(total, h, layers, heads, heads, ffn, vocab, tied, False, max(embed, h * ffn))
@@ -289,12 +280,12 @@ def _count_bloom(c: _Config) -> _Counted:
     query_key_value h→3h+b, dense h→h+b, post_attention_layernorm, dense_h_to_4h h→4h+b,
     dense_4h_to_h 4h→h+b; ln_f; lm_head tied (ALiBi: no position parameters).
     """
-    h = c.int("hidden_size", "n_embed")
-    layers = c.int("n_layer", "num_hidden_layers")
-    heads = c.int("n_head", "num_attention_heads")
-    vocab = c.int("vocab_size")
+    h = c.get_int("hidden_size", "n_embed")
+    layers = c.get_int("n_layer", "num_hidden_layers")
+    heads = c.get_int("n_head", "num_attention_heads")
+    vocab = c.get_int("vocab_size")
     c.divisible("hidden_size", h, "n_head", heads)
-    tied = c.bool("tie_word_embeddings", True)
+    tied = c.get_bool("tie_word_embeddings", True)
     block = 2 * _layer_norm(h) + _linear(h, 3 * h, bias=True) + _linear(h, h, bias=True) + _linear(h, 4 * h, bias=True) + _linear(4 * h, h, bias=True)
     embed = vocab * h
     total = embed + _layer_norm(h) + layers * block + _layer_norm(h) + (0 if tied else vocab * h)
@@ -312,17 +303,17 @@ def _count_t5(c: _Config) -> _Counted:
     Equivalent shape for the estimator (documented in docs/profiles.md): num_layers =
     encoder + decoder blocks, hidden_size = d_model, num_heads = num_heads.
     """
-    d = c.int("d_model")
-    d_kv = c.int("d_kv")
-    heads = c.int("num_heads")
-    ffn = c.int("d_ff")
-    enc_layers = c.int("num_layers")
-    dec_layers = c.int("num_decoder_layers", default=enc_layers)
-    vocab = c.int("vocab_size")
-    buckets = c.int("relative_attention_num_buckets", default=32)
+    d = c.get_int("d_model")
+    d_kv = c.get_int("d_kv")
+    heads = c.get_int("num_heads")
+    ffn = c.get_int("d_ff")
+    enc_layers = c.get_int("num_layers")
+    dec_layers = c.get_int("num_decoder_layers", default=enc_layers)
+    vocab = c.get_int("vocab_size")
+    buckets = c.get_int("relative_attention_num_buckets", default=32)
     # transformers 5 (configuration_t5.py) always ties lm_head to the shared embedding,
     # whatever ``tie_word_embeddings`` says (older versions honoured false, e.g. for T5 v1.1).
-    c.bool("tie_word_embeddings", True)
+    c.get_bool("tie_word_embeddings", True)
     tied = True
     proj = c.data.get("feed_forward_proj", "relu")
     if not isinstance(proj, str):
