@@ -41,6 +41,7 @@ from zeroplan.cli import estimate as _estimate  # noqa: E402,F401
 from zeroplan.cli import profiles as _profiles  # noqa: E402,F401
 from zeroplan.cli import export as _export  # noqa: E402,F401
 from zeroplan.cli import validate as _validate  # noqa: E402,F401
+from zeroplan.cli import probe as _probe  # noqa: E402,F401
 from zeroplan.cli import tune as _tune  # noqa: E402,F401
 
 

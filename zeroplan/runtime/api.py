@@ -48,6 +48,8 @@ class ProbeRequest:
     """Extra torchrun arguments (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` ...)."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment variables for the job."""
+    seq_len: int | None = None
+    """Tokens per sample for tokens/s; None: the task's ``seq_len``, else ``training.seq_len`` if given."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "script", Path(self.script))
@@ -63,6 +65,8 @@ class ProbeRequest:
             raise SpecError(f"warmup={self.warmup!r} is not valid; give a whole number >= 0")
         if not self.timeout_s > 0:
             raise SpecError(f"timeout_s={self.timeout_s!r} is not valid; give a positive number of seconds")
+        if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1):
+            raise SpecError(f"seq_len={self.seq_len!r} is not valid; give a whole number >= 1 or None")
         if not self.config_arg.startswith("-"):
             raise SpecError(f"config_arg={self.config_arg!r} is not valid; give an option such as --deepspeed_config")
         object.__setattr__(self, "script_args", tuple(str(a) for a in self.script_args))

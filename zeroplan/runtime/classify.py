@@ -67,6 +67,7 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["world_size"] = max(int(r.get("world_size") or 0) for r in ranks) or None
         first = min(ranks, key=lambda r: r.get("rank", 0))
         out["model_spec"] = first.get("model_spec")
+        out["seq_len"] = first.get("seq_len")
     peaks = [(r.get("rank", 0), r.get("peak_memory")) for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
     peaks = [p for _, p in peaks if isinstance(p, int)]
     if peaks:

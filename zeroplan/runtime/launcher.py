@@ -240,7 +240,9 @@ def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Pa
         "warmup": request.warmup,
         "plan": dataclasses.asdict(request.plan) if request.plan else None,
         "training": training.as_dict() if training else None,
-        "seq_len": training.seq_len if training else None,
+        # Tokens per sample for tokens/s: explicit, else a script's training spec; a task's own
+        # seq_len (known only in the worker) wins over a default training spec.
+        "seq_len": request.seq_len or (training.seq_len if training and kind == "script" else None),
         "result_dir": str(workdir),
     }
     path = workdir / "probe.json"
@@ -258,32 +260,55 @@ def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, mode
     )
 
 
+def precision_from_ds_config(config: dict) -> str:
+    """``bf16``, ``fp16`` or ``fp32``: the precision block DeepSpeed enables (runtime/config.py)."""
+    for name in ("bf16", "fp16"):
+        block = config.get(name) or {}
+        if isinstance(block, dict) and block.get("enabled") is True:
+            return name
+    if isinstance(config.get("bfloat16"), dict) and config["bfloat16"].get("enabled") is True:
+        return "bf16"
+    return "fp32"
+
+
 def _estimate(
-    request: ProbeRequest, plan: Plan | None, model_dict: dict | None, world_size: int, memory_kind: str | None
+    request: ProbeRequest,
+    plan: Plan | None,
+    config: dict | None,
+    summary: dict,
+    world_size: int,
 ) -> tuple[int | None, str | None]:
     """The estimator's predicted peak bytes per GPU, or (None, why not).
 
-    A probe measured on CPU (live tensor storage) is compared with ``device="cpu"``: no CUDA
-    context and no allocator fragmentation in the prediction.
+    The sequence length is the one that ran (a task's own, else the request's); the precision
+    is the config's when a config was given. A probe measured on CPU (live tensor storage) is
+    compared with ``device="cpu"``: no CUDA context and no allocator fragmentation.
     """
     from zeroplan.spec import ModelSpec
 
     model = request.model
+    model_dict = summary.get("model_spec")
     if model is None and model_dict:
         try:
             model = ModelSpec(**model_dict)
         except (SpecError, TypeError) as exc:
             return None, f"no estimate: task model_spec invalid ({exc})"
     if plan is None or model is None:
-        return None, "no estimate: model shape unknown (give a model or a task with model_spec)"
+        return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
+    seq_len = summary.get("seq_len") or request.seq_len or (request.training.seq_len if request.training else None)
+    if seq_len is None:
+        return None, "no estimate: sequence length unknown (give --seq-len)"
+    training = dataclasses.replace(request.training or TrainingSpec(), seq_len=seq_len)
+    if config is not None:
+        training = dataclasses.replace(training, precision=precision_from_ds_config(config))
     try:
         from zeroplan import estimator, profiles
         from zeroplan.spec import ClusterSpec
 
         gpu, _ = profiles.default_gpu()
         cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
-        device = "cpu" if memory_kind == "cpu-storage" else "cuda"
-        est = estimator.estimate_plan(model, cluster, request.training or TrainingSpec(), plan, device=device)
+        device = "cpu" if summary.get("memory_kind") == "cpu-storage" else "cuda"
+        est = estimator.estimate_plan(model, cluster, training, plan, device=device)
         return int(est.gpu.total), None
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"
@@ -373,7 +398,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     )
     summary = summarize_ranks(ranks)
     world_size = summary.get("world_size") or request.nproc
-    estimated, why_not = _estimate(request, plan, summary.get("model_spec"), world_size, summary.get("memory_kind"))
+    estimated, why_not = _estimate(request, plan, config, summary, world_size)
     result = ProbeResult(
         status=status,
         backend=request.backend,

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             result["error"] = text.splitlines()[0][:500] if text else type(exc).__name__
             traceback.print_exc()
     result.update(meter.as_dict())
-    result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None) or _env_int("ZEROPLAN_SEQ_LEN")
+    result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None)
     result["peak_memory"] = memory.peak_bytes
     result["memory_kind"] = memory.kind
     task = state.get("task")
@@ -249,11 +249,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.flush()
     # Skip interpreter teardown: engine threads and atexit hooks of a stopped script can hang.
     os._exit(code)
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value and value.isdigit() else None
 
 
 if __name__ == "__main__":

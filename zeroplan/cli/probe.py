@@ -1,0 +1,231 @@
+"""``zeroplan probe SCRIPT``: run one short probe job and print measured vs estimated.
+
+    zeroplan probe examples/train_deepspeed.py --config ds.json --gpus 2
+    zeroplan probe examples/gpt_task.py --stage 3 --micro-batch 2 --gpus 2 --backend fsdp
+    zeroplan probe train.py --config ds.json --config-arg --deepspeed -- --model_name gpt2
+
+Exit 0 when the probe ran its steps, 1 when it failed (oom, error, timeout), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from zeroplan.cli import app
+from zeroplan.cli.common import (
+    CheckpointingOpt,
+    FormatOpt,
+    GpusOpt,
+    GpusPerNodeOpt,
+    GradAccumOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    OffloadOptimizerOpt,
+    OffloadParamOpt,
+    OptimizerOpt,
+    OutputOpt,
+    ParamsOpt,
+    PrecisionOpt,
+    StageOpt,
+    check_choice_option,
+    check_plan_options,
+    resolve_model,
+    resolve_training,
+    write_output,
+)
+from zeroplan.spec import GiB, SpecError
+
+__all__ = ["probe"]
+
+_PROBE = "Probe"
+ConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option("--config", help="DeepSpeed JSON config (default for a zeroplan task: built from the plan flags).", rich_help_panel=_PROBE),
+]
+BackendOpt = Annotated[str, typer.Option("--backend", help="deepspeed | fsdp (fsdp runs zeroplan tasks only).", rich_help_panel=_PROBE)]
+StepsOpt = Annotated[int, typer.Option("--steps", help="Measured optimizer steps.", rich_help_panel=_PROBE)]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="Optimizer steps run before measuring.", rich_help_panel=_PROBE)]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before the whole job is killed.", rich_help_panel=_PROBE)]
+ConfigArgOpt = Annotated[
+    str, typer.Option("--config-arg", help="How the script takes its config path (--deepspeed for HF Trainer).", rich_help_panel=_PROBE)
+]
+WorkdirOpt = Annotated[
+    Optional[Path], typer.Option("--workdir", help="Folder for config, per-rank results and the full log [default: a temp folder].", rich_help_panel=_PROBE)
+]
+TorchrunArgOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--torchrun-arg", help="Extra torchrun argument, repeatable (e.g. --torchrun-arg=--nnodes=2).", rich_help_panel=_PROBE),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Stream the job's log to stderr.", rich_help_panel=_PROBE)]
+SeqLenProbeOpt = Annotated[
+    Optional[int], typer.Option("--seq-len", help="Tokens per sample (for tokens/s and the estimate) [default: the task's].", rich_help_panel="Training")
+]
+
+
+def _load_config(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"--config {path}: cannot read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"--config {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"--config {path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _mib(n: Optional[int]) -> str:
+    return "—" if n is None else f"{n / 2**20:,.1f} MiB" if n < GiB else f"{n / GiB:,.2f} GiB"
+
+
+def _render_table(result, plan, console) -> None:
+    from rich.table import Table
+
+    title = f"probe: {result.status}  ({result.backend}, {result.world_size} ranks" + (f", plan {plan.label}" if plan else "") + ")"
+    table = Table(title=title, title_justify="left")
+    table.add_column("quantity")
+    table.add_column("measured", justify="right")
+    table.add_column("estimated", justify="right")
+    table.add_column("error", justify="right")
+    err = result.memory_error
+    table.add_row("peak memory / rank (max)", _mib(result.peak_memory), _mib(result.estimated_peak_memory), "—" if err is None else f"{err:+.1%}")
+    for rank, peak in enumerate(result.peak_memory_per_rank):
+        table.add_row(f"  rank {rank}", _mib(peak), "", "")
+    table.add_row("measured steps", str(result.steps), "", "")
+    table.add_row("step time", "—" if result.step_time is None else f"{result.step_time:.4f} s", "", "")
+    table.add_row("samples / s", "—" if result.samples_per_second is None else f"{result.samples_per_second:,.1f}", "", "")
+    table.add_row("tokens / s", "—" if result.tokens_per_second is None else f"{result.tokens_per_second:,.0f}", "", "")
+    console.print(table)
+    if result.memory_kind == "cpu-storage":
+        console.print("memory: live tensor storage bytes per rank (CPU run; compared with the estimator's device=cpu figure)")
+    if result.error:
+        console.print(f"[bold red]{result.status}[/]: {result.error}")
+        if result.log_tail:
+            console.print("last log lines:")
+            console.print("\n".join(result.log_tail.splitlines()[-15:]), markup=False, highlight=False)
+    console.print(f"workdir: {result.workdir}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def probe(
+    ctx: typer.Context,
+    script: Annotated[Path, typer.Argument(help="DeepSpeed training script, or a zeroplan task (defines zeroplan_task()).")],
+    config: ConfigOpt = None,
+    gpus: GpusOpt = 2,
+    gpus_per_node: GpusPerNodeOpt = None,
+    backend: BackendOpt = "deepspeed",
+    steps: StepsOpt = 5,
+    warmup: WarmupOpt = 2,
+    timeout: TimeoutOpt = 300.0,
+    config_arg: ConfigArgOpt = "--deepspeed_config",
+    workdir: WorkdirOpt = None,
+    torchrun_arg: TorchrunArgOpt = None,
+    params: ParamsOpt = None,
+    model: ModelOpt = None,
+    seq_len: SeqLenProbeOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    grad_accum: GradAccumOpt = None,
+    precision: PrecisionOpt = "bf16",
+    optimizer: OptimizerOpt = "adamw",
+    stage: StageOpt = None,
+    offload_optimizer: OffloadOptimizerOpt = None,
+    offload_param: OffloadParamOpt = None,
+    checkpointing: CheckpointingOpt = None,
+    format: FormatOpt = "table",
+    output: OutputOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run SCRIPT for a few optimizer steps under torchrun and print measured vs estimated.
+
+    Script arguments go after `--`. On a machine without CUDA the job runs on CPU over gloo
+    (DS_ACCELERATOR=cpu) and peak memory is live tensor storage per rank.
+    """
+    from zeroplan.runtime import BACKENDS, ProbeRequest, run_probe
+    from zeroplan.runtime.launcher import plan_from_ds_config, script_kind
+    from zeroplan.spec import Plan
+
+    check_choice_option("--format", format, ("table", "json"))
+    check_choice_option("--backend", backend, BACKENDS)
+    check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    if gpus < 1:
+        raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
+    nproc = min(gpus, gpus_per_node) if gpus_per_node else gpus
+    torchrun_args = tuple(torchrun_arg or ())
+    if gpus > nproc and not any(a.startswith("--nnodes") for a in torchrun_args):
+        raise SpecError(
+            f"--gpus {gpus} with --gpus-per-node {nproc} spans nodes: run the probe on every node with "
+            "--torchrun-arg=--nnodes=N --torchrun-arg=--node-rank=R --torchrun-arg=--rdzv-endpoint=HOST:PORT"
+        )
+    if not script.is_file():
+        raise SpecError(f"script {script} does not exist or is not a file")
+    ds_config = _load_config(config) if config is not None else None
+    model_spec = resolve_model(params, model) if (params is not None or model is not None) else None
+
+    plan = None
+    if ds_config is not None:
+        plan = plan_from_ds_config(ds_config)
+        if plan is not None and checkpointing is not None:
+            plan = dataclasses.replace(plan, checkpointing=checkpointing)
+    elif stage is not None:
+        plan = Plan(
+            stage=stage,
+            offload_optimizer=offload_optimizer or "none",
+            offload_param=offload_param or "none",
+            checkpointing=checkpointing or "none",
+            micro_batch=micro_batch or 1,
+            gradient_accumulation_steps=grad_accum or 1,
+        )
+    elif backend == "fsdp" or ds_config is None:
+        raise SpecError("give a DeepSpeed config (--config ds.json) or a plan (--stage 0|1|2|3, --micro-batch ...)")
+    if seq_len is not None and seq_len < 1:
+        raise SpecError(f"--seq-len {seq_len} is not valid; give a whole number >= 1")
+    # The training spec's seq_len only matters when given: a task brings its own, and a plain
+    # script's is unknown without --seq-len (then no tokens/s and no estimate).
+    training = resolve_training(
+        precision=precision, optimizer=optimizer, seq_len=seq_len or 2048, micro_batch=None, global_batch=None, grad_accum=None
+    )
+    request = ProbeRequest(
+        script=script,
+        nproc=nproc,
+        backend=backend,
+        ds_config=ds_config,
+        plan=plan,
+        training=training if (seq_len is not None or script_kind(script) == "task") else None,
+        model=model_spec,
+        script_args=tuple(ctx.args),
+        config_arg=config_arg,
+        steps=steps,
+        warmup=warmup,
+        timeout_s=timeout,
+        workdir=workdir,
+        torchrun_args=torchrun_args,
+        seq_len=seq_len,
+    )
+
+    from rich.console import Console
+
+    err_console = Console(stderr=True)
+    if verbose:
+        result = run_probe(request, on_line=lambda line: print(line, file=sys.stderr))
+    else:
+        with err_console.status(f"probing {script.name} on {nproc} processes ({backend}) ...") as status:
+            def show(line: str) -> None:
+                status.update(f"probing {script.name} ({backend}): {line[:100]}")
+
+            result = run_probe(request, on_line=show)
+
+    if format == "json":
+        write_output(json.dumps(result.as_dict(), indent=2), output)
+    else:
+        console = Console(file=open(output, "w") if output else None, width=120)  # noqa: SIM115
+        _render_table(result, plan, console)
+    if result.status != "ok":
+        raise typer.Exit(1)
