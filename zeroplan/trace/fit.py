@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zeroplan.spec import CHECKPOINTING
+from zeroplan.spec import CHECKPOINTING, SpecError
 from zeroplan.spec.errors import check_choice, check_positive_int
 from zeroplan.trace.tracer import TracedActivations, Tracer
 
@@ -77,6 +77,9 @@ class ActivationModel:
         """Bytes per component (embeddings, layers, logits, recompute) and their ``total``."""
         check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
         check_positive_int("seq_len", seq_len, maximum=10_000_000)
+        fixed = self.tracer.source.fixed_seq_len
+        if fixed is not None and seq_len != fixed:
+            raise SpecError(f"{self.source} is traced at its own seq_len {fixed}, not {seq_len}; use --seq-len {fixed}")
         fit = self.fit(checkpointing)
         parts = {name: fit.component(name, micro_batch, seq_len) for name in _COMPONENTS}
         parts["total"] = sum(parts.values())
@@ -117,13 +120,23 @@ def _solve(points: list[tuple[int, int]], values: list[int]) -> tuple[float, ...
     import numpy as np
 
     a = np.array([_features(b, s) for b, s in points], dtype=np.float64)
+    if len({s for _, s in points}) == 1:
+        # One sequence length: only the per-sample slope and the intercept are identifiable.
+        a[:, 1:5] = 0.0
+        a[:, 4] = [b for b, _ in points]
     y = np.array(values, dtype=np.float64)
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     return tuple(float(c) for c in coef)
 
 
 def _fit_mode(tracer: Tracer, seq_len: int, checkpointing: str) -> ActivationFit:
-    solve, check = _trace_points(seq_len)
+    fixed = tracer.source.fixed_seq_len
+    if fixed is not None:
+        # A task makes its own batches at one sequence length: fit only in the batch size
+        # (α·b·s + ε·b + ζ collapse to a line in b at that s; the other coefficients are 0).
+        solve, check = [(1, fixed), (2, fixed)], (3, fixed)
+    else:
+        solve, check = _trace_points(seq_len)
     traces = []
     for b, s in solve + [check]:
         traces.append(tracer.trace(micro_batch=b, seq_len=s, checkpointing=checkpointing))

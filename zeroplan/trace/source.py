@@ -66,6 +66,11 @@ class TraceSource:
         """The model's own eager attention function for ``module`` (None: not an HF model)."""
         return None
 
+    @property
+    def fixed_seq_len(self) -> int | None:
+        """Sequence length the source always uses (a task's), or None when any length can be traced."""
+        return None
+
 
 def find_blocks(model: Any) -> list:
     """The transformer blocks: the ``nn.ModuleList`` holding the most parameters whose children share one class.
@@ -186,43 +191,77 @@ class HFConfigSource(TraceSource):
 
 @dataclass
 class TaskSource(TraceSource):
-    """A zeroplan task script: ``zeroplan_task()`` returns an object with ``build_model()``,
-    ``make_batch(micro_batch, seq_len)`` (or ``make_batch(micro_batch)``) and ``loss(model, batch)``.
+    """A zeroplan task script (``zeroplan_task()`` returns a :class:`zeroplan.runtime.task.Task`).
+
+    A task fixes its own sequence length (``Task.seq_len``; its batches come from
+    ``make_batch(micro_batch, step, rank)``), so it is traced at that length only.
     """
 
     task: Any = None
+    """The Task object."""
 
     @classmethod
-    def from_path(cls, path: str | Path) -> "TaskSource":
+    def from_path(cls, path: str | Path, args: tuple[str, ...] = ()) -> "TaskSource":
         _require_torch()
         path = Path(path)
         if not path.is_file():
             raise SpecError(f"task script {path} does not exist")
-        spec = importlib.util.spec_from_file_location(f"_zeroplan_task_{abs(hash(str(path)))}", path)
+        spec = importlib.util.spec_from_file_location(f"_zeroplan_task_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
+        saved_argv = sys.argv
+        # The worker runs zeroplan_task() with sys.argv set to the script and its arguments.
+        sys.argv = [str(path), *args]
+        # dataclasses defined in the script look their module up in sys.modules.
+        sys.modules[spec.name] = module
         try:
             spec.loader.exec_module(module)
+            factory = getattr(module, "zeroplan_task", None)
+            if factory is None:
+                raise SpecError(f"task script {path} defines no zeroplan_task(); see examples/gpt_task.py")
+            task = factory()
+        except SpecError:
+            raise
         except Exception as exc:
-            raise SpecError(f"task script {path} fails to import: {_one_line(exc)}") from None
-        factory = getattr(module, "zeroplan_task", None)
-        if factory is None:
-            raise SpecError(f"task script {path} defines no zeroplan_task(); see examples/gpt_task.py")
-        return cls(name=str(path), task=factory())
+            raise SpecError(f"task script {path} fails to load: {_one_line(exc)}") from None
+        finally:
+            sys.argv = saved_argv
+        return cls(name=str(path), task=task)
+
+    @property
+    def fixed_seq_len(self) -> int | None:
+        return getattr(self.task, "seq_len", None)
 
     def build(self, *, precision: str, flash_attention: bool) -> Any:
-        model = _call_flexible(self.task.build_model)
-        model = model.to(torch_dtype(precision))
+        import torch
+
+        dtype = torch_dtype(precision)
+        # DeepSpeed and FSDP mixed precision hold the module in the training dtype. Building it
+        # in that default dtype avoids Module.to(), which cannot swap fake parameters.
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = self.task.build_model()
+        finally:
+            torch.set_default_dtype(previous)
+        if any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
+            model = model.to(dtype)
         model.train()
         return model
 
+    def blocks(self, model: Any) -> list:
+        if getattr(self.task, "blocks", None) is not None:
+            return list(self.task.blocks(model))
+        return find_blocks(model)
+
     def make_batch(self, model: Any, *, micro_batch: int, seq_len: int) -> Any:
-        try:
-            return self.task.make_batch(micro_batch, seq_len=seq_len)
-        except TypeError:
-            return self.task.make_batch(micro_batch)
+        if self.fixed_seq_len is not None and seq_len != self.fixed_seq_len:
+            raise SpecError(
+                f"task {self.name} has seq_len {self.fixed_seq_len}; it cannot be traced at seq_len {seq_len}"
+            )
+        return self.task.make_batch(micro_batch, 0, 0)
 
     def forward_loss(self, model: Any, batch: Any) -> tuple[Any, Any]:
-        return self.task.loss(model, batch), None
+        return self.task.loss_fn(model, batch), None
 
 
 @contextlib.contextmanager
@@ -248,10 +287,6 @@ def _unpacked_sequences():
         yield
     finally:
         masking_utils.find_packed_sequence_indices = original
-
-
-def _call_flexible(fn: Callable) -> Any:
-    return fn()
 
 
 def _one_line(exc: BaseException) -> str:
