@@ -155,7 +155,8 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str])
             "",
         ]
     if len(ok) >= 3:
-        rho = ok["predicted_samples_per_second"].astype(float).corr(ok["measured_samples_per_second"].astype(float), method="spearman")
+        # Spearman = Pearson on ranks (pandas' method="spearman" would need scipy).
+        rho = ok["predicted_samples_per_second"].astype(float).rank().corr(ok["measured_samples_per_second"].astype(float).rank())
         lines += [f"Spearman rank correlation, predicted vs measured throughput over {len(ok)} probes: {rho:.2f}", ""]
     if not ok.empty:
         ok = ok.sort_values("measured_samples_per_second", ascending=False)

@@ -564,7 +564,10 @@ class Tuner:
                 trial.set_user_attr("reason", "probe reported no throughput")
             self.study.tell(trial, state=TrialState.FAIL)
         self.on_event("end", number=trial.number, candidate=cand, outcome=outcome)
-        self.after_trial()
+        try:
+            self.after_trial()
+        except OSError as exc:  # a full disk must not lose the study; the next trial retries the write
+            self.on_event("warning", text=f"could not write results: {exc}")
 
     def best(self) -> Any:
         """The COMPLETE trial with the highest measured throughput, or None."""
