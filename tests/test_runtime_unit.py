@@ -1,0 +1,250 @@
+"""Runtime pieces that need no distributed job: request checks, classification, the CPU memory
+tracker (against known allocations), the step meter, config reading, the CLI's bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.runtime import ProbeRequest, ProbeResult, run_probe
+from zeroplan.runtime.classify import classify, summarize_ranks
+from zeroplan.runtime.launcher import build_command, plan_from_ds_config, precision_from_ds_config, script_kind
+from zeroplan.spec import Plan, SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- request / result ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"backend": "megatron"}, "backend"),
+        ({"nproc": 0}, "nproc"),
+        ({"steps": 0}, "steps"),
+        ({"warmup": -1}, "warmup"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"config_arg": "deepspeed"}, "config_arg"),
+        ({"seq_len": 0}, "seq_len"),
+    ],
+)
+def test_bad_request_names_the_field(kwargs, needle):
+    with pytest.raises(SpecError, match=needle):
+        ProbeRequest(script=Path("x.py"), **kwargs)
+
+
+def test_result_dict_has_the_design_contract_keys():
+    r = ProbeResult(status="ok", backend="deepspeed", world_size=2, steps=5, step_time=0.5,
+                    peak_memory=200, peak_memory_per_rank=[200, 190], estimated_peak_memory=210)
+    d = r.as_dict()
+    contract = ["status", "backend", "world_size", "steps", "step_time", "samples_per_second", "tokens_per_second",
+                "peak_memory", "peak_memory_per_rank", "estimated_peak_memory", "error", "log_tail"]
+    assert set(contract) <= set(d)
+    assert d["memory_error"] == pytest.approx(0.05)
+    json.dumps(d)
+    with pytest.raises(ValueError):
+        ProbeResult(status="crashed", backend="deepspeed", world_size=1, steps=0)
+
+
+def test_missing_script_is_an_error_result_without_a_launch(tmp_path):
+    r = run_probe(ProbeRequest(script=tmp_path / "nope.py", ds_config={}, workdir=tmp_path / "w"))
+    assert r.status == "error" and "does not exist" in r.error
+
+
+def test_fsdp_backend_refuses_a_plain_script(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import deepspeed\n")
+    with pytest.raises(SpecError, match="zeroplan tasks only"):
+        run_probe(ProbeRequest(script=script, backend="fsdp", plan=Plan(stage=3), workdir=tmp_path / "w"))
+
+
+def test_script_kind_and_command(tmp_path):
+    task = tmp_path / "t.py"
+    task.write_text("def zeroplan_task():\n    pass\n")
+    plain = tmp_path / "p.py"
+    plain.write_text("# calls zeroplan_task() somewhere but does not define it\nimport deepspeed\n")
+    assert script_kind(task) == "task" and script_kind(plain) == "script"
+    cmd = build_command(ProbeRequest(script=plain, nproc=3), tmp_path / "probe.json")
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "3"
+    assert cmd[-3:] == ["-m", "zeroplan.runtime.worker", str(tmp_path / "probe.json")]
+    multi = build_command(ProbeRequest(script=plain, torchrun_args=("--nnodes=2", "--rdzv-endpoint=h:29500")), tmp_path / "p.json")
+    assert "--standalone" not in multi and "--nnodes=2" in multi
+
+
+# -- classification ----------------------------------------------------------------------------
+
+
+def _ok(rank, **kw):
+    return {"rank": rank, "world_size": 2, "status": "ok", "steps": 5, "step_time": 0.2 + rank / 10,
+            "samples_per_step": 8, "seq_len": 64, "peak_memory": 1000 + rank, "memory_kind": "cpu-storage", **kw}
+
+
+def test_classify_ok_and_summary_takes_the_slowest_rank():
+    ranks = [_ok(1), _ok(0)]
+    assert classify(returncode=0, timed_out=False, timeout_s=5, ranks=ranks, expected_ranks=2, log_text="") == ("ok", None)
+    s = summarize_ranks(ranks)
+    assert s["step_time"] == pytest.approx(0.3)
+    assert s["samples_per_second"] == pytest.approx(8 / 0.3)
+    assert s["tokens_per_second"] == pytest.approx(8 * 64 / 0.3)
+    assert s["peak_memory_per_rank"] == [1000, 1001] and s["peak_memory"] == 1001
+
+
+@pytest.mark.parametrize(
+    "returncode, ranks, log, expected",
+    [
+        (1, [_ok(0), {"rank": 1, "status": "oom", "error": "MemoryError"}], "", "oom"),
+        (1, [{"rank": 0, "status": "error", "error": "ValueError: x"}], "", "error"),
+        (1, [], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
+        (1, [], "exitcode  : -9 (pid: 123)\nSignal 9 (SIGKILL) received by PID 123", "oom"),
+        (1, [], "Traceback...\nKeyError: 'x'\n", "error"),
+        (0, [_ok(0)], "", "error"),  # a rank never reported
+    ],
+)
+def test_classify_failures(returncode, ranks, log, expected):
+    status, reason = classify(returncode=returncode, timed_out=False, timeout_s=5, ranks=ranks, expected_ranks=2, log_text=log)
+    assert status == expected and reason
+
+
+def test_classify_timeout_wins():
+    status, reason = classify(returncode=None, timed_out=True, timeout_s=7, ranks=[_ok(0), _ok(1)], expected_ranks=2, log_text="")
+    assert status == "timeout" and "7 s" in reason
+
+
+# -- DeepSpeed config reading --------------------------------------------------------------------
+
+
+def test_plan_from_ds_config_reads_what_deepspeed_reads():
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}}
+    plan = plan_from_ds_config(cfg)
+    assert (plan.stage, plan.offload_optimizer, plan.offload_param, plan.micro_batch, plan.gradient_accumulation_steps) == (3, "cpu", "none", 4, 2)
+    assert precision_from_ds_config(cfg) == "bf16"
+    assert precision_from_ds_config({"fp16": {"enabled": True}}) == "fp16"
+    assert precision_from_ds_config({}) == "fp32"
+    assert plan_from_ds_config({"zero_optimization": {"stage": 7}}) is None
+    hf = plan_from_ds_config({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}})
+    assert hf.micro_batch == 1 and hf.stage == 2
+
+
+# -- memory tracker: exact on known allocations --------------------------------------------------
+
+
+def test_storage_tracker_counts_known_allocations_exactly():
+    torch = pytest.importorskip("torch")
+    from zeroplan.runtime.memory import StorageTracker
+
+    pre_existing = torch.zeros(100, dtype=torch.float64)  # 800 bytes, made before tracking
+    with StorageTracker() as m:
+        base = m.current_bytes
+        a = torch.empty(1000, dtype=torch.float32)
+        assert m.current_bytes - base == 4000
+        views = (a.view(10, 100), a[3:], a[::2])
+        assert m.current_bytes - base == 4000  # views share the storage: counted once
+        b = torch.ones(250, dtype=torch.bfloat16)
+        assert m.current_bytes - base == 4500
+        del a, views
+        assert m.current_bytes - base == 500
+        assert m.peak_bytes - base == 4500
+        m.track(pre_existing)
+        assert m.current_bytes - base == 1300
+        b.untyped_storage().resize_(0)  # what FSDP2 does to free unsharded parameters
+        assert m.current_bytes - base == 800
+        b.untyped_storage().resize_(1000)
+        assert m.current_bytes - base == 1800
+    assert torch.UntypedStorage.resize_ is not None and "tracker" not in repr(torch.UntypedStorage.resize_)
+
+
+def test_storage_tracker_sees_a_training_step():
+    torch = pytest.importorskip("torch")
+    from zeroplan.runtime.memory import StorageTracker
+
+    with StorageTracker() as m:
+        lin = torch.nn.Linear(256, 256)  # 65536 + 256 fp32 parameters
+        params = (256 * 256 + 256) * 4
+        assert m.current_bytes == params
+        opt = torch.optim.AdamW(lin.parameters())
+        lin(torch.randn(4, 256)).sum().backward()
+        opt.step()
+        # parameters + gradients + Adam's two moments (+ two scalar step counters)
+        assert m.current_bytes >= 4 * params
+        assert m.current_bytes <= 4 * params + 64
+
+
+# -- step meter ----------------------------------------------------------------------------------
+
+
+def test_step_meter_times_only_measured_steps_and_stops():
+    from zeroplan.runtime.worker import ProbeDone, StepMeter
+
+    meter = StepMeter(warmup=2, steps=3)
+    meter.start()
+    for _ in range(4):
+        meter.optimizer_step_done()
+    with pytest.raises(ProbeDone):
+        meter.optimizer_step_done()
+    assert meter.measured == 3 and meter.count == 5
+    assert not issubclass(ProbeDone, Exception)  # `except Exception` in a script cannot swallow it
+
+
+def test_task_validation():
+    from zeroplan.runtime.task import Task
+
+    with pytest.raises(SpecError, match="build_model"):
+        Task(build_model=None, make_batch=lambda *a: None, loss_fn=lambda *a: None)
+    with pytest.raises(SpecError, match="seq_len"):
+        Task(build_model=lambda: None, make_batch=lambda *a: None, loss_fn=lambda *a: None, seq_len=0)
+
+
+def test_gpt_task_model_spec_counts_the_real_module():
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import gpt_task
+    finally:
+        sys.path.pop(0)
+    cfg = gpt_task.GPTConfig(layers=3, hidden=96, heads=4, vocab=300, seq_len=32)
+    spec = gpt_task.model_spec(cfg)
+    assert spec.params == sum(p.numel() for p in gpt_task.GPT(cfg).parameters())
+    # GPT-2 shape: V·h (tied) + s·h positions + L·(12h² + 13h) + 2h final LayerNorm
+    h, L = 96, 3
+    assert spec.params == 300 * h + 32 * h + L * (12 * h * h + 13 * h) + 2 * h
+
+
+# -- CLI bad input -------------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zeroplan", "probe", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["nope.py", "--config", "x.json"], "does not exist"),
+        (["examples/gpt_task.py", "--config", "missing.json"], "no such file"),
+        (["examples/gpt_task.py", "--stage", "5"], "--stage 5"),
+        (["examples/gpt_task.py", "--stage", "3", "--backend", "tpu"], "--backend"),
+        (["examples/gpt_task.py"], "--stage"),
+        (["examples/train_deepspeed.py", "--stage", "2", "--backend", "fsdp"], "zeroplan tasks only"),
+        (["examples/gpt_task.py", "--stage", "3", "--gpus", "4", "--gpus-per-node", "2"], "spans nodes"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(args, needle):
+    r = _cli(*args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_bad_json_config(tmp_path):
+    bad = tmp_path / "ds.json"
+    bad.write_text("{not json")
+    r = _cli("examples/train_deepspeed.py", "--config", str(bad))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr
