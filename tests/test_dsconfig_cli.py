@@ -70,7 +70,7 @@ def test_blog_config_with_a_model_checks_fit(capsys):
     code, out, _ = run_cli(["validate", str(BLOG), "--gpus", "4", "--params", "7e9", *CLUSTER, "--format", "json"], capsys)
     assert code == 1
     fit = [f for f in json.loads(out) if f["rule_id"] == "ZP702"]
-    assert len(fit) == 1 and "GiB per GPU" in fit[0]["message"]
+    assert len(fit) == 1 and "predicted GPU peak" in fit[0]["message"]
 
 
 def test_validate_table_output(capsys):

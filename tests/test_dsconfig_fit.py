@@ -64,7 +64,7 @@ def test_fit_finding_agrees_with_the_estimator(gpu_gib, fits):
     }))
     assert est.fits is fits
     assert finding.severity == ("info" if fits else "error")
-    assert f"{est.gpu.total / GiB:.1f} GiB" in finding.message
+    assert f"predicted GPU peak {est.gpu.total / GiB:.1f} of {gpu_gib:.1f} GiB" in finding.message
 
 
 def test_offload_param_below_stage_3_is_estimated_as_ignored():

@@ -149,12 +149,13 @@ def _fmt(n: float) -> str:
 
 # ---------------------------------------------------------------------------------------- batch
 
-def _batch_values(ctx: Context) -> dict[str, int | None] | None:
-    """The three batch keys as ints (None when absent); None if any is "auto" or not a whole number."""
+def _batch_values(ctx: Context, *, auto_as_missing: bool = False) -> dict[str, int | None] | None:
+    """The three batch keys as ints (None when absent); None if any is "auto" (unless
+    ``auto_as_missing``: the HF Trainer derives it like DeepSpeed would) or not a whole number."""
     values: dict[str, int | None] = {}
     for key in K.BATCH_INT_KEYS:
         v = ctx.cfg.get(key)
-        if v is None:
+        if v is None or (auto_as_missing and v == "auto"):
             values[key] = None
         elif _is_int_value(v) and v > 0:
             values[key] = int(v)
@@ -341,7 +342,7 @@ def _offload_param_stage(ctx: Context) -> Iterator[Finding]:
 
 @rule(
     "ZP203", "error", "NVMe offload without nvme_path",
-    "ZeRO-Infinity swaps tensors to files under nvme_path; without it the swapper fails when the engine starts.",
+    "ZeRO-Infinity swaps tensors to files under nvme_path; without one the swapper has nowhere to write and engine start-up fails.",
 )
 def _nvme_path(ctx: Context) -> Iterator[Finding]:
     for name in ("offload_optimizer", "offload_param"):
@@ -919,10 +920,10 @@ def _plan_from_config(ctx: Context):
     """The zeroplan Plan and TrainingSpec a config describes, or None with a reason."""
     from zeroplan.spec import Plan, SpecError, TrainingSpec
 
-    vals = _batch_values(ctx)
+    vals = _batch_values(ctx, auto_as_missing=True)
     ws = ctx.world_size
     if vals is None or ws is None:
-        return None, "batch keys are not plain numbers"
+        return None, "the batch keys are not plain numbers (or \"auto\" with nothing to derive them from)"
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
     if mb is None:
         if tb is None:
@@ -977,7 +978,7 @@ def _plan_from_config(ctx: Context):
 
 
 @rule(
-    "ZP702", "error", "Does not fit the GPU",
+    "ZP702", "error", "Does not fit the GPU (or the host's RAM / NVMe)",
     "Given a model and a GPU, zeroplan's estimator predicts peak memory per GPU for exactly this config; "
     "an out-of-memory crash after minutes of loading is the most expensive way to find out.",
 )
@@ -994,12 +995,12 @@ def _fits(ctx: Context) -> Iterator[Finding]:
     est = estimate_plan(ctx.model, ctx.cluster, training, plan)
     gib = 1024**3
     total, capacity = est.gpu.total, ctx.cluster.gpu_memory_bytes
-    where = f"{ctx.model.name} on {ctx.cluster.gpus} × {ctx.cluster.gpu.name} ({capacity / gib:.1f} GiB)"
+    where = f"{ctx.model.name} on {ctx.cluster.gpus} × {ctx.cluster.gpu.name}"
+    peak = f"predicted GPU peak {total / gib:.1f} of {capacity / gib:.1f} GiB"
     if est.fits:
-        yield _f("ZP702", "", f"fits: predicted peak {total / gib:.1f} GiB per GPU for {where} ({plan.label})",
-                 "nothing to do", severity="info")
+        yield _f("ZP702", "", f"fits: {peak} for {where} ({plan.label})", "nothing to do", severity="info")
     else:
-        yield _f("ZP702", "", f"does not fit: predicted peak {total / gib:.1f} GiB per GPU > {capacity / gib:.1f} GiB for {where} "
-                 f"({plan.label}); " + "; ".join(est.notes[:2]),
+        reasons = "; ".join(est.notes[:2]) if est.notes else "over capacity"
+        yield _f("ZP702", "", f"does not fit: {reasons} ({peak}; {where}, {plan.label})",
                  "run `zeroplan estimate` with the same model and GPUs for plans that fit (a higher stage, offload, "
-                 "checkpointing or a smaller micro-batch)")
+                 "checkpointing or a smaller micro-batch), or give more memory (--cpu-memory, --nvme) if the host is short")
