@@ -1,0 +1,116 @@
+"""One contract, every backend: a zeroplan task probed on DeepSpeed and on FSDP2 must report the
+DESIGN.md result with consistent numbers. Plus the plain DeepSpeed script and the CLI.
+
+Real 2-process torchrun jobs on CPU (gloo), hence ``slow``; sizes are the example's tiny defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.runtime import ProbeRequest, run_probe
+from zeroplan.spec import Plan, TrainingSpec
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT_TASK = ROOT / "examples" / "gpt_task.py"
+DS_SCRIPT = ROOT / "examples" / "train_deepspeed.py"
+SEQ_LEN = 32
+TASK_ARGS = ("--layers", "2", "--hidden", "64", "--seq-len", str(SEQ_LEN))
+
+
+def _gpt_params() -> int:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import gpt_task
+    finally:
+        sys.path.pop(0)
+    return gpt_task.model_spec(gpt_task.GPTConfig(layers=2, hidden=64, seq_len=SEQ_LEN)).params
+
+
+@pytest.fixture(scope="module", params=["deepspeed", "fsdp"])
+def probed(request, tmp_path_factory):
+    plan = Plan(stage=3, micro_batch=2, gradient_accumulation_steps=2)
+    workdir = tmp_path_factory.mktemp(f"probe-{request.param}")
+    result = run_probe(ProbeRequest(script=GPT_TASK, backend=request.param, plan=plan, training=TrainingSpec(precision="bf16"),
+                                    script_args=TASK_ARGS, steps=3, warmup=1, timeout_s=180, workdir=workdir))
+    return request.param, plan, result
+
+
+def test_contract_status_and_shape(probed):
+    backend, _, r = probed
+    assert r.status == "ok", f"{r.error}\n{r.log_tail}"
+    assert r.backend == backend and r.world_size == 2 and r.steps == 3
+    assert len(r.peak_memory_per_rank) == 2 and r.peak_memory == max(r.peak_memory_per_rank)
+    assert r.memory_kind in ("cpu-storage", "cuda") and r.error is None
+
+
+def test_contract_throughput_is_consistent(probed):
+    _, plan, r = probed
+    assert r.step_time and r.step_time > 0
+    samples_per_step = plan.micro_batch * plan.gradient_accumulation_steps * r.world_size
+    assert r.samples_per_second == pytest.approx(samples_per_step / r.step_time)
+    assert r.tokens_per_second == pytest.approx(r.samples_per_second * SEQ_LEN)  # the task's own seq_len
+
+
+def test_contract_memory_holds_the_sharded_model_states(probed):
+    _, _, r = probed
+    params = _gpt_params()
+    # ZeRO-3 / FSDP2: each rank keeps at least its shard of the fp32 master weights and
+    # Adam's two fp32 moments (12 bytes per parameter, ZeRO paper §3.1), divided by 2 ranks.
+    for peak in r.peak_memory_per_rank:
+        assert peak >= 12 * params // 2
+    # ... and less than a full unsharded replica of everything plus generous activations.
+    assert r.peak_memory < 16 * params + 64 * 2**20
+
+
+def test_contract_estimate_beside_measurement(probed):
+    _, _, r = probed
+    assert r.estimated_peak_memory is not None and r.estimated_peak_memory > 0
+    assert r.memory_error == pytest.approx((r.estimated_peak_memory - r.peak_memory) / r.peak_memory)
+    assert abs(r.memory_error) < 0.5  # the tight numbers are in benchmarks/bench_probe_memory.py
+
+
+def test_contract_result_file_matches(probed):
+    _, _, r = probed
+    saved = json.loads((Path(r.workdir) / "result.json").read_text())
+    for key, value in r.as_dict().items():
+        assert saved[key] == value, key
+    ranks = sorted(Path(r.workdir).glob("rank-*.json"))
+    assert [p.name for p in ranks] == ["rank-0.json", "rank-1.json"]
+
+
+def test_plain_deepspeed_script_too_few_steps_is_an_error(tmp_path):
+    from zeroplan.dsconfig import build_config
+
+    cfg = build_config(Plan(stage=1, micro_batch=1), world_size=2, training=TrainingSpec())
+    r = run_probe(ProbeRequest(script=DS_SCRIPT, ds_config=cfg, script_args=("--steps", "3"), steps=5, warmup=1,
+                               timeout_s=120, workdir=tmp_path))
+    assert r.status == "error" and "finished after 3 optimizer steps" in r.error and "needs 6" in r.error
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=240)
+
+
+def test_cli_probes_the_plain_script_with_an_exported_config(tmp_path):
+    config = tmp_path / "ds.json"
+    exported = _cli("export", "--stage", "3", "--micro-batch", "2", "--gpus", "2", "--params", "1e8", "-o", str(config))
+    assert exported.returncode == 0, exported.stderr
+    r = _cli("probe", str(DS_SCRIPT), "--config", str(config), "--gpus", "2", "--steps", "2", "--warmup", "1",
+             "--seq-len", "64", "--format", "json", "--", "--steps", "50")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "ok" and doc["steps"] == 2 and doc["world_size"] == 2
+    assert doc["tokens_per_second"] == pytest.approx(doc["samples_per_second"] * 64)
+    # The exported config's reduce bucket (DeepSpeed stage 3 allocates it whole) shows up.
+    bucket = json.loads(config.read_text())["zero_optimization"]["reduce_bucket_size"]
+    assert doc["peak_memory"] >= 2 * bucket
