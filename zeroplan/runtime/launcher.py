@@ -25,7 +25,16 @@ from zeroplan.runtime.api import ProbeRequest, ProbeResult
 from zeroplan.runtime.classify import classify, summarize_ranks
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
-__all__ = ["run_probe", "build_command", "probe_environment", "script_kind", "plan_from_ds_config"]
+__all__ = [
+    "run_probe",
+    "build_command",
+    "probe_environment",
+    "script_kind",
+    "plan_from_ds_config",
+    "precision_from_ds_config",
+    "comparable_estimate",
+    "config_for_plan",
+]
 
 #: Lines of the combined log kept in :attr:`ProbeResult.log_tail`.
 LOG_TAIL_LINES = 60
@@ -271,6 +280,19 @@ def precision_from_ds_config(config: dict) -> str:
     return "fp32"
 
 
+def comparable_estimate(est, *, on_cpu: bool, ranks_per_node: int) -> int:
+    """The predicted number a probe's ``peak_memory`` measures.
+
+    On CUDA: ``gpu.peak_allocated`` (what ``max_memory_allocated`` counts, no allocator reserve).
+    On CPU the "device" is host memory, so states an offload plan moves to the host are live
+    tensor storage of the same rank too: their steady-state share per rank is added.
+    """
+    total = int(est.gpu.peak_allocated)
+    if on_cpu and (est.plan.offload_optimizer != "none" or est.plan.offload_param != "none"):
+        total += sum(est.host.cpu_items.values()) // max(1, ranks_per_node)
+    return total
+
+
 def _estimate(
     request: ProbeRequest,
     plan: Plan | None,
@@ -307,9 +329,9 @@ def _estimate(
 
         gpu, _ = profiles.default_gpu()
         cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
-        device = "cpu" if summary.get("memory_kind") == "cpu-storage" else "cuda"
-        est = estimator.estimate_plan(model, cluster, training, plan, device=device)
-        return int(est.gpu.total), None
+        on_cpu = summary.get("memory_kind") == "cpu-storage"
+        est = estimator.estimate_plan(model, cluster, training, plan, device="cpu" if on_cpu else "cuda")
+        return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), None
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"
     except SpecError as exc:

@@ -53,7 +53,9 @@ def wrap_model(model, *, blocks: list, plan, precision: str, device: torch.devic
         "mesh": mesh,
         "reshard_after_forward": plan.stage == 3,
         "mp_policy": mp,
-        "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+        # Pinned host buffers need an accelerator; on a CPU-only machine the "offloaded" copy
+        # lives in the same memory anyway, so pin nothing.
+        "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy(),
     }
     if not offload:
         model = model.to(device)
