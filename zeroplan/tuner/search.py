@@ -61,7 +61,7 @@ class TuneSettings:
     """Estimator-ranked plans enqueued before the sampler (None: ceil(trials / 2))."""
     probe_timeout_s: float = 300.0
     """Per-probe timeout, used for the claim deadline other workers check."""
-    max_rejections: int = 4
+    max_rejections: int = 3
     """Sampler proposals rejected in a row before the best-predicted untried plan is enqueued."""
     stale_grace_s: float = 120.0
     """Extra seconds past a claim's probe timeout before another worker may declare it dead."""
@@ -461,8 +461,21 @@ class Tuner:
                 self._reject(trial, state=TrialState.PRUNED, status="pruned", reason=oom_reason, attrs=attrs, constraint=("oom", 1.0))
                 continue
 
-            # Claim the plan, then look for an earlier claim on the same plan by any worker.
             now = self.clock()
+            holder = next((t.number for t in trials if t.user_attrs.get("plan_key") == cand.key and self._holds_claim(t, now)), None)
+            if holder is not None:
+                rejections += 1
+                self._reject(
+                    trial,
+                    state=TrialState.FAIL,
+                    status="duplicate",
+                    reason=f"plan already claimed by trial #{holder}",
+                    attrs={"plan_key": cand.key, "source": source},
+                )
+                continue
+
+            # Claim the plan, then look for an earlier claim on the same plan by any worker (the
+            # snapshot above may predate another worker's claim).
             self._set_attrs(
                 trial,
                 attrs

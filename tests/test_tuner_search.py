@@ -1,0 +1,285 @@
+"""The tuner's bookkeeping on real Optuna storages (SQLite, journal file), without probes.
+
+The runner here replays probe outcomes chosen by the test (ok with a throughput, oom, a crash),
+so each test checks what the tuner does with them: no plan probed twice, OOM pruning, crash
+recovery and retry, several worker processes on one storage, storage faults as one-line errors.
+Real probes run in tests/test_tuner_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from zeroplan.cli.common import resolve_cluster
+from zeroplan.spec import ModelSpec, Plan, TrainingSpec
+from zeroplan.tuner import ProbeOutcome, StorageError, TuneSettings, Tuner, build_space, make_sampler, open_study, storage_url
+from zeroplan.tuner.results import CSV_COLUMNS, write_results
+from zeroplan.tuner.storage import open_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GPT_TASK = ModelSpec(
+    name="gpt_task", params=136_960, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
+    ffn_size=256, vocab_size=512,
+)
+
+
+def make_space(global_batch: int = 16):
+    cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
+    return build_space(GPT_TASK, cluster, TrainingSpec(seq_len=64, global_batch=global_batch), device="cpu")
+
+
+class Replay:
+    """Outcomes by rule: oom for z0 at micro-batch >= 4, else a throughput growing with micro-batch."""
+
+    def __init__(self, oom_from: int | None = 4, crash_keys: tuple[str, ...] = ()):
+        self.calls: list[Plan] = []
+        self.oom_from = oom_from
+        self.crash_keys = crash_keys
+
+    def __call__(self, plan: Plan, *, trial_number: int, on_line=None) -> ProbeOutcome:
+        self.calls.append(plan)
+        from zeroplan.tuner import plan_key
+
+        if plan_key(plan) in self.crash_keys:
+            raise RuntimeError("runner exploded")
+        if self.oom_from is not None and plan.stage == 0 and plan.micro_batch >= self.oom_from:
+            return ProbeOutcome(status="oom", error="CUDA out of memory")
+        value = plan.micro_batch * (1.0 - 0.1 * plan.stage) * (0.7 if plan.checkpointing == "full" else 1.0)
+        return ProbeOutcome(status="ok", samples_per_second=value, peak_memory_bytes=1000 * plan.micro_batch, ds_config={"stage": plan.stage})
+
+
+def new_tuner(tmp_path: Path, runner, *, trials: int, resume: bool = False, storage: str | None = None, **kw) -> Tuner:
+    study = open_study(storage_url(storage, tmp_path), resume=resume, sampler=make_sampler("tpe", seed=1))
+    tuner = Tuner(study, make_space(), runner, TuneSettings(trials=trials, **kw))
+    tuner.prepare(resume=resume)
+    return tuner
+
+
+def probed_keys(tuner: Tuner) -> list[str]:
+    return [t.user_attrs["plan_key"] for t in tuner.study.get_trials() if t.user_attrs.get("status") in ("ok", "oom", "error", "timeout")]
+
+
+def test_estimator_picks_come_first_then_no_plan_twice(tmp_path):
+    runner = Replay(oom_from=None)
+    tuner = new_tuner(tmp_path, runner, trials=10, n_initial=3)
+    summary = tuner.run()
+    keys = probed_keys(tuner)
+    assert len(keys) == 10 == summary.probes_in_study == summary.probes_this_run
+    assert len(set(keys)) == 10
+    space = tuner.space
+    first = [t.user_attrs["plan_key"] for t in tuner.study.get_trials()[:3]]
+    assert first[0] == space.fitting[0].key
+    assert {t.user_attrs["source"] for t in tuner.study.get_trials()[:3]} == {"estimator"}
+    best = tuner.best()
+    assert best.value == max(t.value for t in tuner.study.get_trials() if t.value is not None)
+
+
+def test_exhausts_a_small_space_exactly_once(tmp_path):
+    runner = Replay(oom_from=None)
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("random", seed=0))
+    space = make_space(global_batch=2)  # micro-batch 1 only: 18 plans
+    tuner = Tuner(study, space, runner, TuneSettings(trials=100))
+    tuner.prepare(resume=False)
+    summary = tuner.run()
+    assert summary.stopped_because == "space exhausted"
+    assert Counter(probed_keys(tuner)) == Counter(c.key for c in space.fitting)
+
+
+def test_oom_prunes_larger_micro_batches(tmp_path):
+    runner = Replay(oom_from=4)
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("random", seed=0))
+    space = make_space(global_batch=8)  # micro-batches 1, 2, 4
+    tuner = Tuner(study, space, runner, TuneSettings(trials=100, n_initial=0))
+    tuner.prepare(resume=False)
+    tuner.run()
+    ooms = [p for p in runner.calls if p.stage == 0 and p.micro_batch >= 4]
+    assert ooms, "the search never probed an OOM'ing plan"
+    first = ooms[0]
+    for p in runner.calls[runner.calls.index(first) + 1:]:
+        # Nothing at stage 0 that needs at least as much memory is probed after the OOM.
+        assert not (p.stage == 0 and p.micro_batch >= first.micro_batch and (first.checkpointing == "full" or p.checkpointing == "none"))
+    reasons = [t.user_attrs.get("reason", "") for t in study.get_trials() if t.state.name == "PRUNED"]
+    assert any(r.startswith("larger than an OOM'd micro-batch") for r in reasons)
+    oom_trials = [t for t in study.get_trials() if t.user_attrs.get("status") == "oom"]
+    assert all(t.state.name == "FAIL" for t in oom_trials)
+
+
+def test_runner_exception_is_a_failed_trial_and_search_goes_on(tmp_path):
+    space = make_space()
+    crash = space.fitting[0].key
+    tuner = new_tuner(tmp_path, Replay(oom_from=None, crash_keys=(crash,)), trials=3)
+    tuner.run()
+    trials = tuner.study.get_trials()
+    bad = [t for t in trials if t.user_attrs.get("plan_key") == crash and t.user_attrs.get("status") == "error"]
+    assert len(bad) == 1 and bad[0].state.name == "FAIL"
+    assert "RuntimeError: runner exploded" in bad[0].user_attrs["reason"]
+    assert len(probed_keys(tuner)) == 3
+
+
+def test_keyboard_interrupt_then_resume_retries_the_plan(tmp_path):
+    space = make_space()
+    target = space.fitting[1].key
+
+    class Interrupting(Replay):
+        def __call__(self, plan, **kw):
+            from zeroplan.tuner import plan_key
+
+            if plan_key(plan) == target and not getattr(self, "fired", False):
+                self.fired = True
+                raise KeyboardInterrupt
+            return super().__call__(plan, **kw)
+
+    runner = Interrupting(oom_from=None)
+    tuner = new_tuner(tmp_path, runner, trials=4)
+    with pytest.raises(KeyboardInterrupt):
+        tuner.run()
+    t = [t for t in tuner.study.get_trials() if t.user_attrs.get("plan_key") == target][0]
+    assert t.state.name == "FAIL" and t.user_attrs["status"] == "interrupted"
+    done_before = probed_keys(tuner)
+
+    resumed = new_tuner(tmp_path, runner, trials=4, resume=True)
+    resumed.run()
+    keys = probed_keys(resumed)
+    assert keys[: len(done_before)] == done_before  # nothing lost
+    assert len(keys) == len(set(keys)) == 4  # nothing duplicated
+    assert target in keys  # the interrupted plan was retried
+    retry = [t for t in resumed.study.get_trials() if t.user_attrs.get("source") == "retry"]
+    assert retry and retry[0].user_attrs["plan_key"] == target
+
+
+def test_resume_fails_running_trials_of_dead_workers(tmp_path):
+    tuner = new_tuner(tmp_path, Replay(oom_from=None), trials=2)
+    tuner.run()
+    # A worker that claimed a plan and died (its pid no longer exists on this host).
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    cand = next(c for c in tuner.space.fitting if c.key not in probed_keys(tuner))
+    tuner.study.enqueue_trial(cand.params)
+    trial = tuner.study.ask()
+    assert tuner._suggest(trial) == cand.params
+    for k, v in {"plan_key": cand.key, "worker": f"{tuner.worker.rsplit(':', 1)[0]}:{dead_pid}", "deadline_unix": 9e99}.items():
+        trial.set_user_attr(k, v)
+    stale_number = trial.number
+
+    resumed = new_tuner(tmp_path, Replay(oom_from=None), trials=4, resume=True)
+    t = resumed.study.get_trials()[stale_number]
+    assert t.state.name == "FAIL" and t.user_attrs["status"] == "interrupted"
+    resumed.run()
+    assert len(set(probed_keys(resumed))) == len(probed_keys(resumed)) == 4
+    assert cand.key in probed_keys(resumed)  # the dead worker's plan was retried
+
+
+def test_new_run_refuses_an_existing_study_without_resume(tmp_path):
+    new_tuner(tmp_path, Replay(), trials=1).run()
+    with pytest.raises(StorageError, match="--resume"):
+        open_study(storage_url(None, tmp_path), resume=False, sampler=None)
+
+
+def test_different_space_is_refused_on_resume(tmp_path):
+    new_tuner(tmp_path, Replay(), trials=1).run()
+    study = open_study(storage_url(None, tmp_path), resume=True, sampler=None)
+    other = Tuner(study, make_space(global_batch=32), Replay(), TuneSettings(trials=2))
+    with pytest.raises(StorageError, match="different model, batch or search space"):
+        other.prepare(resume=True)
+
+
+def test_journal_file_storage(tmp_path):
+    journal = tmp_path / "study.journal"
+    tuner = new_tuner(tmp_path, Replay(oom_from=None), trials=3, storage=str(journal))
+    tuner.run()
+    assert journal.exists()
+    again = new_tuner(tmp_path, Replay(oom_from=None), trials=5, storage=str(journal), resume=True)
+    again.run()
+    assert len(set(probed_keys(again))) == 5
+
+
+def test_corrupt_storage_is_one_line(tmp_path):
+    bad_db = tmp_path / "study.db"
+    bad_db.write_bytes(b"definitely not sqlite " * 200)
+    with pytest.raises(StorageError, match="corrupt") as err:
+        open_storage(storage_url(None, tmp_path))
+    assert "\n" not in str(err.value)
+    bad_journal = tmp_path / "j.log"
+    # Optuna forgives a torn last line (a write cut short); a damaged line before it is corruption.
+    bad_journal.write_text("{not json\n" + json.dumps({"op_code": 0, "worker_id": "w", "study_name": "s"}) + "\n")
+    with pytest.raises(StorageError, match="journal file cannot be read"):
+        open_storage(storage_url(str(bad_journal), tmp_path))
+
+
+def test_locked_storage_is_one_line(tmp_path):
+    url = storage_url(None, tmp_path)
+    open_study(url, resume=False, sampler=None)  # create the schema
+    holder = sqlite3.connect(tmp_path / "study.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StorageError, match="locked") as err:
+            study = open_study(url, resume=True, sampler=None, lock_timeout_s=0.5)
+            study.enqueue_trial({"zero": "z0"})
+        assert "\n" not in str(err.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from test_tuner_search import Replay, make_space
+    from zeroplan.tuner import TuneSettings, Tuner, make_sampler, open_study
+
+    class Slow(Replay):
+        def __call__(self, plan, **kw):
+            time.sleep(0.3)
+            return super().__call__(plan, **kw)
+
+    study = open_study({url!r}, resume=True, sampler=make_sampler("tpe"))
+    tuner = Tuner(study, make_space(), Slow(oom_from=None), TuneSettings(trials=12, n_initial=6))
+    tuner.prepare(resume=True)
+    print(tuner.run().probes_this_run)
+    """
+)
+
+
+def test_two_worker_processes_share_one_study(tmp_path):
+    url = storage_url(None, tmp_path)
+    code = WORKER.format(tests=str(ROOT / "tests"), url=url)
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    per_worker = [int(out.strip().splitlines()[-1]) for out, _ in outs]
+    study = open_study(url, resume=True, sampler=None)
+    keys = [t.user_attrs["plan_key"] for t in study.get_trials() if t.user_attrs.get("status") == "ok"]
+    assert len(keys) == len(set(keys)), "a plan was probed twice"
+    assert len(keys) == sum(per_worker) == 12
+    workers = {t.user_attrs["worker"] for t in study.get_trials() if t.user_attrs.get("status") == "ok"}
+    assert len(workers) == 2, "both workers should have probed"
+    assert not [t for t in study.get_trials() if t.state.name == "RUNNING"]
+
+
+def test_results_files(tmp_path):
+    tuner = new_tuner(tmp_path, Replay(oom_from=4), trials=6)
+    tuner.run()
+    frame = write_results(tuner.study.get_trials(), tmp_path, {"script": "x.py", "plans": 72, "pruned": 0})
+    import pandas as pd
+
+    csv = pd.read_csv(tmp_path / "trials.csv")
+    assert list(csv.columns) == CSV_COLUMNS
+    assert len(csv) == len([t for t in tuner.study.get_trials() if t.state.name != "WAITING"])
+    best = tuner.best()
+    assert json.loads((tmp_path / "ds_config.json").read_text()) == best.user_attrs["ds_config"]
+    report = (tmp_path / "report.md").read_text()
+    assert f"**Best plan: `{best.user_attrs['plan_key']}`**" in report
+    assert (tmp_path / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert frame["measured_samples_per_second"].max() == pytest.approx(best.value)

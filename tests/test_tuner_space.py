@@ -1,0 +1,112 @@
+"""The tuner's search space against the estimator and DeepSpeed's batch rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.cli.common import resolve_cluster
+from zeroplan.estimator import enumerate_plans, estimate_plan
+from zeroplan.spec import GiB, ModelSpec, SpecError, TrainingSpec
+from zeroplan.tuner import build_space, initial_candidates, plan_key, zero_choice
+from zeroplan.tuner.space import micro_batch_choices, parse_zero_choice
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The default GPT of examples/gpt_task.py (GPT-2 architecture, tied head): 136,960 parameters.
+GPT_TASK = ModelSpec(
+    name="gpt_task", params=136_960, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
+    ffn_size=256, vocab_size=512,
+)
+
+
+def cluster(gpus: int = 2, gpu_memory_gib: float | None = None):
+    return resolve_cluster(
+        gpus=gpus, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=gpu_memory_gib, cpu_memory_gib=64, nvme_gib=None
+    )
+
+
+def test_gpt_task_spec_matches_the_example_module():
+    torch = pytest.importorskip("torch")
+    import runpy
+
+    ns = runpy.run_path(str(ROOT / "examples" / "gpt_task.py"), run_name="gpt_task_under_test")
+    with torch.device("meta"):
+        assert sum(p.numel() for p in ns["GPT"](ns["GPTConfig"]()).parameters()) == GPT_TASK.params
+
+
+def test_space_is_the_estimators_plans_with_exact_global_batch():
+    training = TrainingSpec(seq_len=64, global_batch=24)
+    space = build_space(GPT_TASK, cluster(), training, device="cpu")
+    # Every divisor of 24/2 = 12 is a micro-batch that keeps the global batch exact.
+    assert space.micro_batches == [1, 2, 3, 4, 6, 12]
+    expected = {plan_key(p) for p in enumerate_plans(GPT_TASK, cluster(), training, micro_batches=[1, 2, 3, 4, 6, 12])}
+    got = {c.key for c in space.candidates}
+    # The tuner searches none/cpu offload (no NVMe path given): the estimator's plans minus NVMe ones.
+    assert got == {k for k in expected if "nvme" not in k}
+    for c in space.candidates:
+        # DeepSpeed's _batch_assertion: train_batch_size == micro × accumulation × world size.
+        assert c.plan.micro_batch * c.plan.gradient_accumulation_steps * 2 == 24
+    assert len(got) == len(space.candidates)
+
+
+def test_fit_and_prediction_are_the_estimators():
+    training = TrainingSpec(seq_len=64, global_batch=16)
+    cl = cluster(gpu_memory_gib=0.0065)  # ~6.8 MB: only the smallest plans fit
+    space = build_space(GPT_TASK, cl, training, device="cpu")
+    assert space.fitting and space.pruned
+    for c in space.candidates:
+        est = estimate_plan(GPT_TASK, cl, training, c.plan, device="cpu")
+        assert c.fits == est.fits
+        assert c.predicted_peak_memory_bytes == est.gpu.total
+        assert c.predicted_samples_per_second == pytest.approx(est.tokens_per_second / 64)
+        if not c.fits:
+            assert c.reason.startswith("does not fit: predicted") and "GiB" in c.reason
+    preds = [c.predicted_samples_per_second for c in space.fitting]
+    assert preds == sorted(preds, reverse=True)
+    assert [c.rank for c in space.fitting] == list(range(len(space.fitting)))
+
+
+def test_params_round_trip_and_rectangular_zero_choices():
+    space = build_space(GPT_TASK, cluster(), TrainingSpec(seq_len=64, global_batch=16), device="cpu")
+    assert space.zero_choices == [
+        "z0", "z1", "z1+opt:cpu", "z2", "z2+opt:cpu", "z3", "z3+param:cpu", "z3+opt:cpu", "z3+opt:cpu+param:cpu",
+    ]
+    for c in space.candidates:
+        assert space.plan_for(c.params) == c.plan
+        assert space.candidate_for(c.params) is c
+        assert parse_zero_choice(zero_choice(c.plan))["stage"] == c.plan.stage
+    dists = space.distributions()
+    assert set(dists) == {"zero", "checkpointing", "micro_batch"}
+
+
+def test_bucket_sizes_become_a_parameter():
+    space = build_space(
+        GPT_TASK, cluster(), TrainingSpec(seq_len=64, global_batch=16), stages=(2,), bucket_sizes=(50_000, 500_000), device="cpu"
+    )
+    assert {c.plan.reduce_bucket_size for c in space.candidates} == {50_000, 500_000}
+    assert "reduce_bucket_size" in space.distributions()
+    c = space.candidates[0]
+    assert space.plan_for(c.params) == c.plan
+
+
+def test_initial_candidates_lead_with_the_best_and_span_zero_choices():
+    space = build_space(GPT_TASK, cluster(), TrainingSpec(seq_len=64, global_batch=16), device="cpu")
+    first = initial_candidates(space, 5)
+    assert first[0] is space.fitting[0]
+    assert len({zero_choice(c.plan) for c in first}) == 5
+
+
+def test_micro_batch_choices():
+    assert micro_batch_choices(TrainingSpec(global_batch=16), 2) == [1, 2, 4, 8]
+    assert micro_batch_choices(TrainingSpec(), 1, max_micro_batch=8) == [1, 2, 4, 8]
+    assert micro_batch_choices(TrainingSpec(micro_batch=3, global_batch=12), 2) == [3]
+    with pytest.raises(SpecError, match="multiple of --gpus"):
+        micro_batch_choices(TrainingSpec(global_batch=15), 2)
+
+
+def test_nothing_fits_is_visible():
+    space = build_space(GPT_TASK, cluster(gpu_memory_gib=1e-6), TrainingSpec(seq_len=64, global_batch=16), device="cpu")
+    assert not space.fitting
+    assert all(c.predicted_peak_memory_bytes > 1e-6 * GiB for c in space.pruned)
