@@ -503,8 +503,8 @@ def _pydantic_int_paths() -> set[str]:
 
 @rule(
     "ZP401", "error", "Number written as a string",
-    "\"lr\": \"1e-4\" reaches the optimizer as a str: DeepSpeed's CPU Adam and torch optimizers crash at start-up "
-    "with a TypeError, batch keys fail in arithmetic, and pydantic rejects \"5e8\" for integer fields.",
+    "\"lr\": \"1e-4\" reaches the optimizer as a str: DeepSpeed's CPU Adam fails at start-up and fused Adam at the first "
+    "step with a TypeError; batch keys fail in arithmetic; pydantic rejects \"5e8\" for integer fields.",
 )
 def _number_strings(ctx: Context) -> Iterator[Finding]:
     coerced = _pydantic_int_paths()
