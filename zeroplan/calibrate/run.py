@@ -1,0 +1,283 @@
+"""``calibrate()``: measure this machine with N worker processes and build a GPU profile.
+
+All measurements run in N spawned processes at once (gloo on CPU, NCCL on CUDA), each on its
+own device — on a CPU-only machine each process gets cores/N threads, as the probe launcher
+gives each rank — so every figure is what one "GPU" of an N-process job gets while the others
+are busy too. Rank 0 reports progress through a queue; the parent draws the progress bar and
+builds the :class:`~zeroplan.spec.GpuSpec`. Nothing is written here: the CLI writes the profile
+atomically once everything has been measured.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import queue as queue_mod
+import socket
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zeroplan.calibrate.fit import CollectiveFit, fit_latency_bandwidth, ring_bytes
+from zeroplan.spec import GpuSpec, SpecError
+
+__all__ = ["CalibrationOptions", "CalibrationResult", "CalibrationError", "calibrate", "planned_steps"]
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+class CalibrationError(RuntimeError):
+    """A measurement process failed (the machine, not the input): the CLI exits 1."""
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What to measure and how long to spend on it."""
+
+    processes: int = 2
+    """Worker processes (GPUs on CUDA; ranks sharing the CPU otherwise)."""
+    quick: bool = False
+    """Smaller sizes and shorter timings (about 20 s on a 2-core CPU)."""
+    device: str = "auto"
+    """``auto`` (CUDA if available), ``cuda`` or ``cpu``."""
+    precision: str = "bf16"
+    """Precision of the transformer workload that measures efficiency."""
+    task: str | None = None
+    """A zeroplan task script to measure efficiency on instead of the built-in GPT."""
+    micro_batch: int = 4
+    """Samples per step of the efficiency workload."""
+    use_deepspeed_adam: bool | None = None
+    """DeepSpeedCPUAdam for the Adam timing: None = if its op is already built (always outside --quick)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.processes, bool) or not isinstance(self.processes, int) or not 1 <= self.processes <= 64:
+            raise SpecError(f"--gpus {self.processes!r} is not valid for calibrate; give 1 to 64 processes")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise SpecError(f"device={self.device!r} is not valid; choose auto, cuda or cpu")
+        if self.precision not in ("bf16", "fp16", "fp32"):
+            raise SpecError(f"--precision {self.precision!r} is not valid; choose bf16, fp16 or fp32")
+        if self.task is not None and not Path(self.task).is_file():
+            raise SpecError(f"--task {self.task}: no such file; give a zeroplan task script (see examples/gpt_task.py)")
+        if isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int) or self.micro_batch < 1:
+            raise SpecError(f"--micro-batch {self.micro_batch!r} is not valid; give a whole number >= 1")
+
+    @property
+    def budget_s(self) -> float:
+        """Seconds of timing per measured quantity."""
+        return 0.4 if self.quick else 1.5
+
+    @property
+    def collective_sizes(self) -> tuple[int, ...]:
+        """Buffer sizes (bytes) of the collective sweep."""
+        if self.quick:
+            return (2**12, 2**17, 2**22)
+        return tuple(2**k for k in range(10, 27, 2))
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """The profile and how each number was measured."""
+
+    gpu: GpuSpec
+    """The measured profile (write it with ``zeroplan.profiles.write_gpu_toml``)."""
+    calibration: dict[str, Any]
+    """Flat table of measurement details for the profile's ``[calibration]`` section."""
+    collective_fits: dict[str, CollectiveFit] = field(default_factory=dict)
+    """Per collective, and ``all`` for the joint fit the profile uses."""
+
+
+def planned_steps(options: CalibrationOptions) -> list[str]:
+    """Labels of the progress steps, in order (the worker reports one event per label)."""
+    steps = [f"matmul {p}" for p in ("bf16", "fp16", "fp32")]
+    steps += ["memory bandwidth", "host copy"]
+    if options.processes > 1:
+        steps += [f"{c} {s} B" for c in COLLECTIVES for s in options.collective_sizes]
+    steps += ["CPU Adam", "transformer step"]
+    return steps
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_adam_built() -> bool:
+    """DeepSpeed's cpu_adam op is already compiled in torch's extension cache (loading is then fast)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return (Path(_get_build_directory("cpu_adam", verbose=False)) / "cpu_adam.so").exists()
+    except Exception:  # private helper; any failure just means "not known to be built"
+        return False
+
+
+def calibrate(options: CalibrationOptions, *, progress: bool = True) -> CalibrationResult:
+    """Run the measurements in ``options.processes`` workers and return the profile."""
+    import multiprocessing as mp
+
+    import torch
+
+    use_cuda = options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise SpecError("--device cuda: no CUDA device is available here; use --device cpu")
+    if use_cuda and options.processes > torch.cuda.device_count():
+        raise SpecError(
+            f"--gpus {options.processes} but this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    use_ds_adam = options.use_deepspeed_adam
+    if use_ds_adam is None:
+        use_ds_adam = (not options.quick) or _cpu_adam_built()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // options.processes)
+    config = {
+        "world_size": options.processes,
+        "port": _free_port(),
+        "cuda": use_cuda,
+        "threads": threads,
+        "budget_s": options.budget_s,
+        "sizes": list(options.collective_sizes),
+        "quick": options.quick,
+        "precision": options.precision,
+        "task": options.task,
+        "micro_batch": options.micro_batch,
+        "use_ds_adam": use_ds_adam,
+    }
+    steps = planned_steps(options)
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    from zeroplan.calibrate.worker import worker_main
+
+    procs = [ctx.Process(target=worker_main, args=(rank, config, events), daemon=True) for rank in range(options.processes)]
+    result: dict | None = None
+    try:
+        for p in procs:
+            p.start()
+        result = _follow(procs, events, steps, show=progress)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return _build_result(result, options, config, cores)
+
+
+def _follow(procs: list, events: Any, steps: list[str], *, show: bool) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]calibrate[/bold] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not show,
+    ) as bar:
+        task = bar.add_task("starting workers", total=len(steps))
+        while True:
+            try:
+                kind, payload = events.get(timeout=0.5)
+            except queue_mod.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise CalibrationError(f"a calibration process exited with code {dead[0].exitcode}")
+                if all(p.exitcode == 0 for p in procs):
+                    raise CalibrationError("calibration processes ended without a result")
+                continue
+            if kind == "step":
+                bar.update(task, advance=1, description=payload)
+            elif kind == "error":
+                raise CalibrationError(payload)
+            elif kind == "result":
+                bar.update(task, completed=len(steps))
+                return payload
+
+
+def _build_result(result: dict, options: CalibrationOptions, config: dict, cores: int) -> CalibrationResult:
+    import torch
+
+    n = options.processes
+    samples = result.get("collectives", [])
+    fits: dict[str, CollectiveFit] = {}
+    if n > 1 and samples:
+        for c in COLLECTIVES:
+            own = [s for s in samples if s[0] == c]
+            if len(own) >= 2:
+                fits[c] = fit_latency_bandwidth(own, n)
+        fits["all"] = fit_latency_bandwidth(samples, n)
+    peak = {p: result["matmul"][p]["flops"] for p in ("bf16", "fp16", "fp32")}
+    efficiency = result["workload"]["flops"] / peak[options.precision]
+    host = result["host_copy"]
+    host_bw = statistics.mean([host["h2d_pinned"], host["d2h_pinned"]]) if config["cuda"] else host["memcpy"]
+    if "all" in fits:
+        bus_bw, alpha = fits["all"].bandwidth, fits["all"].latency_s
+    else:
+        # One process: no collective to time; the estimator ignores collectives at N = 1.
+        bus_bw, alpha = result["memory_bandwidth"], 0.0
+    device_name = result["device_name"]
+    host_name = platform.node() or "localhost"
+    kind = "cuda" if config["cuda"] else "cpu"
+    name = f"calibrated-{kind}-{host_name}".lower().replace(" ", "-")
+    today = datetime.date.today().isoformat()
+    source = (
+        f"zeroplan calibrate{' --quick' if options.quick else ''} on {host_name}, {today}: {n} process(es) "
+        f"({'nccl' if config['cuda'] else 'gloo'}), torch {torch.__version__}"
+        + ("" if config["cuda"] else f", {config['threads']} thread(s) each of {cores} cores; the CPU stands in for the GPU")
+        + "; inter-node bandwidth not measured (one node): set to the intra-node figure"
+    )
+    memory_bytes = result["memory_bytes"]
+    gpu = GpuSpec(
+        name=name,
+        display_name=device_name,
+        memory_bytes=int(memory_bytes),
+        peak_flops={p: float(v) for p, v in peak.items()},
+        memory_bandwidth=float(result["memory_bandwidth"]),
+        intra_node_bandwidth=float(bus_bw),
+        host_bandwidth=float(host_bw),
+        inter_node_bandwidth=float(bus_bw),
+        source=source,
+        efficiency=float(min(max(efficiency, 1e-6), 1.0)),
+        cpu_adam_params_per_s=float(result["adam"]["params_per_s"]),
+        collective_latency_s=float(min(alpha, 1.0)),
+    )
+    cal: dict[str, Any] = {
+        "date": today,
+        "quick": options.quick,
+        "processes": n,
+        "device": kind,
+        "threads_per_process": config["threads"] if not config["cuda"] else 0,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
+    for p in ("bf16", "fp16", "fp32"):
+        cal[f"matmul_{p}_n"] = result["matmul"][p]["n"]
+    cal["memory_copy_bytes"] = result["memory_copy_bytes"]
+    for k, v in host.items():
+        cal[f"host_{k}_bytes_per_s"] = float(v)
+    for c, fit in fits.items():
+        cal[f"{c}_bus_bandwidth"] = fit.bandwidth
+        cal[f"{c}_latency_s"] = fit.latency_s
+        cal[f"{c}_fit_max_residual"] = fit.max_relative_residual
+    cal["adam_implementation"] = result["adam"]["implementation"]
+    cal["adam_params"] = result["adam"]["params"]
+    cal["efficiency_workload"] = result["workload"]["name"]
+    cal["efficiency_precision"] = options.precision
+    cal["efficiency_step_s"] = result["workload"]["step_s"]
+    cal["efficiency_flops_per_s"] = result["workload"]["flops"]
+    cal["efficiency_unclamped"] = efficiency
+    return CalibrationResult(gpu=gpu, calibration=cal, collective_fits=fits)
+
+
+def collective_table(samples: list[tuple[str, int, float]], world_size: int) -> list[tuple[str, int, float, float]]:
+    """(collective, bytes, seconds, bus bytes/s) rows for display."""
+    return [(c, s, t, ring_bytes(c, s, world_size) / t) for c, s, t in samples]

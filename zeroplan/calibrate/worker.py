@@ -1,0 +1,204 @@
+"""Body of one calibration process (spawned by :func:`zeroplan.calibrate.run.calibrate`)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+import traceback
+from typing import Any
+
+__all__ = ["worker_main"]
+
+
+def worker_main(rank: int, config: dict, events: Any) -> None:
+    """Measure, gather to rank 0, post ("result", dict); on failure post ("error", one line)."""
+    try:
+        _run(rank, config, events)
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # reported to the parent as one line; the traceback goes to stderr
+        traceback.print_exc()
+        events.put(("error", f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
+def _run(rank: int, config: dict, events: Any) -> None:
+    if not config["cuda"]:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # As the probe launcher does: each rank gets its share of the cores, for torch and for the
+    # OpenMP loops of DeepSpeed's CPU Adam alike.
+    os.environ["OMP_NUM_THREADS"] = str(config["threads"])
+    import torch
+    import torch.distributed as dist
+
+    from zeroplan.calibrate import measure
+
+    world = config["world_size"]
+    torch.set_num_threads(config["threads"])
+    if config["cuda"]:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        "nccl" if config["cuda"] else "gloo",
+        init_method=f"tcp://127.0.0.1:{config['port']}",
+        rank=rank,
+        world_size=world,
+    )
+    budget = config["budget_s"]
+
+    def step(label: str) -> None:
+        if rank == 0:
+            events.put(("step", label))
+
+    local: dict[str, Any] = {"matmul": {}}
+    max_n = 8192 if config["cuda"] else 2048
+    for precision in ("bf16", "fp16", "fp32"):
+        dist.barrier()
+        flops, n = measure.matmul_flops(precision, device, budget_s=budget, max_n=max_n)
+        local["matmul"][precision] = {"flops": flops, "n": n}
+        step(f"matmul {precision}")
+
+    copy_bytes = (256 if config["cuda"] else 64) * 2**20 if config["quick"] else (1024 if config["cuda"] else 256) * 2**20
+    dist.barrier()
+    local["memory_bandwidth"] = measure.memory_bandwidth(device, size_bytes=copy_bytes, budget_s=budget)
+    step("memory bandwidth")
+    dist.barrier()
+    local["host_copy"] = measure.host_copy_bandwidth(device, size_bytes=copy_bytes, budget_s=budget)
+    step("host copy")
+
+    samples: list[tuple[str, int, float]] = []
+    if world > 1:
+        for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+            for size in config["sizes"]:
+                seconds = _time_collective(collective, size, world, device, budget / 2)
+                samples.append((collective, size, seconds))
+                step(f"{collective} {size} B")
+
+    dist.barrier()
+    # Larger than the last-level cache (4 fp32 arrays of 64 or 256 MiB), as a real shard is.
+    adam_params = 2**24 if config["quick"] else 2**26
+    params_per_s, implementation = measure.adam_throughput(
+        params=adam_params, budget_s=budget, use_deepspeed=config["use_ds_adam"]
+    )
+    local["adam"] = {"params_per_s": params_per_s, "implementation": implementation, "params": adam_params}
+    step("CPU Adam")
+
+    dist.barrier()
+    local["workload"] = _workload(config, device, rank, budget * 2)
+    step("transformer step")
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, local)
+    if rank == 0:
+        med = statistics.median
+        result = {
+            "matmul": {
+                p: {"flops": med(g["matmul"][p]["flops"] for g in gathered), "n": gathered[0]["matmul"][p]["n"]}
+                for p in ("bf16", "fp16", "fp32")
+            },
+            "memory_bandwidth": med(g["memory_bandwidth"] for g in gathered),
+            "memory_copy_bytes": copy_bytes,
+            "host_copy": {k: med(g["host_copy"][k] for g in gathered) for k in gathered[0]["host_copy"]},
+            "collectives": samples,
+            "adam": {**gathered[0]["adam"], "params_per_s": med(g["adam"]["params_per_s"] for g in gathered)},
+            "workload": {**gathered[0]["workload"], "flops": med(g["workload"]["flops"] for g in gathered),
+                         "step_s": med(g["workload"]["step_s"] for g in gathered)},
+            "device_name": torch.cuda.get_device_name(device) if config["cuda"] else _cpu_name(),
+            "memory_bytes": _memory_bytes(device, config["cuda"]),
+        }
+        events.put(("result", result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _memory_bytes(device: Any, cuda: bool) -> int:
+    if cuda:
+        import torch
+
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def _time_collective(collective: str, size: int, world: int, device: Any, budget_s: float) -> float:
+    """Median seconds of one call on the slowest rank; every rank makes the same number of calls."""
+    import torch
+    import torch.distributed as dist
+
+    elems = max(world, size // 4 // world * world)
+    full = torch.ones(elems, dtype=torch.float32, device=device)
+    part = torch.empty(elems // world, dtype=torch.float32, device=device)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if collective == "all_reduce":
+        call = lambda: dist.all_reduce(full)  # noqa: E731
+    elif collective == "all_gather":
+        call = lambda: all_gather(full, part)  # noqa: E731
+    else:
+        call = lambda: reduce_scatter(part, full)  # noqa: E731
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    dist.barrier()
+    timed()  # warm-up (connection set-up, allocator)
+    first = torch.tensor([timed()], dtype=torch.float64, device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    calls = int(min(200, max(3, budget_s / max(first.item(), 1e-6))))
+    times = []
+    for _ in range(calls):
+        times.append(timed())
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    return float(median.item())
+
+
+def _workload(config: dict, device: Any, rank: int, budget_s: float) -> dict[str, Any]:
+    """Forward + backward of a transformer; FLOPs counted with the estimator's formula."""
+    from zeroplan.calibrate import measure
+    from zeroplan.estimator.timing import flops_per_token
+    from zeroplan.spec import Plan, TrainingSpec
+
+    mb = config["micro_batch"]
+    if config["task"]:
+        from zeroplan.trace.source import TaskSource
+
+        task = TaskSource.from_path(config["task"]).task
+        if task.model_spec is None or task.seq_len is None:
+            raise ValueError(f"task {config['task']} gives no model_spec/seq_len; efficiency needs both")
+        spec, seq_len, name = task.model_spec, task.seq_len, f"task {config['task']}"
+        build, loss_fn = task.build_model, task.loss_fn
+        make = lambda step: task.make_batch(mb, step, rank)  # noqa: E731
+    else:
+        from zeroplan.calibrate.gpt import GPT, GPTShape, gpt_batch, gpt_loss, gpt_model_spec
+
+        shape = GPTShape(layers=2, seq_len=128) if config["quick"] else GPTShape()
+        spec, seq_len, name = gpt_model_spec(shape), shape.seq_len, f"built-in GPT {shape.label}"
+        build, loss_fn = (lambda: GPT(shape)), gpt_loss
+        make = lambda step: gpt_batch(shape, mb, step)  # noqa: E731
+    training = TrainingSpec(precision=config["precision"], seq_len=seq_len)
+    flops = mb * seq_len * sum(flops_per_token(spec, training, Plan(stage=0, micro_batch=mb)).values())
+    achieved, step_s = measure.workload_flops(
+        build_model=build, make_batch=make, loss_fn=loss_fn, flops_per_step=flops,
+        precision=config["precision"], device=device, budget_s=budget_s,
+    )
+    return {"flops": achieved, "step_s": step_s, "name": name, "micro_batch": mb}

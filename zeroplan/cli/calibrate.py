@@ -1,0 +1,104 @@
+"""``zeroplan calibrate``: measure this machine into a GPU profile for ``--gpu profile.toml``.
+
+Measures, in N processes at once (one per GPU; on a CPU-only machine N ranks sharing the cores,
+the CPU standing in for the GPU): dense matmul FLOP/s per precision, device memory bandwidth,
+all-reduce / all-gather / reduce-scatter times at several sizes fitted to α + S/B, host↔device
+copy bandwidth, CPU Adam throughput and the efficiency of a real transformer step. The profile
+is written only when everything has been measured (atomically: an interrupted run leaves no file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from zeroplan.cli import app
+from zeroplan.cli.common import PrecisionOpt
+
+__all__ = ["calibrate"]
+
+_CAL = "Calibrate"
+
+
+@app.command()
+def calibrate(
+    gpus: Annotated[
+        Optional[int],
+        typer.Option("--gpus", help="Processes to measure with [default: CUDA devices, else 2 ranks on the CPU].", rich_help_panel=_CAL),
+    ] = None,
+    output: Annotated[
+        Optional[Path],
+        typer.Option("--output", "-o", help="Write the profile TOML here (atomically) [default: print it].", rich_help_panel="Output"),
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings (~30 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
+    device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.", rich_help_panel=_CAL)] = "auto",
+    precision: PrecisionOpt = "bf16",
+    task: Annotated[
+        Optional[Path],
+        typer.Option("--task", help="Measure transformer efficiency on this zeroplan task script instead of the built-in GPT.", rich_help_panel=_CAL),
+    ] = None,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Samples per step of the efficiency workload.", rich_help_panel=_CAL)] = 4,
+    deepspeed_adam: Annotated[
+        Optional[bool],
+        typer.Option("--deepspeed-adam/--torch-adam", help="Time DeepSpeedCPUAdam (builds its op) or torch AdamW [default: DeepSpeed's unless --quick and not built].", rich_help_panel=_CAL),
+    ] = None,
+) -> None:
+    """Measure this machine (matmul, memory, collectives, host copies, CPU Adam) into a GPU profile."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from zeroplan.calibrate import CalibrationError, CalibrationOptions
+    from zeroplan.calibrate import calibrate as run_calibration
+    from zeroplan.spec import SpecError
+
+    if output is not None:
+        if output.is_dir():
+            raise SpecError(f"--output {output} is a directory; give a file path such as profile.toml")
+        parent = output.parent if str(output.parent) else Path(".")
+        if not parent.is_dir():
+            raise SpecError(f"--output {output}: folder {parent} does not exist")
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 2
+    options = CalibrationOptions(
+        processes=gpus,
+        quick=quick,
+        device=device,
+        precision=precision,
+        task=str(task) if task is not None else None,
+        micro_batch=micro_batch,
+        use_deepspeed_adam=deepspeed_adam,
+    )
+    try:
+        result = run_calibration(options, progress=sys.stderr.isatty())
+    except CalibrationError as exc:
+        print(f"zeroplan: calibration failed: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+    from zeroplan.profiles import gpu_toml_text, write_gpu_toml
+
+    gpu = result.gpu
+    table = Table(title=f"{gpu.display_name}: {options.processes} process(es){' (quick)' if quick else ''}")
+    table.add_column("quantity")
+    table.add_column("measured", justify="right")
+    table.add_column("profile key")
+    for prec in ("bf16", "fp16", "fp32"):
+        table.add_row(f"matmul {prec}", f"{gpu.peak_flops[prec] / 1e9:,.1f} GFLOP/s", f"peak_flops.{prec}")
+    table.add_row("memory bandwidth (copy)", f"{gpu.memory_bandwidth / 1e9:,.2f} GB/s", "memory_bandwidth")
+    table.add_row("collective bus bandwidth", f"{gpu.intra_node_bandwidth / 1e9:,.3f} GB/s", "intra_node_bandwidth")
+    table.add_row("collective latency α", f"{gpu.collective_latency_s * 1e6:,.1f} µs", "collective_latency_s")
+    table.add_row("host↔device copy", f"{gpu.host_bandwidth / 1e9:,.2f} GB/s", "host_bandwidth")
+    table.add_row("CPU Adam", f"{gpu.cpu_adam_params_per_s / 1e6:,.1f} M params/s", "cpu_adam_params_per_s")
+    table.add_row(f"transformer step ({precision})", f"{gpu.efficiency:.1%} of matmul peak", "efficiency")
+    console = Console(stderr=output is None)
+    console.print(table)
+    if output is None:
+        sys.stdout.write(gpu_toml_text(gpu, calibration=result.calibration))
+    else:
+        write_gpu_toml(gpu, output, calibration=result.calibration)
+        console.print(f"wrote {output}; use it with --gpu {output}")
