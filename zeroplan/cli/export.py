@@ -1,6 +1,7 @@
 """``zeroplan export``: a DeepSpeed JSON config for one plan (stdout, or ``-o FILE`` atomically).
 
-With ``--stage`` and ``--micro-batch`` the plan is taken as given. Without them a model
+With ``--stage`` and ``--micro-batch`` the plan is taken as given (with a model, a note on stderr
+says whether the estimator predicts it fits). Without them a model
 (``--params``/``--model``) is needed and export takes the fastest plan the estimator says fits,
 within whatever plan options were given.
 """
@@ -153,9 +154,20 @@ def export(
         plan, world_size=gpus, training=training, model=model_spec, lr=lr,
         warmup_steps=warmup_steps, total_steps=total_steps, nvme_path=nvme_path,
     )
-    findings = validate_config(cfg, world_size=gpus, model=model_spec)
+    cluster_for_fit = None
+    if model_spec is not None and stage is not None and micro_batch is not None:
+        # An explicit plan is written as asked; the estimator only says whether it fits.
+        cluster_for_fit = resolve_cluster(
+            gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+        )
+    findings = validate_config(cfg, world_size=gpus, model=model_spec, cluster=cluster_for_fit, training=training,
+                               checkpointing=plan.checkpointing)
+    fit = [f for f in findings if f.rule_id == "ZP702"]
+    findings = [f for f in findings if f.rule_id != "ZP702"]
     if has_errors(findings):  # a bug in build_config, never the user's input
         raise RuntimeError("exported config fails validation: " + "; ".join(f.message for f in findings if f.severity == "error"))
     write_output(json.dumps(cfg, indent=2), output)
     for note in notes + [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "warning"]:
         _note(note)
+    for f in fit:
+        _note(f"warning: {f.message}; {f.fix}" if f.severity == "error" else f.message)
