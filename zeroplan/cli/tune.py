@@ -129,6 +129,10 @@ def tune(
         raise SpecError(f"--backend fsdp runs zeroplan tasks only, and {script} defines no zeroplan_task(); use --backend deepspeed")
     settings = TuneSettings(trials=trials, time_budget_s=time_budget, n_initial=initial, probe_timeout_s=timeout)
     buckets = _parse_bucket_sizes(bucket_sizes)
+    # Open the study first: a corrupt, locked or refused storage fails before any slow work.
+    output.mkdir(parents=True, exist_ok=True)
+    url = storage_url(storage, output)
+    study = open_study(url, resume=resume, sampler=make_sampler(sampler, seed=seed))
 
     # Model: --params/--model, else what the task declares.
     task_seq_len = None
@@ -180,8 +184,6 @@ def tune(
     from rich.console import Console
 
     console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
-    output.mkdir(parents=True, exist_ok=True)
-    url = storage_url(storage, output)
     meta = {
         "script": " ".join([str(script), *args]),
         "backend": backend + ("" if on_cuda else " (CPU, gloo)"),
@@ -203,7 +205,6 @@ def tune(
         )
         raise typer.Exit(1)
 
-    study = open_study(url, resume=resume, sampler=make_sampler(sampler, seed=seed))
     runner = ProbeRunner(
         script=script,
         nproc=cluster.gpus,

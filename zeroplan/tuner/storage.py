@@ -7,6 +7,7 @@ timeout, an unreachable server) becomes one :class:`StorageError` line; the CLI 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +84,19 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
         engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": lock_timeout_s}}
     else:
         engine_kwargs = {}
-    try:
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_compatibility_check=False)
-        if url.startswith("sqlite:"):
-            _use_wal(storage.engine)
-        return storage
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors of every kind become one line
-        raise StorageError(_rdb_message(url, exc)) from None
+    for attempt in range(3):
+        try:
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_compatibility_check=False)
+            if url.startswith("sqlite:"):
+                _use_wal(storage.engine)
+            return storage
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors of every kind become one line
+            # Two workers creating the schema at the same moment: the loser sees "already exists".
+            if "already exists" in _describe(exc) and attempt < 2:
+                time.sleep(0.5)
+                continue
+            raise StorageError(_rdb_message(url, exc)) from None
+    raise AssertionError("unreachable")
 
 
 def _use_wal(engine: Any) -> None:

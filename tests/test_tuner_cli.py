@@ -1,0 +1,196 @@
+"""`zeroplan tune` end to end with real probes (DeepSpeed on CPU over gloo, 2 processes).
+
+Kept tiny: the example GPT (137k parameters), global batch 16, 2–3 measured steps per probe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+PROBED = ("ok", "oom", "error", "timeout")
+
+CRASHING_TASK = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {examples!r})
+    import gpt_task
+    from zeroplan.runtime.task import Task
+
+
+    def broken_loss(model, batch):
+        raise RuntimeError("deliberate crash in the training step")
+
+
+    def zeroplan_task():
+        cfg = gpt_task.GPTConfig()
+        return Task(
+            build_model=lambda: gpt_task.GPT(cfg),
+            make_batch=lambda mb, step, rank: gpt_task.make_batch(cfg, mb, step, rank),
+            loss_fn=broken_loss,
+            seq_len=cfg.seq_len,
+            model_spec=gpt_task.model_spec(cfg),
+        )
+    """
+)
+
+
+def tune_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "zeroplan", "tune", *args]
+
+
+def run_tune(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(tune_cmd(*args), capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=timeout)
+
+
+def crashing_task(tmp_path: Path) -> Path:
+    path = tmp_path / "crashing_task.py"
+    path.write_text(CRASHING_TASK.format(examples=str(ROOT / "examples")))
+    return path
+
+
+def probed(out: Path) -> pd.DataFrame:
+    frame = pd.read_csv(out / "trials.csv")
+    return frame[frame["status"].isin(PROBED)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tune_gpt_task_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--trials", "3", "--global-batch", "16", "--output", str(out), "--steps", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "config validated by zeroplan and DeepSpeed's parser" in r.stdout
+    rows = probed(out)
+    assert len(rows) == 3 and rows["plan"].is_unique
+    assert (rows["status"] == "ok").all(), rows[["plan", "status", "reason"]]
+    # Throughput is the global batch over the measured step time (DeepSpeed's train_batch_size = 16).
+    for _, row in rows.iterrows():
+        assert row["measured_samples_per_second"] == pytest.approx(16 / row["measured_step_time_s"], rel=1e-6)
+        assert row["micro_batch"] * row["gradient_accumulation_steps"] * 2 == 16
+        assert row["measured_peak_memory_bytes"] > 0
+    best = rows.loc[rows["measured_samples_per_second"].idxmax()]
+    cfg = json.loads((out / "ds_config.json").read_text())
+    assert cfg["zero_optimization"]["stage"] == best["stage"]
+    assert cfg["train_micro_batch_size_per_gpu"] == best["micro_batch"]
+    assert cfg["train_batch_size"] == 16
+
+    from zeroplan.dsconfig import validate_config
+
+    assert not [f for f in validate_config(cfg, world_size=2) if f.severity == "error"]
+    report = (out / "report.md").read_text()
+    assert f"**Best plan: `{best['plan']}`**" in report
+    assert (out / "throughput.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ctrl_c_mid_probe_then_resume(tmp_path):
+    import psutil
+
+    out = tmp_path / "out"
+    args = ["examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--output", str(out), "--steps", "2"]
+    proc = subprocess.Popen(tune_cmd(*args, "--trials", "2"), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "probes" / "trial-0000" / "probe.log"
+    deadline = time.monotonic() + 180
+    children: list = []
+    while time.monotonic() < deadline:
+        # Interrupt once the probe's ranks are running (torch imported, at least one line logged).
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        if log.exists() and log.stat().st_size > 0 and len(kids) >= 3:
+            children = kids
+            break
+        time.sleep(0.2)
+    assert children, "the first probe never started"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr
+    assert "--resume" in stdout + stderr
+    time.sleep(1)
+    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"probe processes survived Ctrl-C: {alive}"
+    first = pd.read_csv(out / "trials.csv")
+    interrupted = first[first["status"] == "interrupted"]
+    assert len(interrupted) == 1 and interrupted["state"].iloc[0] == "FAIL"
+    plan = interrupted["plan"].iloc[0]
+
+    # Without --resume the study is refused (nothing mixed in by accident); with it, it continues.
+    refused = run_tune(*args, "--trials", "1")
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    r = run_tune(*args, "--trials", "1", "--resume")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = probed(out)
+    assert list(rows["plan"]) == [plan]  # retried, once
+    assert (rows["status"] == "ok").all()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_failing_probes_are_recorded_and_exit_1(tmp_path):
+    out = tmp_path / "out"
+    r = run_tune(str(crashing_task(tmp_path)), "--gpus", "2", "--trials", "2", "--global-batch", "16", "--output", str(out), "--timeout", "120")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "every probe failed" in r.stdout
+    rows = probed(out)
+    assert len(rows) == 2 and rows["plan"].is_unique
+    assert (rows["status"] == "error").all() and (rows["state"] == "FAIL").all()
+    assert rows["reason"].str.contains("deliberate crash").all(), rows["reason"].tolist()
+    assert not (out / "ds_config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_tune_processes_share_one_storage(tmp_path):
+    storage = tmp_path / "shared.journal"
+    script = crashing_task(tmp_path)
+    procs = []
+    for name in ("a", "b"):
+        args = [str(script), "--gpus", "2", "--trials", "4", "--global-batch", "16", "--timeout", "120",
+                "--output", str(tmp_path / name), "--storage", str(storage), "--resume"]
+        procs.append(subprocess.Popen(tune_cmd(*args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=500) for p in procs]
+    for p, (so, se) in zip(procs, results):
+        assert p.returncode == 1, so + se  # every probe of the crashing task fails
+    from zeroplan.tuner import open_study, storage_url
+
+    study = open_study(storage_url(str(storage), tmp_path), resume=True, sampler=None)
+    keys = [t.user_attrs["plan_key"] for t in study.get_trials() if t.user_attrs.get("status") in PROBED]
+    assert len(keys) == len(set(keys)), f"a plan was probed twice: {keys}"
+    assert len(keys) == 4
+    assert not [t for t in study.get_trials() if t.state.name == "RUNNING"]
+
+
+def test_corrupt_storage_exits_2_with_one_line(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "study.db").write_bytes(b"not a database at all " * 100)
+    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--trials", "1", "--global-batch", "16", "--output", str(out), "--resume", timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zeroplan: error:") and "corrupt" in lines[0], r.stderr
+
+
+def test_bad_options_exit_2(tmp_path):
+    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "15", "--output", str(tmp_path / "o"), timeout=120)
+    assert r.returncode == 2 and "multiple of --gpus" in r.stderr
+    r = run_tune("examples/train_deepspeed.py", "--gpus", "2", "--output", str(tmp_path / "o"), timeout=120)
+    assert r.returncode == 2 and "--params" in r.stderr
+    r = run_tune("examples/gpt_task.py", "--gpus", "1", "--backend", "jax", timeout=120)
+    assert r.returncode == 2 and "--backend" in r.stderr
+
+
+def test_nothing_fits_exits_1(tmp_path):
+    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--gpu-memory", "0.000001", "--output", str(tmp_path / "o"), timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "nothing fits" in r.stdout
