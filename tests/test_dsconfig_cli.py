@@ -248,3 +248,11 @@ def test_export_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, nee
 def test_export_into_a_directory_is_refused(tmp_path, capsys):
     code, _, err = run_cli(["export", "--stage", "1", "--micro-batch", "1", "-o", str(tmp_path)], capsys)
     assert code == 2 and "directory" in err
+
+
+def test_explicit_plan_with_a_model_gets_a_fit_note(capsys):
+    code, out, err = run_cli(["export", "--stage", "1", "--micro-batch", "8", "--params", "70e9", "--gpus", "8", *CLUSTER], capsys)
+    assert code == 0 and json.loads(out)["zero_optimization"]["stage"] == 1  # written as asked ...
+    assert "warning: does not fit" in err  # ... with the estimator's verdict
+    code, out, err = run_cli(["export", "--stage", "3", "--micro-batch", "1", "--params", "7e9", "--gpus", "8", *CLUSTER], capsys)
+    assert code == 0 and "fits: predicted GPU peak" in err
