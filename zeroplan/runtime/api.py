@@ -106,6 +106,9 @@ class ProbeResult:
     """How peak memory was measured: ``cuda`` or ``cpu-storage``."""
     workdir: str | None = None
     """Folder holding the config, per-rank results and the full log."""
+    state_memory_per_rank: list[int] = field(default_factory=list)
+    """Live bytes of each rank just before its last optimizer step: activations freed; parameters,
+    gradients, optimizer states and engine buffers remain (the measured "model states")."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -136,4 +139,5 @@ class ProbeResult:
             "error": self.error,
             "log_tail": self.log_tail,
             "workdir": self.workdir,
+            "state_memory_per_rank": list(self.state_memory_per_rank),
         }

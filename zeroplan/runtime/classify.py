@@ -74,6 +74,9 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["peak_memory_per_rank"] = peaks
         out["peak_memory"] = max(peaks)
         out["memory_kind"] = next((r.get("memory_kind") for r in ranks if r.get("memory_kind")), None)
+    states = [r.get("state_memory") for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
+    if states and all(isinstance(b, int) for b in states):
+        out["state_memory_per_rank"] = states
     if not ok:
         out["steps"] = max((int(r.get("steps") or 0) for r in ranks), default=0)
         return out

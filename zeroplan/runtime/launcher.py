@@ -436,6 +436,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         log_tail=log_tail,
         memory_kind=summary.get("memory_kind"),
         workdir=str(workdir),
+        state_memory_per_rank=summary.get("state_memory_per_rank", []),
     )
     record = result.as_dict() | {"wall_s": wall_s, "estimate_note": why_not, "plan": plan.as_dict() if plan else None}
     (workdir / "result.json").write_text(json.dumps(record, indent=2))

@@ -34,7 +34,7 @@ class ProbeDone(BaseException):
 class StepMeter:
     """Counts optimizer steps; times the ones after warm-up; ends the run after the last."""
 
-    def __init__(self, *, warmup: int, steps: int, synchronize=None) -> None:
+    def __init__(self, *, warmup: int, steps: int, synchronize=None, current_bytes=None) -> None:
         self.warmup = warmup
         self.steps = steps
         self.count = 0
@@ -43,6 +43,10 @@ class StepMeter:
         self._synchronize = synchronize or (lambda: None)
         self._last: float | None = None
         self.started = False
+        self._current_bytes = current_bytes
+        self.state_bytes: int | None = None
+        """Live bytes just before the last optimizer step: after backward, so activations are freed
+        and parameters, gradients, optimizer states and engine buffers remain."""
 
     def start(self) -> None:
         """Called when the engine exists (timing of step 1 starts here when warmup is 0)."""
@@ -50,6 +54,11 @@ class StepMeter:
         if self.warmup == 0:
             self._synchronize()
             self._last = time.perf_counter()
+
+    def before_optimizer_step(self) -> None:
+        """Called after the last backward of a step, before the optimizer runs."""
+        if self._current_bytes is not None:
+            self.state_bytes = int(self._current_bytes())
 
     def optimizer_step_done(self) -> None:
         self.count += 1
@@ -74,6 +83,7 @@ class StepMeter:
             "step_times": self.step_times,
             "step_time": sum(self.step_times) / len(self.step_times) if self.step_times else None,
             "samples_per_step": self.samples_per_step,
+            "state_memory": self.state_bytes,
         }
 
 
@@ -104,6 +114,8 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
 
         def step(*a, **kw):
             boundary = engine.is_gradient_accumulation_boundary()
+            if boundary:
+                meter.before_optimizer_step()
             out = engine_step(*a, **kw)
             if boundary:
                 meter.optimizer_step_done()
@@ -200,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         synchronize = None
-    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize)
+    memory = PeakMemory()
+    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes)
     state: dict = {}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
-    memory = PeakMemory()
     with memory:
         try:
             if spec["kind"] == "task":

@@ -112,6 +112,7 @@ def run_fsdp(task, *, plan, training, meter) -> None:
                     loss = task.loss_fn(model, batch)
                 (loss / accum).backward()
             step += 1
+        meter.before_optimizer_step()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         meter.optimizer_step_done()
