@@ -139,15 +139,23 @@ def _nearest(word: str, choices) -> str | None:
 
 def _is_int_value(v: object) -> bool:
     """A JSON number that is a whole number (``128`` or ``128.0``), not a bool."""
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and float(v).is_integer()
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and v.is_integer())
 
 
 def _fmt(n: float) -> str:
     """A number as it should be written in the JSON (integers in full, so they can be pasted)."""
-    return str(int(n)) if float(n).is_integer() else f"{n:g}"
+    if isinstance(n, int):
+        return str(n)
+    return str(int(n)) if n.is_integer() else f"{n:g}"
 
 
 # ---------------------------------------------------------------------------------------- batch
+
+#: Larger batch values are typos (ZP402 says so); beyond them float arithmetic would overflow.
+_MAX_BATCH = 10**12
+
 
 def _batch_values(ctx: Context, *, auto_as_missing: bool = False) -> dict[str, int | None] | None:
     """The three batch keys as ints (None when absent); None if any is "auto" (unless
@@ -157,7 +165,7 @@ def _batch_values(ctx: Context, *, auto_as_missing: bool = False) -> dict[str, i
         v = ctx.cfg.get(key)
         if v is None or (auto_as_missing and v == "auto"):
             values[key] = None
-        elif _is_int_value(v) and v > 0:
+        elif _is_int_value(v) and 0 < v <= _MAX_BATCH:
             values[key] = int(v)
         else:
             return None  # "auto", strings, fractions, <= 0: reported by ZP504 / ZP401 / ZP402
@@ -465,6 +473,8 @@ def _min_loss_scale(ctx: Context) -> Iterator[Finding]:
     power, minimum = fp16.get("initial_scale_power", 16), fp16.get("min_loss_scale", 1)
     if not (_is_int_value(power) and isinstance(minimum, (int, float)) and not isinstance(minimum, bool)):
         return
+    if not 0 <= power <= _MAX_SCALE_POWER:
+        return  # ZP304
     if minimum <= 0:
         yield _f("ZP303", "fp16.min_loss_scale", f"min_loss_scale {minimum} is not positive: DeepSpeed rejects it",
                  "set fp16.min_loss_scale to 1")
@@ -472,6 +482,26 @@ def _min_loss_scale(ctx: Context) -> Iterator[Finding]:
         yield _f("ZP303", "fp16.min_loss_scale",
                  f"min_loss_scale {_fmt(minimum)} >= initial scale 2**{int(power)} = {_fmt(2 ** power)}: the scale cannot decrease on overflow",
                  f"set fp16.min_loss_scale to 1, or raise initial_scale_power above {int(minimum).bit_length() - 1}")
+
+
+#: 2**32 ≈ 4e9 is already far above any loss scale fp16 training settles at (2**8–2**20).
+_MAX_SCALE_POWER = 32
+
+
+@rule(
+    "ZP304", "warning", "fp16 initial_scale_power out of range",
+    "The dynamic scale starts at 2**initial_scale_power and only comes down by overflowing (skipped) steps; a huge "
+    "power wastes the first steps (or overflows a float outright), a negative one starts below 1.",
+)
+def _initial_scale_power(ctx: Context) -> Iterator[Finding]:
+    fp16 = _fp16_dynamic(ctx)
+    if fp16 is None:
+        return
+    power = fp16.get("initial_scale_power", 16)
+    if _is_int_value(power) and not 0 <= power <= _MAX_SCALE_POWER:
+        yield _f("ZP304", "fp16.initial_scale_power",
+                 f"initial_scale_power {_fmt(power)}: the loss scale would start at 2**{_fmt(power)}",
+                 "set fp16.initial_scale_power to 16 (DeepSpeed's default)")
 
 
 # ---------------------------------------------------------------------------------------- value types
@@ -540,6 +570,8 @@ def _int_field_findings(ctx: Context, block: object, prefix: str, fields: dict[s
         elif prefix == "" and isinstance(v, float):
             yield _f("ZP402", path, f"{path} is the float {v!r}; torch's DataLoader and DeepSpeed's batch logic need an integer",
                      f"set {key} to {int(v)}")
+        elif prefix == "" and v > _MAX_BATCH:
+            yield _f("ZP402", path, f"{path} is {_fmt(v)}, an absurd batch size", f"set {key} to the intended whole number")
         elif minimum is not None and v < minimum:
             yield _f("ZP402", path, f"{path} is {_fmt(v)}; DeepSpeed requires >= {minimum}",
                      f"set {key} to a whole number >= {minimum}" + (f" (default {_fmt(K.ZERO_DEFAULTS[key])})" if key in K.ZERO_DEFAULTS else ""))
@@ -551,7 +583,7 @@ def _int_field_findings(ctx: Context, block: object, prefix: str, fields: dict[s
     "(the 0.9·h² rule unrounded) fails parsing; float batch sizes break the DataLoader.",
 )
 def _int_fields(ctx: Context) -> Iterator[Finding]:
-    yield from _int_field_findings(ctx, ctx.cfg, "", {k: 1 for k in K.BATCH_INT_KEYS})
+    yield from _int_field_findings(ctx, ctx.cfg, "", dict.fromkeys(K.BATCH_INT_KEYS, 1))
     yield from _int_field_findings(ctx, ctx.cfg.get("zero_optimization"), "zero_optimization", K.ZERO_INT_FIELDS)
     yield from _int_field_findings(ctx, ctx.zero.get("offload_param"), "zero_optimization.offload_param", K.OFFLOAD_PARAM_INT_FIELDS)
     yield from _int_field_findings(
@@ -904,7 +936,7 @@ def _bucket_sizes(ctx: Context) -> Iterator[Finding]:
                          f"set {name} to {_fmt(hf)} (hidden_size² rule)")
                 continue
         if value > _ABSURD_BUCKET_ELEMENTS:
-            yield _f("ZP701", path, f"{name} {_fmt(value)} elements is a {value * 2 / 1e9:.0f} GB 16-bit buffer",
+            yield _f("ZP701", path, f"{name} {_fmt(value)} elements is a {value * 2 // 10**9} GB 16-bit buffer",
                      f"set {name} to DeepSpeed's default {_fmt(default)}")
     if stage == 3 and model is not None:
         found = _zero_int(ctx, "stage3_param_persistence_threshold", "param_persistence_threshold")
@@ -925,14 +957,15 @@ def _plan_from_config(ctx: Context):
     if vals is None or ws is None:
         return None, "the batch keys are not plain numbers (or \"auto\" with nothing to derive them from)"
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
+    # Derive missing keys as DeepSpeed does (_set_batch_related_parameters); 0 means ZP102 fired.
     if mb is None:
         if tb is None:
             return None, "no batch size"
         mb = tb // ws // (ga or 1)
     if ga is None:
-        ga = (tb // mb // ws) if tb is not None else 1
+        ga = (tb // mb // ws) if tb is not None and mb >= 1 else 1
     if mb < 1 or ga < 1 or ctx.stage is None:
-        return None, "batch or stage invalid"
+        return None, "the batch keys or the stage are invalid (see the errors above)"
     off_opt = ctx.offload("offload_optimizer")
     off_par = ctx.offload("offload_param")
     precision = "fp16" if _enabled(ctx.cfg.get("fp16")) else "bf16" if _enabled(ctx.cfg.get("bf16", ctx.cfg.get("bfloat16"))) else "fp32"
@@ -991,8 +1024,13 @@ def _fits(ctx: Context) -> Iterator[Finding]:
         return
     plan, training = built
     from zeroplan.estimator import estimate_plan
+    from zeroplan.spec import SpecError
 
-    est = estimate_plan(ctx.model, ctx.cluster, training, plan)
+    try:
+        est = estimate_plan(ctx.model, ctx.cluster, training, plan)
+    except (SpecError, ArithmeticError) as exc:
+        yield _f("ZP702", "", f"memory fit not checked: {exc}", "fix the values the estimator cannot use", severity="info")
+        return
     gib = 1024**3
     total, capacity = est.gpu.total, ctx.cluster.gpu_memory_bytes
     where = f"{ctx.model.name} on {ctx.cluster.gpus} × {ctx.cluster.gpu.name}"
