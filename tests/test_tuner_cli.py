@@ -124,50 +124,47 @@ def test_ctrl_c_mid_probe_then_resume(tmp_path):
     interrupted = first[first["status"] == "interrupted"]
     assert len(interrupted) == 1 and interrupted["state"].iloc[0] == "FAIL"
     plan = interrupted["plan"].iloc[0]
+    before = list(probed(out)["plan"])  # the first probe may have finished before the interrupt
+    assert plan not in before
 
     # Without --resume the study is refused (nothing mixed in by accident); with it, it continues.
-    refused = run_tune(*args, "--trials", "1")
+    refused = run_tune(*args, "--trials", "2")
     assert refused.returncode == 2 and "--resume" in refused.stderr
-    r = run_tune(*args, "--trials", "1", "--resume")
+    r = run_tune(*args, "--trials", str(len(before) + 1), "--resume")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = probed(out)
-    assert list(rows["plan"]) == [plan]  # retried, once
+    assert list(rows["plan"]) == before + [plan]  # nothing lost, the interrupted plan retried once
     assert (rows["status"] == "ok").all()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_failing_probes_are_recorded_and_exit_1(tmp_path):
-    out = tmp_path / "out"
-    r = run_tune(str(crashing_task(tmp_path)), "--gpus", "2", "--trials", "2", "--global-batch", "16", "--output", str(out), "--timeout", "120")
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "every probe failed" in r.stdout
-    rows = probed(out)
-    assert len(rows) == 2 and rows["plan"].is_unique
-    assert (rows["status"] == "error").all() and (rows["state"] == "FAIL").all()
-    assert rows["reason"].str.contains("deliberate crash").all(), rows["reason"].tolist()
-    assert not (out / "ds_config.json").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_two_tune_processes_share_one_storage(tmp_path):
+def test_two_tune_processes_share_one_storage_and_survive_crashing_probes(tmp_path):
+    """Two workers on one journal file, probing a task whose training step raises: every probe is
+    recorded FAIL with the script's error, each worker goes on to the next plan, no plan twice."""
     storage = tmp_path / "shared.journal"
     script = crashing_task(tmp_path)
     procs = []
     for name in ("a", "b"):
-        args = [str(script), "--gpus", "2", "--trials", "4", "--global-batch", "16", "--timeout", "120",
+        args = [str(script), "--gpus", "2", "--trials", "3", "--global-batch", "16", "--timeout", "120",
                 "--output", str(tmp_path / name), "--storage", str(storage), "--resume"]
         procs.append(subprocess.Popen(tune_cmd(*args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = [p.communicate(timeout=500) for p in procs]
     for p, (so, se) in zip(procs, results):
-        assert p.returncode == 1, so + se  # every probe of the crashing task fails
+        assert p.returncode == 1, so + se
+        assert "every probe failed" in so
     from zeroplan.tuner import open_study, storage_url
 
     study = open_study(storage_url(str(storage), tmp_path), resume=True, sampler=None)
-    keys = [t.user_attrs["plan_key"] for t in study.get_trials() if t.user_attrs.get("status") in PROBED]
+    done = [t for t in study.get_trials() if t.user_attrs.get("status") in PROBED]
+    keys = [t.user_attrs["plan_key"] for t in done]
     assert len(keys) == len(set(keys)), f"a plan was probed twice: {keys}"
-    assert len(keys) == 4
+    assert len(keys) == 3
+    for t in done:
+        assert t.state.name == "FAIL" and t.user_attrs["status"] == "error"
+        assert "deliberate crash in the training step" in t.user_attrs["reason"]
+    rows = pd.concat([probed(tmp_path / "a"), probed(tmp_path / "b")])
+    assert set(rows["plan"]) == set(keys)  # each worker's trials.csv shows the shared study
     assert not [t for t in study.get_trials() if t.state.name == "RUNNING"]
 
 
