@@ -129,8 +129,22 @@ def test_plan_from_ds_config_reads_what_deepspeed_reads():
     assert precision_from_ds_config({"fp16": {"enabled": True}}) == "fp16"
     assert precision_from_ds_config({}) == "fp32"
     assert plan_from_ds_config({"zero_optimization": {"stage": 7}}) is None
-    hf = plan_from_ds_config({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}})
+    hf = plan_from_ds_config({"train_micro_batch_size_per_gpu": "auto",
+                              "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "allgather_bucket_size": 2e8}})
     assert hf.micro_batch == 1 and hf.stage == 2
+    assert hf.reduce_bucket_size is None and hf.allgather_bucket_size == 200_000_000
+
+
+def test_plan_from_exported_config_round_trips():
+    from zeroplan.dsconfig import build_config
+    from zeroplan.spec import ModelSpec, TrainingSpec
+
+    plan = Plan(stage=3, offload_optimizer="cpu", offload_param="cpu", micro_batch=4, gradient_accumulation_steps=8)
+    model = ModelSpec.from_params(1e9)
+    back = plan_from_ds_config(build_config(plan, world_size=16, training=TrainingSpec(), model=model))
+    for key in ("stage", "offload_optimizer", "offload_param", "micro_batch", "gradient_accumulation_steps"):
+        assert getattr(back, key) == getattr(plan, key)
+    assert back.reduce_bucket_size == model.hidden_size**2  # Hugging Face's rule, written into the config
 
 
 # -- memory tracker: exact on known allocations --------------------------------------------------

@@ -104,6 +104,8 @@ def _render_table(result, plan, console) -> None:
     table.add_row("samples / s", "—" if result.samples_per_second is None else f"{result.samples_per_second:,.1f}", "", "")
     table.add_row("tokens / s", "—" if result.tokens_per_second is None else f"{result.tokens_per_second:,.0f}", "", "")
     console.print(table)
+    if result.estimate_note and result.status == "ok":
+        console.print(result.estimate_note)
     if result.memory_kind == "cpu-storage":
         console.print("memory: live tensor storage bytes per rank (CPU run; compared with the estimator's device=cpu figure)")
     if result.error:

@@ -106,6 +106,8 @@ class ProbeResult:
     """How peak memory was measured: ``cuda`` or ``cpu-storage``."""
     workdir: str | None = None
     """Folder holding the config, per-rank results and the full log."""
+    estimate_note: str | None = None
+    """Why there is no estimate (model shape or sequence length unknown, ...), else None."""
     state_memory_per_rank: list[int] = field(default_factory=list)
     """Live bytes of each rank just before its last optimizer step: activations freed; parameters,
     gradients, optimizer states and engine buffers remain (the measured "model states")."""
@@ -140,4 +142,5 @@ class ProbeResult:
             "log_tail": self.log_tail,
             "workdir": self.workdir,
             "state_memory_per_rank": list(self.state_memory_per_rank),
+            "estimate_note": self.estimate_note,
         }

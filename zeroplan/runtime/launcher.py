@@ -51,6 +51,16 @@ def script_kind(script: Path) -> str:
     return "task" if _TASK_RE.search(text) else "script"
 
 
+_BUCKET_KEYS = (
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+)
+
+
 def plan_from_ds_config(config: dict) -> Plan | None:
     """The plan a DeepSpeed config describes (stage, offload, batch shape), or None if unreadable.
 
@@ -70,14 +80,21 @@ def plan_from_ds_config(config: dict) -> Plan | None:
             value = config.get(key, 1)
             return value if isinstance(value, int) and value > 0 else 1
 
-        checkpointing = "none"
+        # Engine knobs the config sets explicitly, so the estimate sizes the same buffers
+        # (numbers only; Hugging Face's "auto" leaves the estimator's own rule).
+        knobs = {}
+        for key in _BUCKET_KEYS:
+            value = zero.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                knobs[key] = int(value)
         return Plan(
             stage=stage,
             offload_optimizer=device("offload_optimizer"),
             offload_param=device("offload_param"),
-            checkpointing=checkpointing,
+            checkpointing="none",  # set by the model code, not the config
             micro_batch=positive("train_micro_batch_size_per_gpu"),
             gradient_accumulation_steps=positive("gradient_accumulation_steps"),
+            **knobs,
         )
     except (SpecError, TypeError, ValueError, AttributeError):
         return None
@@ -437,7 +454,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         memory_kind=summary.get("memory_kind"),
         workdir=str(workdir),
         state_memory_per_rank=summary.get("state_memory_per_rank", []),
+        estimate_note=why_not,
     )
-    record = result.as_dict() | {"wall_s": wall_s, "estimate_note": why_not, "plan": plan.as_dict() if plan else None}
+    record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     (workdir / "result.json").write_text(json.dumps(record, indent=2))
     return result
