@@ -220,6 +220,9 @@ def test_defaults_match_deepspeed_zero_config():
         "stage3_max_reuse_distance": z.max_reuse_distance,
     }
     assert resolve_buckets(Plan(stage=3), None) == K.ZERO_DEFAULTS
+    from zeroplan.spec import DEEPSPEED_DEFAULT_KNOBS  # the estimator's table
+
+    assert DEEPSPEED_DEFAULT_KNOBS["sub_group_size"] == z.sub_group_size
 
 
 def test_removed_keys_optimizers_schedulers_match_deepspeed():

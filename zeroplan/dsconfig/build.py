@@ -8,7 +8,7 @@ numbers, and bucket sizes follow the model's hidden size when it is known.
 from __future__ import annotations
 
 from zeroplan.dsconfig.keys import ZERO_DEFAULTS
-from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = ["build_config", "build_config_with_notes", "resolve_buckets", "DEEPSPEED_OPTIMIZER_TYPES"]
 
@@ -34,19 +34,9 @@ def resolve_buckets(plan: Plan, model: ModelSpec | None) -> dict[str, int]:
     reduce and all-gather buckets 5e8, prefetch 5e7, persistence 1e5, max live parameters and
     max reuse distance 1e9).
     """
-    resolved = dict(ZERO_DEFAULTS)
-    if model is not None:
-        h = model.hidden_size
-        resolved["reduce_bucket_size"] = h * h
-        # int(): the HF rule once wrote 0.9·h² as a float (15099494.4 for h = 4096), which
-        # DeepSpeed's pydantic model now rejects for an int field.
-        resolved["stage3_prefetch_bucket_size"] = int(0.9 * h * h)
-        resolved["stage3_param_persistence_threshold"] = 10 * h
-    for key in resolved:
-        value = getattr(plan, key)
-        if value is not None:
-            resolved[key] = int(value)
-    return resolved
+    # One rule for the estimator and the exported config: zeroplan.spec.resolve_engine_knobs.
+    knobs = resolve_engine_knobs(plan, model.hidden_size if model is not None else None)
+    return {key: knobs[key] for key in ZERO_DEFAULTS}
 
 
 def _precision_blocks(precision: str) -> dict:

@@ -7,6 +7,8 @@ actually reads) and fails when they drift apart.
 
 from __future__ import annotations
 
+from zeroplan.spec import DEEPSPEED_DEFAULT_KNOBS
+
 __all__ = [
     "TOP_LEVEL_KEYS",
     "REMOVED_TOP_LEVEL_KEYS",
@@ -194,14 +196,18 @@ ZERO_TESTED_OPTIMIZERS = ("adam", "adamw", "adagrad", "lion", "muon")
 #: deepspeed/runtime/lr_schedules.py ``VALID_LR_SCHEDULES``.
 SCHEDULERS = ("LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 
-#: DeepSpeedZeroConfig defaults (deepspeed/runtime/zero/config.py: ``pp_int(5e8)`` reduce and
-#: all-gather buckets, ``pp_int(5e7)`` stage-3 prefetch, ``pp_int(1e5)`` persistence threshold,
-#: ``pp_int(1e9)`` max live parameters and max reuse distance).
+#: DeepSpeedZeroConfig defaults for the bucket and threshold keys (deepspeed/runtime/zero/config.py:
+#: ``pp_int(5e8)`` reduce and all-gather buckets, ``pp_int(5e7)`` stage-3 prefetch, ``pp_int(1e5)``
+#: persistence threshold, ``pp_int(1e9)`` max live parameters and max reuse distance), taken from
+#: the one table the estimator uses too (:data:`zeroplan.spec.DEEPSPEED_DEFAULT_KNOBS`).
 ZERO_DEFAULTS = {
-    "reduce_bucket_size": 500_000_000,
-    "allgather_bucket_size": 500_000_000,
-    "stage3_prefetch_bucket_size": 50_000_000,
-    "stage3_param_persistence_threshold": 100_000,
-    "stage3_max_live_parameters": 1_000_000_000,
-    "stage3_max_reuse_distance": 1_000_000_000,
+    key: DEEPSPEED_DEFAULT_KNOBS[key]
+    for key in (
+        "reduce_bucket_size",
+        "allgather_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+    )
 }
