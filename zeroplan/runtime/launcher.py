@@ -137,6 +137,17 @@ def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None)
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM torchrun if the process running the probe dies,
+    even by SIGKILL; torchrun then stops its workers, which themselves die with torchrun."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class _Job:
     """A running torchrun: streams its output, remembers its descendants, kills them all."""
 
@@ -152,6 +163,7 @@ class _Job:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             text=True,
             errors="replace",
             bufsize=1,
