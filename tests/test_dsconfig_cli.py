@@ -256,3 +256,19 @@ def test_explicit_plan_with_a_model_gets_a_fit_note(capsys):
     assert "warning: does not fit" in err  # ... with the estimator's verdict
     code, out, err = run_cli(["export", "--stage", "3", "--micro-batch", "1", "--params", "7e9", "--gpus", "8", *CLUSTER], capsys)
     assert code == 0 and "fits: predicted GPU peak" in err
+
+
+def test_commented_hf_auto_config_resolves_auto_values(capsys):
+    """A Trainer-style ZeRO-3 file with comments, a trailing comma and "auto" everywhere: readable
+    (as DeepSpeed reads it), no errors, and each "auto" resolved for the model."""
+    path = CONFIGS / "hf_zero3_auto_commented.json"
+    code, out, err = run_cli(["validate", str(path), "--gpus", "8", "--model", "llama-2-7b", "--format", "json"], capsys)
+    assert code == 0, err
+    findings = json.loads(out)
+    auto = {f["path"]: f["message"] for f in findings if f["rule_id"] == "ZP504"}
+    assert "16777216 (hidden_size², hidden_size 4096)" in auto["zero_optimization.reduce_bucket_size"]
+    assert "15099494 (int(0.9 · hidden_size²)" in auto["zero_optimization.stage3_prefetch_bucket_size"]
+    assert "40960 (10 · hidden_size" in auto["zero_optimization.stage3_param_persistence_threshold"]
+    assert len(auto) == 8
+    # and: with offload and no optimizer block, the Trainer's torch AdamW would be refused by DeepSpeed
+    assert {f["rule_id"] for f in findings if f["severity"] == "warning"} == {"ZP504", "ZP506", "ZP602"}

@@ -32,8 +32,11 @@ results = {}
 for name, cfg in json.load(open(sys.argv[1])).items():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    # "client-*": the script brings its own torch AdamW, as the HF Trainer does without an optimizer block.
+    client = torch.optim.AdamW(model.parameters(), lr=1e-4) if name.startswith("client-") else None
     try:
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters(),
+                                                       optimizer=client)
         dtype = torch.bfloat16 if cfg.get("bf16", {}).get("enabled") else torch.float32
         for _ in range(cfg["gradient_accumulation_steps"]):
             x = torch.randn(cfg["train_micro_batch_size_per_gpu"], 16, dtype=dtype)
@@ -67,6 +70,9 @@ GOOD = {
     "z3": _exported(3, checkpointing="full"),
     "z3-offload-cpu": _exported(3, offload_optimizer="cpu", offload_param="cpu"),
 }
+_CLIENT_OFFLOAD = _with(GOOD["z3-offload-cpu"], lambda c: c.pop("optimizer"))
+# The ZP602 fix for a client optimizer under offload: accept it explicitly.
+GOOD["client-adamw-offload-forced"] = _with(_CLIENT_OFFLOAD, lambda c: c.update(zero_force_ds_cpu_optimizer=False))
 # name → (config, the rule validate reports as an error for it)
 BAD = {
     # Without a scheduler the string reaches the fused Adam step (a WarmupLR scheduler would
@@ -77,6 +83,7 @@ BAD = {
     "sgd-lowercase": (_with(GOOD["z0"], lambda c: c["optimizer"].update(type="sgd", params={"lr": 0.01})), "ZP603"),
     "sgd-untested": (_with(GOOD["z2"], lambda c: c["optimizer"].update(type="SGD", params={"lr": 0.01})), "ZP604"),
     "bad-scheduler": (_with(GOOD["z1"], lambda c: c["scheduler"].update(type="Cosine")), "ZP605"),
+    "client-adamw-offload": (_CLIENT_OFFLOAD, "ZP602"),
 }
 
 
@@ -101,7 +108,7 @@ def test_exported_config_trains_a_step(engine_results, name):
     result = engine_results[name]
     assert result["ok"], result
     assert result["global_steps"] == 1  # one optimizer step over 2 micro-steps
-    if "offload" in name:
+    if name == "z3-offload-cpu":
         assert result["optimizer"] == "DeepSpeedCPUAdam"
 
 
@@ -109,9 +116,12 @@ def test_exported_config_trains_a_step(engine_results, name):
 @pytest.mark.parametrize("name", list(BAD))
 def test_config_validate_rejects_fails_in_the_engine(engine_results, name):
     cfg, rule_id = BAD[name]
-    assert rule_id in {f.rule_id for f in validate_config(cfg, world_size=1) if f.severity == "error"}
+    severity = "warning" if name == "client-adamw-offload" else "error"  # fine with a DeepSpeed CPU optimizer
+    assert rule_id in {f.rule_id for f in validate_config(cfg, world_size=1) if f.severity == severity}
     result = engine_results[name]
     assert not result["ok"], f"{name} started although validate reports {rule_id}"
+    if name == "client-adamw-offload":
+        assert result["error"] == "ZeRORuntimeException"
 
 
 @pytest.mark.slow

@@ -792,11 +792,14 @@ def _offload_optimizer_kind(ctx: Context) -> Iterator[Finding]:
         return
     kind = ctx.optimizer_type()
     if kind is None:
-        if "optimizer" not in ctx.cfg:
+        if "optimizer" not in ctx.cfg and ctx.cfg.get("zero_force_ds_cpu_optimizer") is not False:
+            # runtime/engine.py _configure_optimizer: a client optimizer under offload must be
+            # DeepSpeedCPUAdam/DeepSpeedCPULion (the HF Trainer passes torch's AdamW here).
             yield _f("ZP602", "optimizer",
-                     "offload_optimizer with no optimizer block: the script's own optimizer must be DeepSpeedCPUAdam or "
-                     "DeepSpeedCPULion, else DeepSpeed raises ZeRORuntimeException",
-                     "add \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, or pass deepspeed.ops.adam.DeepSpeedCPUAdam",
+                     "offload_optimizer with no optimizer block: the script's own optimizer (the HF Trainer's torch AdamW) "
+                     "must be DeepSpeedCPUAdam or DeepSpeedCPULion, else DeepSpeed raises ZeRORuntimeException",
+                     "add \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, or set top-level "
+                     "\"zero_force_ds_cpu_optimizer\": false to accept a slow torch optimizer on the CPU",
                      severity="warning")
         return
     resolved = _resolved_optimizer(kind)
