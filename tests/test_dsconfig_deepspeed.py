@@ -36,12 +36,18 @@ class _DataParallelMPU:
 
 @pytest.fixture
 def ds_config(monkeypatch):
-    """DeepSpeedConfig(cfg) as rank 0 of ``world_size`` data-parallel ranks."""
+    """DeepSpeedConfig(cfg) as rank 0 of ``world_size`` launched ranks.
+
+    Configs with ``sequence_parallel_size`` take DeepSpeed's no-mpu path (a torchrun launch:
+    world size from ``get_world_size()``, divided by the SP size); others pass an mpu."""
     import deepspeed.comm as dist
 
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
 
     def parse(cfg: dict, world_size: int):
+        if "sequence_parallel_size" in cfg:
+            monkeypatch.setattr(dist, "get_world_size", lambda group=None: world_size)
+            return DeepSpeedConfig(copy.deepcopy(cfg))
         return DeepSpeedConfig(copy.deepcopy(cfg), mpu=_DataParallelMPU(world_size))
 
     return parse
@@ -136,6 +142,17 @@ def test_errors_we_report_are_errors_for_deepspeed(ds_config, rule_id, bad, good
     ds_config(good, world)
     severities = {f.severity for f in run_case(bad, kwargs, clean=False) if f.rule_id == rule_id}
     assert severities & ({"error", "warning"} if rule_id == "ZP504" else {"error"})
+
+
+def test_sequence_parallel_divides_the_world_like_deepspeed(ds_config):
+    cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "sequence_parallel_size": 2}
+    assert ds_config(cfg, 8).world_size == 4
+    assert validate_config(cfg, world_size=8) == []
+    (f,) = validate_config(cfg, world_size=4)  # 2 data-parallel ranks: 8 != 2 × 1 × 2
+    assert f.rule_id == "ZP101" and "4 GPUs / sequence_parallel_size 2" in f.message
+    with pytest.raises(AssertionError):
+        ds_config(cfg, 4)
 
 
 def test_blog_config_fails_in_deepspeed_where_validate_says(ds_config):

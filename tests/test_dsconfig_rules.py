@@ -71,6 +71,7 @@ CASES = [
     ("ZP103", make(train_batch_size=_DELETE, train_micro_batch_size_per_gpu=_DELETE), make(train_batch_size=_DELETE), {}, True),
     ("ZP104", make(train_batch_size=_DELETE), make(), {}, False),
     ("ZP105", make(), make(), {"world_size": None, "_clean_kwargs": {"world_size": WORLD}}, False),
+    ("ZP106", make(sequence_parallel_size=3), make(sequence_parallel_size=2), {"world_size": 4}, True),
     ("ZP201", make(zero_optimization={"stage": 4}), make(zero_optimization={"stage": 3}), {}, True),
     ("ZP202", make(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}}),
      z3(offload_param={"device": "cpu"}), {}, False),

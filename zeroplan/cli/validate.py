@@ -35,7 +35,7 @@ __all__ = ["validate", "findings_table"]
 
 ValidateGpusOpt = Annotated[
     Optional[int],
-    typer.Option("--gpus", help="GPUs the config will run on (data-parallel world size); default: the count the batch keys imply.", rich_help_panel="Cluster"),
+    typer.Option("--gpus", help="GPUs (ranks) the job launches; default: the count the batch keys imply.", rich_help_panel="Cluster"),
 ]
 ValidateFormatOpt = Annotated[str, typer.Option("--format", help="table | json (a list of findings).", rich_help_panel="Output")]
 

@@ -47,6 +47,9 @@ class Context:
 
     cfg: dict
     world_size: int | None = None
+    """Data-parallel ranks the batch keys must match (GPUs / sequence_parallel_size)."""
+    gpus: int | None = None
+    """GPUs launched, as given."""
     model: ModelSpec | None = None
     cluster: ClusterSpec | None = None
     training: TrainingSpec | None = None
@@ -204,6 +207,8 @@ def _batch_mismatch(ctx: Context) -> Iterator[Finding]:
     product = mb * ga * ws
     if tb == product:
         return
+    ranks = f"GPUs = {mb} × {ga} × {ws}" if ctx.gpus in (None, ws) else (
+        f"data-parallel ranks ({ctx.gpus} GPUs / sequence_parallel_size {ctx.gpus // ws}) = {mb} × {ga} × {ws}")
     options = []
     if tb % (mb * ws) == 0:
         options.append(f"set gradient_accumulation_steps to {tb // (mb * ws)}")
@@ -214,7 +219,7 @@ def _batch_mismatch(ctx: Context) -> Iterator[Finding]:
     also = f" (it fits {int(implied)} GPUs)" if implied.is_integer() else ""
     yield _f(
         "ZP101", "train_batch_size",
-        f"train_batch_size {tb} != micro-batch × accumulation × GPUs = {mb} × {ga} × {ws} = {product}{also}",
+        f"train_batch_size {tb} != micro-batch × accumulation × {ranks} = {product}{also}",
         ", or ".join(options),
     )
 
@@ -315,6 +320,22 @@ def _batch_implied_world(ctx: Context) -> Iterator[Finding]:
     if implied.is_integer():
         yield _f("ZP105", "train_batch_size", f"the batch keys are consistent only on exactly {int(implied)} GPUs",
                  "give --gpus N to check against the GPU count you will actually use")
+
+
+@rule(
+    "ZP106", "error", "GPU count not divisible by sequence_parallel_size",
+    "DeepSpeed divides the world size by sequence_parallel_size to get the data-parallel size; a remainder "
+    "gives a fractional world size and the batch assertion fails.",
+)
+def _sequence_parallel(ctx: Context) -> Iterator[Finding]:
+    sp = ctx.cfg.get("sequence_parallel_size")
+    if ctx.gpus is None or not _is_int_value(sp) or sp <= 1:
+        return
+    sp = int(sp)
+    if ctx.gpus % sp:
+        yield _f("ZP106", "sequence_parallel_size",
+                 f"{ctx.gpus} GPUs are not divisible by sequence_parallel_size {sp}",
+                 f"run on a multiple of {sp} GPUs, or set sequence_parallel_size to a divisor of {ctx.gpus}")
 
 
 # ---------------------------------------------------------------------------------------- ZeRO
@@ -1020,6 +1041,11 @@ def _plan_from_config(ctx: Context):
 )
 def _fits(ctx: Context) -> Iterator[Finding]:
     if ctx.model is None or ctx.cluster is None:
+        return
+    sp = ctx.cfg.get("sequence_parallel_size")
+    if _is_int_value(sp) and sp > 1:
+        yield _f("ZP702", "", "memory fit not checked: the estimator does not model sequence parallelism",
+                 "check the fit with a probe (`zeroplan probe`)", severity="info")
         return
     built, reason = _plan_from_config(ctx)
     if built is None:

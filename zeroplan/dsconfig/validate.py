@@ -21,8 +21,9 @@ def validate_config(
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
-    ``world_size`` is the data-parallel GPU count the config will run on (``cluster.gpus`` when
-    only a cluster is given); ``model`` enables the bucket-size rules and, with ``cluster``, the
+    ``world_size`` is the number of GPUs (ranks) the job launches (``cluster.gpus`` when only a
+    cluster is given); with ``sequence_parallel_size`` in the config the data-parallel size the
+    batch keys must match is ``world_size / sequence_parallel_size``, as DeepSpeedConfig computes it; ``model`` enables the bucket-size rules and, with ``cluster``, the
     memory-fit rule (ZP702, via :func:`zeroplan.estimator.estimate_plan`); ``training`` supplies
     the sequence length for that estimate; ``checkpointing`` (none/selective/full) overrides the
     guess from the config's activation_checkpointing block; ``duplicate_keys`` comes from
@@ -36,8 +37,14 @@ def validate_config(
         raise SpecError(f"world_size={world_size!r} is not valid; give the number of GPUs, >= 1")
     if cluster is not None and model is None:
         raise SpecError("checking the memory fit needs a model as well as GPUs; give --params or --model")
+    gpus = world_size
+    sp = cfg.get("sequence_parallel_size")
+    if world_size is not None and isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:
+        # deepspeed/runtime/config.py: world_size = dist.get_world_size() / sequence_parallel_size
+        world_size = world_size // sp if world_size % sp == 0 else None  # ZP106 reports the remainder
     ctx = Context(
         cfg=cfg,
+        gpus=gpus,
         world_size=world_size,
         model=model,
         cluster=cluster,
