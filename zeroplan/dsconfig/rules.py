@@ -318,7 +318,11 @@ def _batch_implied_world(ctx: Context) -> Iterator[Finding]:
         return
     implied = vals["train_batch_size"] / (vals["train_micro_batch_size_per_gpu"] * vals["gradient_accumulation_steps"])
     if implied.is_integer():
-        yield _f("ZP105", "train_batch_size", f"the batch keys are consistent only on exactly {int(implied)} GPUs",
+        sp = ctx.cfg.get("sequence_parallel_size")
+        where = f"{int(implied)} GPUs"
+        if _is_int_value(sp) and sp > 1:
+            where = f"{int(implied)} data-parallel ranks ({int(implied) * int(sp)} GPUs with sequence_parallel_size {int(sp)})"
+        yield _f("ZP105", "train_batch_size", f"the batch keys are consistent only on exactly {where}",
                  "give --gpus N to check against the GPU count you will actually use")
 
 
