@@ -128,16 +128,19 @@ class PeakMemory:
     """Peak memory of this rank: ``torch.cuda.max_memory_allocated`` on CUDA, else a StorageTracker.
 
     Use as a context manager around everything the rank does (model build included).
+    ``track_cpu=False`` measures nothing on CPU (the tracker's per-op Python hook slows small
+    CPU steps; see docs/probe.md).
     """
 
-    def __init__(self, device: torch.device | None = None) -> None:
-        self.kind = "cuda" if (device is not None and device.type == "cuda") or (device is None and torch.cuda.is_available()) else "cpu-storage"
+    def __init__(self, device: torch.device | None = None, *, track_cpu: bool = True) -> None:
+        on_cuda = (device is not None and device.type == "cuda") or (device is None and torch.cuda.is_available())
+        self.kind = "cuda" if on_cuda else "cpu-storage" if track_cpu else None
         self.tracker = StorageTracker("cpu") if self.kind == "cpu-storage" else None
 
     def __enter__(self) -> "PeakMemory":
         if self.tracker is not None:
             self.tracker.__enter__()
-        else:
+        elif self.kind == "cuda":
             torch.cuda.reset_peak_memory_stats()
         return self
 
@@ -146,13 +149,13 @@ class PeakMemory:
             self.tracker.__exit__(*exc)
 
     @property
-    def peak_bytes(self) -> int:
+    def peak_bytes(self) -> int | None:
         if self.tracker is not None:
             return int(self.tracker.peak_bytes)
-        return int(torch.cuda.max_memory_allocated())
+        return int(torch.cuda.max_memory_allocated()) if self.kind == "cuda" else None
 
     @property
-    def current_bytes(self) -> int:
+    def current_bytes(self) -> int | None:
         if self.tracker is not None:
             return int(self.tracker.current_bytes)
-        return int(torch.cuda.memory_allocated())
+        return int(torch.cuda.memory_allocated()) if self.kind == "cuda" else None

@@ -58,7 +58,7 @@ class StepMeter:
     def before_optimizer_step(self) -> None:
         """Called after the last backward of a step, before the optimizer runs."""
         if self._current_bytes is not None:
-            self.state_bytes = int(self._current_bytes())
+            self.state_bytes = self._current_bytes()
 
     def optimizer_step_done(self) -> None:
         self.count += 1
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         synchronize = None
-    memory = PeakMemory()
+    memory = PeakMemory(track_cpu=os.environ.get("ZEROPLAN_TRACK_CPU_MEMORY", "1") != "0")
     meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes)
     state: dict = {}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
