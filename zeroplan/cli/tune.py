@@ -64,8 +64,8 @@ def _parse_bucket_sizes(text: Optional[str]) -> tuple[int, ...]:
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def tune(
     script: Annotated[Path, typer.Argument(help="Training script: a DeepSpeed script or a zeroplan task (zeroplan_task()).")],
+    gpus: GpusOpt,
     script_args: Annotated[Optional[List[str]], typer.Argument(help="Arguments for the script, after --.", show_default=False)] = None,
-    gpus: GpusOpt = 1,
     gpus_per_node: GpusPerNodeOpt = None,
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,

@@ -1,0 +1,240 @@
+"""Tuner benchmark: zeroplan's search vs an exhaustive grid, and vs DeepSpeed's autotuner.
+
+Part 1 — the example GPT (examples/gpt_task.py) at 2 processes (DeepSpeed; CPU/gloo here):
+  (a) exhaustive grid: every plan of the space the estimator says fits, each probed once;
+  (b) zeroplan's tuner (estimator picks + TPE) with a budget of 25% of the grid's probes.
+  Goal: (b)'s best measured throughput >= 95% of (a)'s best.
+
+Part 2 — one process, the plain DeepSpeed script examples/train_deepspeed.py:
+  (c) ``deepspeed --autotuning tune --num_gpus 1`` (fast mode: micro-batch per ZeRO stage);
+  (d) ``zeroplan tune`` on the same script (its Python API), same model;
+  and DeepSpeed's chosen config re-measured with a zeroplan probe, so both best throughputs come
+  from the same measurement.
+
+    PYTHONPATH=. python benchmarks/bench_tuner.py              # everything (~40 min on 2 CPU cores)
+    PYTHONPATH=. python benchmarks/bench_tuner.py --skip-deepspeed --global-batch 8
+
+Prints one table per part; save it with ``| tee benchmarks/results/tuner.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from zeroplan.cli.common import resolve_cluster  # noqa: E402
+from zeroplan.spec import TrainingSpec  # noqa: E402
+from zeroplan.tuner import ProbeRunner, TuneSettings, Tuner, build_space, make_sampler, open_study, storage_url  # noqa: E402
+from zeroplan.tuner.checks import task_model_spec  # noqa: E402
+
+console = Console(highlight=False, width=140)
+TASK = ROOT / "examples" / "gpt_task.py"
+DS_SCRIPT = ROOT / "examples" / "train_deepspeed.py"
+
+
+def cluster(gpus: int):
+    return resolve_cluster(gpus=gpus, gpus_per_node=None, gpu=None, gpu_memory_gib=None, cpu_memory_gib=None, nvme_gib=None)
+
+
+def grid(space, runner) -> dict:
+    """Probe every fitting plan once."""
+    results = {}
+    start = time.monotonic()
+    with Progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as bar:
+        task = bar.add_task("", total=len(space.fitting))
+        for i, cand in enumerate(space.fitting):
+            bar.update(task, description=cand.key)
+            outcome = runner(cand.plan, trial_number=10_000 + i)
+            results[cand.key] = outcome
+            bar.advance(task)
+    ok = {k: o.samples_per_second for k, o in results.items() if o.ok}
+    best = max(ok, key=ok.get) if ok else None
+    return {"probes": len(results), "wall_s": time.monotonic() - start, "best": best, "best_value": ok.get(best, 0.0), "values": ok,
+            "failed": {k: o.status for k, o in results.items() if not o.ok}}
+
+
+def zeroplan_search(space, runner, *, trials: int, workdir: Path, seed: int) -> dict:
+    """zeroplan's tuner on a fresh study."""
+    study = open_study(storage_url(None, workdir), resume=False, sampler=make_sampler("tpe", seed=seed))
+    done = []
+
+    def on_event(kind, **data):
+        if kind == "end":
+            done.append((data["candidate"].key, data["outcome"]))
+            o = data["outcome"]
+            console.print(f"  tuner trial {len(done):>2}: {data['candidate'].key:<34} {o.status} {o.samples_per_second:.2f} samples/s")
+
+    tuner = Tuner(study, space, runner, TuneSettings(trials=trials), on_event=on_event)
+    tuner.prepare(resume=False)
+    start = time.monotonic()
+    summary = tuner.run()
+    wall = time.monotonic() - start
+    best = tuner.best()
+    return {
+        "probes": summary.probes_in_study,
+        "wall_s": wall,
+        "best": best.user_attrs["plan_key"] if best else None,
+        "best_value": best.value if best else 0.0,
+        "order": [k for k, _ in done],
+    }
+
+
+def part1(args, tmp: Path) -> None:
+    model, seq_len = task_model_spec(TASK)
+    training = TrainingSpec(seq_len=seq_len, global_batch=args.global_batch)
+    space = build_space(model, cluster(2), training, device="cpu")
+    runner = ProbeRunner(script=TASK, nproc=2, training=training, model=model, workdir=tmp / "probes-2", steps=args.steps, warmup=1, timeout_s=300)
+    n_fit = len(space.fitting)
+    budget = max(1, math.floor(0.25 * n_fit))
+    console.print(f"[bold]part 1[/]: {model.name}, 2 processes, global batch {args.global_batch}: {len(space.candidates)} plans, {n_fit} fit; tuner budget {budget} probes")
+    g = grid(space, runner)
+    z = zeroplan_search(space, runner, trials=budget, workdir=tmp / "study-2", seed=args.seed)
+    # The tuner's pick as measured by the grid separates search quality from measurement noise.
+    pick_in_grid = g["values"].get(z["best"], 0.0)
+
+    table = Table(title=f"Part 1 — {model.name} ({model.params:,} params), DeepSpeed, 2 processes, global batch {args.global_batch}, {n_fit} plans fit", title_justify="left")
+    for col in ("method", "probes", "wall s", "best plan", "best samples/s", "vs grid best"):
+        table.add_column(col, justify="left" if col in ("method", "best plan") else "right")
+    table.add_row("(a) exhaustive grid", str(g["probes"]), f"{g['wall_s']:.0f}", str(g["best"]), f"{g['best_value']:.2f}", "100.0%")
+    ratio = z["best_value"] / g["best_value"] if g["best_value"] else 0.0
+    table.add_row("(b) zeroplan tune", str(z["probes"]), f"{z['wall_s']:.0f}", str(z["best"]), f"{z['best_value']:.2f}", f"{100 * ratio:.1f}%")
+    table.add_row("    its pick, grid's measurement", "", "", str(z["best"]), f"{pick_in_grid:.2f}", f"{100 * pick_in_grid / g['best_value']:.1f}%" if g["best_value"] else "–")
+    console.print(table)
+    grid_rank = sorted(g["values"], key=g["values"].get, reverse=True)
+    console.print(
+        f"probes: {z['probes']}/{g['probes']} = {100 * z['probes'] / max(1, g['probes']):.0f}% of the grid; "
+        f"goal ≥95% of the grid's best with ≤25% of its probes: "
+        f"{'MET' if ratio >= 0.95 and z['probes'] <= 0.25 * g['probes'] else 'NOT MET'}"
+    )
+    console.print(f"grid top 5: " + ", ".join(f"{k} {g['values'][k]:.1f}" for k in grid_rank[:5]))
+    console.print(f"tuner probe order: " + ", ".join(z["order"]))
+    if g["failed"]:
+        console.print(f"grid failures: {g['failed']}")
+
+
+def deepspeed_autotuner(args, tmp: Path) -> dict:
+    """Run ``deepspeed --autotuning tune --num_gpus 1`` on train_deepspeed.py; its best config and metric."""
+    work = tmp / "ds-autotuning"
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("train_deepspeed.py", "gpt_task.py"):
+        shutil.copy(ROOT / "examples" / name, work / name)
+    cfg = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "bf16": {"enabled": True},
+        "autotuning": {
+            "enabled": True,
+            "fast": True,
+            "metric": "throughput",
+            "start_profile_step": 3,
+            "end_profile_step": 5,
+            "results_dir": str(work / "results"),
+            "exps_dir": str(work / "exps"),
+            "overwrite": True,
+            "max_train_batch_size": args.max_micro_batch,
+        },
+    }
+    (work / "ds.json").write_text(json.dumps(cfg, indent=2))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [str(Path(sys.executable).parent / "deepspeed"), "--autotuning", "tune", "--num_gpus", "1", "train_deepspeed.py", "--steps", "8", "--deepspeed_config", "ds.json"]
+    console.print("[bold]part 2[/]: " + " ".join(cmd))
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=args.deepspeed_timeout)
+    wall = time.monotonic() - start
+    (work / "autotuning.log").write_text(proc.stdout + proc.stderr)
+    experiments = []
+    for metrics in sorted((work / "results").glob("*/metrics.json")):
+        try:
+            value = json.loads(metrics.read_text()).get("throughput")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if value:
+            experiments.append((metrics.parent.name, float(value)))
+    optimal = work / "autotuning_results" / "ds_config_optimal.json"
+    if not optimal.exists():
+        optimal = next(iter(work.glob("**/ds_config_optimal.json")), optimal)
+    best = max(experiments, key=lambda e: e[1]) if experiments else (None, 0.0)
+    return {
+        "wall_s": wall,
+        "experiments": len(list((work / "results").glob("*/exp.json"))) if (work / "results").exists() else 0,
+        "measured": len(experiments),
+        "best": best[0],
+        "best_value": best[1],
+        "optimal": json.loads(optimal.read_text()) if optimal.exists() else None,
+        "returncode": proc.returncode,
+    }
+
+
+def part2(args, tmp: Path) -> None:
+    from zeroplan.runtime import ProbeRequest, run_probe
+
+    model, seq_len = task_model_spec(TASK)
+    ds = deepspeed_autotuner(args, tmp)
+    training = TrainingSpec(seq_len=seq_len)
+    space = build_space(model, cluster(1), training, checkpointing=("none",), max_micro_batch=args.max_micro_batch, device="cpu")
+    runner = ProbeRunner(script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", steps=args.steps, warmup=1, timeout_s=300)
+    z = zeroplan_search(space, runner, trials=args.trials_1, workdir=tmp / "study-1", seed=args.seed)
+
+    remeasured = None
+    if ds["optimal"]:
+        cfg = {k: v for k, v in ds["optimal"].items() if k != "autotuning"}
+        result = run_probe(
+            ProbeRequest(script=DS_SCRIPT, nproc=1, ds_config=cfg, training=training, model=model, steps=args.steps, warmup=1, timeout_s=300, workdir=tmp / "ds-optimal-probe")
+        )
+        remeasured = result.samples_per_second if result.status == "ok" else None
+        ds_plan = f"z{cfg.get('zero_optimization', {}).get('stage', 0)} mb{cfg.get('train_micro_batch_size_per_gpu')}"
+    else:
+        ds_plan = "–"
+
+    table = Table(title=f"Part 2 — {DS_SCRIPT.name}, 1 process: DeepSpeed autotuner vs zeroplan", title_justify="left")
+    for col in ("method", "experiments", "wall s", "best plan", "own metric", "samples/s (zeroplan probe)"):
+        table.add_column(col, justify="left" if col in ("method", "best plan") else "right")
+    table.add_row(
+        "deepspeed --autotuning tune",
+        f"{ds['measured']}/{ds['experiments']}",
+        f"{ds['wall_s']:.0f}",
+        f"{ds_plan} ({ds['best']})",
+        f"{ds['best_value']:.2f} (its throughput metric)",
+        f"{remeasured:.2f}" if remeasured else "–",
+    )
+    table.add_row("zeroplan tune", str(z["probes"]), f"{z['wall_s']:.0f}", str(z["best"]), f"{z['best_value']:.2f}", f"{z['best_value']:.2f}")
+    console.print(table)
+    console.print(f"deepspeed autotuner exit code {ds['returncode']}; zeroplan searched {len(space.fitting)} plans (stages 0–3, offload none/cpu, micro-batch ≤ {args.max_micro_batch})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=3, help="measured optimizer steps per probe")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials-1", type=int, default=8, help="zeroplan probes at one process (part 2)")
+    p.add_argument("--max-micro-batch", type=int, default=32, help="largest micro-batch at one process (part 2)")
+    p.add_argument("--deepspeed-timeout", type=float, default=1800)
+    p.add_argument("--skip-grid", action="store_true", help="skip part 1")
+    p.add_argument("--skip-deepspeed", action="store_true", help="skip part 2")
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="zeroplan-bench-tuner-"))
+    console.print(f"workdir {tmp}; {os.cpu_count()} CPU cores; torch probes on {'CUDA' if os.environ.get('CUDA_VISIBLE_DEVICES') else 'CPU (gloo)'}")
+    if not args.skip_grid:
+        part1(args, tmp)
+    if not args.skip_deepspeed:
+        part2(args, tmp)
+
+
+if __name__ == "__main__":
+    main()
