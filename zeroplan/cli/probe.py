@@ -147,8 +147,7 @@ def probe(
 ) -> None:
     """Run SCRIPT for a few optimizer steps under torchrun and print measured vs estimated.
 
-    Script arguments go after `--`. On a machine without CUDA the job runs on CPU over gloo
-    (DS_ACCELERATOR=cpu) and peak memory is live tensor storage per rank.
+    Script arguments go after `--`. Without CUDA the job runs on CPU over gloo (DS_ACCELERATOR=cpu) and peak memory is live tensor storage per rank.
     """
     from zeroplan.runtime import BACKENDS, ProbeRequest, run_probe
     from zeroplan.runtime.launcher import plan_from_ds_config, script_kind
