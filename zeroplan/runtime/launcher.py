@@ -38,6 +38,8 @@ __all__ = [
 
 #: Lines of the combined log kept in :attr:`ProbeResult.log_tail`.
 LOG_TAIL_LINES = 60
+#: Characters of one log line kept in the tail.
+MAX_LINE_CHARS = 2000
 #: Seconds between SIGTERM and SIGKILL when a probe is stopped.
 KILL_GRACE_S = 5.0
 
@@ -176,7 +178,8 @@ class _Job:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             line = line.rstrip("\n")
-            self.tail.append(line)
+            # Progress bars can write one endless line; the tail keeps a readable piece of it.
+            self.tail.append(line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " [...]")
             self.full_log.write(line + "\n")
             if self.on_line is not None:
                 try:
