@@ -105,9 +105,12 @@ def test_config_arg_for_hugging_face_style_scripts(tmp_path):
         "args = p.parse_args()\n"
         "model = torch.nn.Linear(args.width, args.width)\n"
         "engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=args.deepspeed)\n"
+        "micro = 0\n"
         "while True:\n"
         "    loss = engine(torch.randn(4, args.width, dtype=torch.bfloat16)).float().pow(2).mean()\n"
         "    engine.backward(loss)\n"
+        "    micro += 1\n"
+        "    if engine.global_rank == 0: print('micro-step', micro, flush=True)\n"
         "    engine.step()\n"
     )
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "bf16": {"enabled": True},
@@ -117,6 +120,9 @@ def test_config_arg_for_hugging_face_style_scripts(tmp_path):
     assert r.status == "ok", f"{r.error}\n{r.log_tail}"
     assert r.steps == 2
     assert r.samples_per_second == pytest.approx(4 * 2 * 2 / r.step_time)  # micro × accumulation × world
+    # (warmup 1 + steps 2) optimizer steps × 2 accumulation micro-steps: stopped after the 6th.
+    micro_steps = [int(line.split()[-1]) for line in r.log_tail.splitlines() if line.startswith("micro-step")]
+    assert micro_steps[-1] == 6
     # ZeRO-2, bf16, 2 ranks: at least the bf16 weights (2Ψ) and the fp32 master + Adam shard (12Ψ/2).
     params = 256 * 256 + 256
     assert r.peak_memory >= 2 * params + 12 * params // 2
