@@ -191,3 +191,20 @@ def test_nothing_fits_exits_1(tmp_path):
     r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--gpu-memory", "0.000001", "--output", str(tmp_path / "o"), timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "nothing fits" in r.stdout
+
+
+def test_tune_cli_surface_is_frozen():
+    import typer.main
+
+    from zeroplan.cli import app
+
+    command = typer.main.get_command(app).commands["tune"]
+    options = sorted(opt for p in command.params for opt in getattr(p, "opts", []) if opt.startswith("--"))
+    assert options == sorted([
+        "--gpus", "--gpus-per-node", "--gpu", "--gpu-memory", "--cpu-memory", "--nvme", "--params", "--model",
+        "--seq-len", "--micro-batch", "--global-batch", "--grad-accum", "--precision", "--optimizer", "--stage",
+        "--offload-optimizer", "--offload-param", "--checkpointing", "--trials", "--time-budget", "--timeout",
+        "--backend", "--output", "--storage", "--resume", "--config-arg", "--nvme-path", "--bucket-sizes",
+        "--sampler", "--initial", "--seed", "--steps", "--warmup",
+    ])
+    assert [p.name for p in command.params if p.param_type_name == "argument"] == ["script", "script_args"]

@@ -283,3 +283,18 @@ def test_results_files(tmp_path):
     assert f"**Best plan: `{best.user_attrs['plan_key']}`**" in report
     assert (tmp_path / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert frame["measured_samples_per_second"].max() == pytest.approx(best.value)
+
+
+def test_time_budget_stops_new_probes(tmp_path):
+    import time as _time
+
+    class Slow(Replay):
+        def __call__(self, plan, **kw):
+            _time.sleep(0.4)
+            return super().__call__(plan, **kw)
+
+    tuner = new_tuner(tmp_path, Slow(oom_from=None), trials=50, time_budget_s=1.0)
+    summary = tuner.run()
+    assert summary.stopped_because == "time budget"
+    # Probes start only while the budget lasts: at most ceil(1.0 / 0.4) of them.
+    assert 1 <= summary.probes_this_run <= 3
