@@ -118,8 +118,9 @@ class ProbeResult:
 
     @property
     def memory_error(self) -> float | None:
-        """(estimated − measured) / measured peak memory, or None when either is missing."""
-        if not self.peak_memory or self.estimated_peak_memory is None:
+        """(estimated − measured) / measured peak memory; None unless the probe finished (``ok``)
+        with both numbers (a failed run's peak is partial)."""
+        if self.status != "ok" or not self.peak_memory or self.estimated_peak_memory is None:
             return None
         return (self.estimated_peak_memory - self.peak_memory) / self.peak_memory
 
