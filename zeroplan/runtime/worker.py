@@ -145,6 +145,8 @@ def _load_task(spec: dict):
     script = spec["script"]
     sys.argv = [script, *spec["script_args"]]
     namespace = runpy.run_path(script, run_name="__zeroplan_task__")
+    if not callable(namespace.get("zeroplan_task")):
+        raise TypeError(f"{script} has no top-level function zeroplan_task()")
     task = namespace["zeroplan_task"]()
     if not isinstance(task, Task):
         raise TypeError(f"zeroplan_task() in {script} returned {type(task).__name__}, not zeroplan.runtime.task.Task")
@@ -168,7 +170,7 @@ def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
     else:
         from zeroplan.runtime.backends.fsdp import run_fsdp
 
-        run_fsdp(task, plan=Plan(**spec["plan"]), training=training, meter=meter)
+        run_fsdp(task, plan=plan, training=training, meter=meter)
 
 
 def _write_plan_config(spec: dict, plan, training, task) -> None:
