@@ -81,7 +81,7 @@ class ActivationMemory:
     embeddings: int
     """Embedding dropout mask and final-norm input."""
     logits: int
-    """Logits and the fp32 log-softmax the loss keeps (s·b·V each)."""
+    """Logits, the fp32 log-softmax and their gradients at the loss's backward (16·s·b·V in 16-bit)."""
     on_cpu: int
     """Checkpointed block inputs held on the host instead (cpu_checkpointing)."""
 
@@ -100,8 +100,11 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
       activations are rebuilt at a time.
     * cpu_checkpointing moves those block inputs to host memory.
     * Logits: the output projection writes s·b·V in the activation dtype; the loss up-casts to
-      fp32 (4·sbV) and log-softmax keeps its fp32 output (4·sbV) — at large V this dominates
-      (Llama-3's V = 128256 at s = 8192 gives 10 GB per sample).
+      fp32 and log-softmax keeps its fp32 output. The peak comes in the loss's backward, when the
+      log-softmax output, the gradient arriving at it and the gradient it produces (fp32, 4·sbV
+      each) coexist with the logits and their gradient (e·sbV each): 16·sbV bytes in 16-bit. At
+      large V this dominates (Llama-3's V = 128256 at s = 8192: 16.8 GB per sample) — the case
+      for chunked cross-entropy.
     """
     s, b, h = training.seq_len, plan.micro_batch, model.hidden_size
     e = bytes_per_param(training.precision)
@@ -120,8 +123,10 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
         on_cpu, layers = layers, per_layer
     dropout = not model.gated_mlp
     embeddings = (s * b * h if dropout else 0) + e * s * b * h
-    fp32_copy = 4 * s * b * model.vocab_size if e != 4 else 0
-    logits = e * s * b * model.vocab_size + fp32_copy + 4 * s * b * model.vocab_size
+    # At the loss's backward: log-softmax output, its incoming and outgoing gradients (fp32) and
+    # the logits with their gradient in the activation dtype: (12 + 2e)·sbV in 16-bit; in fp32 the
+    # logits are the log-softmax input itself, 16·sbV as well. Measured on probes: ~16 B/element.
+    logits = (12 + 2 * e if e != 4 else 16) * s * b * model.vocab_size
     return ActivationMemory(
         per_layer=per_layer,
         layers=layers,

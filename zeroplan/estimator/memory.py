@@ -63,7 +63,9 @@ class ModelStates:
         return self.params + self.gradients + self.optimizer_states
 
 
-def model_states(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> ModelStates:
+def model_states(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, engine: str = "deepspeed"
+) -> ModelStates:
     """Per-GPU model states for ``plan`` (ZeRO paper §5, Figure 1; offload per ZeRO-Offload §4).
 
     With Ψ parameters, N_d = cluster.gpus, p = bytes per parameter (2 for bf16/fp16, 4 for fp32)
@@ -79,7 +81,15 @@ def model_states(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``; stage3.py ``partition_grads`` with
     ``offload_optimizer``) — off the GPU; offload_param moves the stage-3 parameter partition.
     Partitions round up, as DeepSpeed pads each flat group to a multiple of N_d.
+
+    ``engine="paper"`` gives the paper's P_os exactly. ``engine="deepspeed"`` (the default) gives
+    what DeepSpeed 0.19 holds: its stage 1 shares stage 2's code path (stage_1_and_2.py; with
+    ``contiguous_gradients``, the default, each gradient is copied into the reduce bucket and
+    released, and only the rank's partition is kept), so stage 1 keeps 2Ψ/N_d of gradients, not
+    2Ψ — measured on 2 ranks: identical live bytes for stages 1 and 2 (benchmarks/bench_probe_memory.py).
     """
+    if engine not in ("deepspeed", "paper"):
+        raise ValueError(f"engine={engine!r}: choose deepspeed or paper")
     n = cluster.gpus
     psi = model.params
     p = bytes_per_param(training.precision)
@@ -89,13 +99,14 @@ def model_states(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         return -(-count // n)
 
     params = p * (shard(psi) if plan.stage == 3 else psi)
-    gradients = p * (shard(psi) if plan.stage >= 2 else psi)
+    partitions_grads = plan.stage >= 2 or (plan.stage == 1 and engine == "deepspeed")
+    gradients = p * (shard(psi) if partitions_grads else psi)
     optimizer = k * (shard(psi) if plan.stage >= 1 else psi)
 
     offloaded_params = offloaded_grads = offloaded_opt = 0
     if plan.offload_optimizer != "none":
         offloaded_opt, optimizer = optimizer, 0
-        if plan.stage >= 2:
+        if partitions_grads:
             # The gradient partition lives on the host as fp32 (4 bytes), next to the master weights.
             offloaded_grads, gradients = 4 * shard(psi), 0
     if plan.offload_param != "none":
@@ -171,10 +182,11 @@ def engine_overhead(
         # stage3.py: the ipg bucket of reduce_bucket_size elements (__ipg_bucket_flat_buffer).
         backward["reduce_bucket"] = p * knobs["reduce_bucket_size"]
         # partitioned_param_coordinator: parameters gathered for the module running now plus
-        # those prefetched, bounded by stage3_max_live_parameters.
+        # those prefetched, bounded by stage3_max_live_parameters and by the model itself.
         gathered = min(
             knobs["stage3_max_live_parameters"],
             model.largest_layer_params + knobs["stage3_prefetch_bucket_size"],
+            psi,
         )
         backward["gathered_params"] = p * gathered
         # Parameters below stage3_param_persistence_threshold stay whole on every rank
