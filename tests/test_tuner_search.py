@@ -245,6 +245,13 @@ WORKER = textwrap.dedent(
     study = open_study({url!r}, resume=True, sampler=make_sampler("tpe"))
     tuner = Tuner(study, make_space(), Slow(oom_from=None), TuneSettings(trials=12, n_initial=6))
     tuner.prepare(resume=True)
+    # Start searching together (a loaded machine may start one interpreter seconds after the other).
+    import os, pathlib
+    barrier = pathlib.Path({barrier!r})
+    (barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     print(tuner.run().probes_this_run)
     """
 )
@@ -252,7 +259,8 @@ WORKER = textwrap.dedent(
 
 def test_two_worker_processes_share_one_study(tmp_path):
     url = storage_url(None, tmp_path)
-    code = WORKER.format(tests=str(ROOT / "tests"), url=url)
+    (tmp_path / "barrier").mkdir()
+    code = WORKER.format(tests=str(ROOT / "tests"), url=url, barrier=str(tmp_path / "barrier"))
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
