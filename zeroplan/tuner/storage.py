@@ -91,8 +91,10 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
                 _use_wal(storage.engine)
             return storage
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors of every kind become one line
-            # Two workers creating the schema at the same moment: the loser sees "already exists".
-            if "already exists" in _describe(exc) and attempt < 2:
+            # Two workers creating the schema at the same moment: the loser sees "table ... already
+            # exists" or a duplicate alembic version row; the winner's schema is then complete.
+            detail = _describe(exc)
+            if ("already exists" in detail or "UNIQUE constraint failed" in detail) and attempt < 2:
                 time.sleep(0.5)
                 continue
             raise StorageError(_rdb_message(url, exc)) from None
