@@ -7,7 +7,10 @@ random weights) and every checkpointing mode, with flash (SDPA) and eager attent
              logits, at the end of forward (the recompute term is shown separately);
 * measured — the same forward on real CPU tensors, bytes of storages created during forward and
              still alive after it (a dispatch mode watching allocations, not the saved-tensor hook);
-* estimator — zeroplan.estimator.activations.activation_memory (the lead's term-by-term formula);
+* estimator — zeroplan.estimator.activations.activation_memory(...).total, the formula's peak of
+             backward, compared with the measured peak;
+* peak     — forward + backward on the same fake (and real) model, the largest bytes alive at any
+             op (activation gradients, recomputed blocks and the loss's fp32 buffers included);
 * Korthikanti — s·b·h·(34 + 5·a·s/h) per layer (arXiv 2205.05198 eq. 2; 34 with flash attention,
              the 5as/h score term gone; full recompute keeps 2·sbh).
 
@@ -77,8 +80,9 @@ def main() -> None:
     from zeroplan.trace.measure import measure_retained_bytes
 
     console = Console(width=160)
-    totals = Table(title=f"Activation bytes (MiB) at end of forward, bf16, micro_batch {b}, seq_len {s}")
-    for col in ("model", "attention", "ckpt", "traced", "measured", "trace err", "estimator", "est err", "recompute (traced)", "trace s"):
+    totals = Table(title=f"Activation bytes (MiB), bf16, micro_batch {b}, seq_len {s}: end of forward, and peak over forward + backward")
+    for col in ("model", "attention", "ckpt", "traced", "measured", "trace err", "recompute (traced)",
+                "peak fake", "peak real", "estimator", "est vs peak", "trace s"):
         totals.add_column(col, justify="left" if col in ("model", "attention", "ckpt") else "right")
     layers = Table(title="Per transformer block (MiB): traced vs formulas")
     for col in ("model", "attention", "ckpt", "traced", "Korthikanti", "K err", "estimator", "est err"):
@@ -100,14 +104,16 @@ def main() -> None:
                     traced = fake.trace(micro_batch=b, seq_len=s, checkpointing=mode)
                     dt = time.perf_counter() - t0
                     measured = measure_retained_bytes(None, micro_batch=b, seq_len=s, checkpointing=mode, tracer=real).retained
+                    peak_fake = fake.peak(micro_batch=b, seq_len=s, checkpointing=mode).peak
+                    peak_real = real.peak(micro_batch=b, seq_len=s, checkpointing=mode).peak
                     est = activation_memory(spec, training, Plan(stage=0, micro_batch=b, checkpointing=mode))
                     kept = traced.total - traced.recompute
-                    est_kept = est.total - est.recompute_working_set
                     err = (kept - measured) / measured
                     worst_trace = max(worst_trace, abs(err))
                     attn = "flash" if flash else "eager"
-                    totals.add_row(name, attn, mode, mib(kept), mib(measured), f"{err:+.2%}", mib(est_kept),
-                                   f"{(est_kept - measured) / measured:+.1%}", mib(traced.recompute), f"{dt:.2f}")
+                    totals.add_row(name, attn, mode, mib(kept), mib(measured), f"{err:+.2%}", mib(traced.recompute),
+                                   mib(peak_fake), mib(peak_real), mib(est.total), f"{(est.total - peak_real) / peak_real:+.1%}",
+                                   f"{dt:.2f}")
                     layer = traced.per_layer[-1]  # the last block: no shared tensors first saved there
                     k = korthikanti_layer_bytes(s=s, b=b, h=spec.hidden_size, a=spec.num_heads, flash=flash, checkpointing=mode)
                     layers.add_row(name, attn, mode, mib(layer), mib(k), f"{(k - layer) / layer:+.1%}", mib(est.per_layer),
@@ -117,6 +123,8 @@ def main() -> None:
     console.print(totals)
     console.print(layers)
     console.print(f"largest |traced − measured| / measured: {worst_trace:.3%} (target ≤ 2%)")
+    console.print("peak: the loss's backward holds two fp32 s·b·V gradients on top of what forward kept; "
+                  "the end-of-forward count (and the formula) leave them out.")
     console.print("err columns: (formula − truth) / truth; Korthikanti's layer is a GPT-3 block with dropout, "
                   "so SwiGLU (3 matrices, ffn 2.7h) and fp32 norm up-casts of Llama/Qwen2 are not in it.")
 
@@ -128,14 +136,15 @@ def main() -> None:
             tracer = Tracer(path, precision="bf16", flash_attention=True)
             built = time.perf_counter() - t0
             big = Table(title="Llama-3-8B shape, seq_len 4096, micro_batch 1, bf16, flash (fake tensors, no memory)")
-            for col in ("ckpt", "embeddings", "per layer", "logits", "recompute", "total GiB", "trace s"):
+            for col in ("ckpt", "embeddings", "per layer", "logits", "recompute", "total GiB", "fwd+bwd peak GiB", "peak at", "trace s"):
                 big.add_column(col, justify="right")
             for mode in ("none", "selective", "full"):
                 t0 = time.perf_counter()
                 r = tracer.trace(micro_batch=1, seq_len=4096, checkpointing=mode)
                 dt = time.perf_counter() - t0
+                p = tracer.peak(micro_batch=1, seq_len=4096, checkpointing=mode)
                 big.add_row(mode, mib(r.embeddings), mib(r.per_layer[-1]), mib(r.logits), mib(r.recompute),
-                            f"{r.total / 2**30:.2f}", f"{dt:.2f}")
+                            f"{r.total / 2**30:.2f}", f"{p.peak / 2**30:.2f}", p.peak_op.split(".")[1], f"{dt:.2f}")
             console.print(big)
             console.print(f"model built under FakeTensorMode in {built:.2f} s; sizes in MiB unless noted")
     if worst_trace > 0.02:

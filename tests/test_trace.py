@@ -64,6 +64,23 @@ def test_fake_trace_matches_bytes_alive_after_real_forward(configs, arch, flash)
         assert real.trace(micro_batch=2, seq_len=32, checkpointing=mode).total == traced.total
 
 
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_backward_peak_on_fake_tensors_equals_the_real_run(configs, mode):
+    fake = Tracer(configs["llama"], precision="bf16")
+    real = Tracer(configs["llama"], precision="bf16", fake=False)
+    traced = fake.trace(micro_batch=2, seq_len=32, checkpointing=mode)
+    peak_fake = fake.peak(micro_batch=2, seq_len=32, checkpointing=mode)
+    peak_real = real.peak(micro_batch=2, seq_len=32, checkpointing=mode)
+    assert peak_fake.end_of_forward == traced.total - traced.recompute
+    assert peak_fake.peak == peak_real.peak and peak_fake.peak_op == peak_real.peak_op
+    assert peak_fake.peak_phase == "backward" and peak_fake.peak > peak_fake.end_of_forward
+    if mode == "none":
+        # The loss's backward holds the fp32 gradient of the log-softmax output and of its
+        # input on top of everything forward kept: 2 × 4·b·s·V bytes.
+        vocab = TINY["llama"]["vocab_size"]
+        assert peak_fake.peak - peak_fake.end_of_forward == pytest.approx(8 * 2 * 32 * vocab, rel=0.05)
+
+
 def test_checkpointing_keeps_less_and_full_keeps_the_block_input(configs):
     # Flash attention: with eager attention the causal mask is a block argument too.
     tracer = Tracer(configs["gpt2"], precision="bf16", flash_attention=True)

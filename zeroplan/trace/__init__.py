@@ -6,12 +6,13 @@ Importing this package does not import torch or transformers; the functions do, 
 from zeroplan.trace.fit import ActivationFit, ActivationModel, fit_activation_model
 from zeroplan.trace.override import TracedActivationOverride, activation_override
 from zeroplan.trace.source import HFConfigSource, TaskSource, TraceSource, resolve_source
-from zeroplan.trace.tracer import TracedActivations, Tracer, trace_activations
+from zeroplan.trace.tracer import PeakActivations, TracedActivations, Tracer, trace_activations
 
 __all__ = [
     "ActivationFit",
     "ActivationModel",
     "HFConfigSource",
+    "PeakActivations",
     "TaskSource",
     "TraceSource",
     "TracedActivationOverride",

@@ -4,6 +4,7 @@ Contract with :mod:`zeroplan.estimator.activations`::
 
     override = activation_override(model_path, training)   # SpecError on bad input, at once
     override(plan) -> int                                    # activation bytes per GPU for plan
+    override.peak(plan) -> int                               # optional: measured fwd+bwd peak
 
 ``override.describe()`` is a one-line note for the estimate's ``notes``; ``override.as_dict()``
 the fitted coefficients for ``--format json``.
@@ -30,6 +31,14 @@ class TracedActivationOverride:
     def __call__(self, plan: Plan) -> int:
         # cpu_checkpointing (block inputs in host memory) is not modelled: the trace keeps them on the device.
         return self.model.bytes(plan.micro_batch, self.training.seq_len, plan.checkpointing)
+
+    def peak(self, plan: Plan) -> int:
+        """Largest activation bytes alive during forward + backward for ``plan`` (a fresh fake
+        forward + backward, not the fit): includes the loss's fp32 gradients (2 × 4·s·b·V) and
+        activation gradients the saved-tensor count leaves out. About 2× a trace's time."""
+        return self.model.tracer.peak(
+            micro_batch=plan.micro_batch, seq_len=self.training.seq_len, checkpointing=plan.checkpointing
+        ).peak
 
     def breakdown(self, plan: Plan) -> dict[str, int]:
         """Per-component bytes (embeddings, layers, logits, recompute, total) for ``plan``."""

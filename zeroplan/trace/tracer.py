@@ -40,7 +40,7 @@ from zeroplan.spec import CHECKPOINTING, SpecError
 from zeroplan.spec.errors import check_choice, check_positive_int
 from zeroplan.trace.source import TraceSource, resolve_source
 
-__all__ = ["TracedActivations", "trace_activations", "Tracer"]
+__all__ = ["TracedActivations", "PeakActivations", "trace_activations", "Tracer"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,22 @@ class TracedActivations:
         }
 
 
+@dataclass(frozen=True)
+class PeakActivations:
+    """Live activation bytes over a whole forward + backward (storages created in the step)."""
+
+    end_of_forward: int
+    """Bytes alive when forward + loss return (what :attr:`TracedActivations.total` counts, minus recompute)."""
+    peak: int
+    """Largest bytes alive at any op of forward + backward: saved tensors, activation gradients,
+    recomputed blocks, the loss's fp32 buffers; parameter gradients are dropped as soon as they
+    are accumulated (ZeRO moves them into its buckets), so they count one at a time."""
+    peak_op: str
+    """The aten op at which the peak was reached."""
+    peak_phase: str
+    """``forward`` or ``backward``."""
+
+
 # ---------------------------------------------------------------------------------------------
 # recording saved tensors
 
@@ -145,6 +161,57 @@ def _hold(recorder: _Recorder, *objects: Any) -> None:
     for leaf in tree_leaves(list(objects)):
         if isinstance(leaf, torch.Tensor):
             recorder.add(leaf)
+
+
+def _drop_grad(param: Any) -> None:
+    param.grad = None
+
+
+class _LiveStorages:
+    """Context manager around a TorchDispatchMode that tracks the bytes of storages created inside it."""
+
+    def __init__(self, excluded: set) -> None:
+        import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        outer = self
+        self.excluded = excluded
+        self.entries: dict = {}
+        self.peak = 0
+        self.peak_op = ""
+        self.phase = "forward"
+        self.peak_phase = "forward"
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor):
+                        key = StorageWeakRef(leaf.untyped_storage())
+                        if key not in outer.excluded and key not in outer.entries:
+                            outer.entries[key] = leaf.untyped_storage().nbytes()
+                now = outer.current()
+                if now > outer.peak:
+                    outer.peak, outer.peak_op, outer.peak_phase = now, str(func), outer.phase
+                return out
+
+        self._mode = Mode()
+
+    def current(self) -> int:
+        """Bytes of tracked storages still alive (expired ones are forgotten)."""
+        dead = [key for key in self.entries if key.expired()]
+        for key in dead:
+            del self.entries[key]
+        return sum(self.entries.values())
+
+    def __enter__(self) -> "_LiveStorages":
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
 
 
 def _storage_keys(tensors) -> set:
@@ -413,6 +480,44 @@ class Tracer:
             recompute=max(recompute, 0),
             fake=self.fake,
         )
+
+    def peak(self, *, micro_batch: int, seq_len: int, checkpointing: str = "none") -> PeakActivations:
+        """Run forward and backward (fake or real) watching every storage the step creates.
+
+        A ``TorchDispatchMode`` records each new storage; after every op the bytes of those
+        still alive are summed. This sees what the saved-tensor count cannot: gradients of
+        activations, the loss's fp32 temporaries and the recomputation of checkpointed blocks.
+        """
+        import torch
+
+        check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
+        check_positive_int("seq_len", seq_len, maximum=10_000_000)
+        check_choice("checkpointing", checkpointing, CHECKPOINTING)
+        recorder = _Recorder(self._excluded)
+        live = _LiveStorages(self._excluded)
+        params = [p for p in self._model.parameters() if p.requires_grad]
+        hooks = [p.register_post_accumulate_grad_hook(_drop_grad) for p in params]
+        try:
+            with self._entered(), contextlib.ExitStack() as stack:
+                stack.enter_context(torch.enable_grad())
+                stack.enter_context(_block_regions(self._blocks, recorder, full=checkpointing == "full"))
+                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "selective"))
+                stack.enter_context(
+                    _device_faithful_mode(flash_attention=self.flash_attention, selective=checkpointing == "selective", recorder=recorder)
+                )
+                stack.enter_context(live)
+                batch = self.source.make_batch(self._model, micro_batch=micro_batch, seq_len=seq_len)
+                loss, outputs = self.source.forward_loss(self._model, batch)
+                end_of_forward = live.current()
+                live.phase = "backward"
+                loss.backward()
+                del loss, outputs, batch
+        finally:
+            for hook in hooks:
+                hook.remove()
+            for p in params:
+                p.grad = None
+        return PeakActivations(end_of_forward=end_of_forward, peak=live.peak, peak_op=live.peak_op, peak_phase=live.peak_phase)
 
     def raw_none(self, *, micro_batch: int, seq_len: int) -> _RawTrace:
         """The un-checkpointed trace at this shape (cached)."""
