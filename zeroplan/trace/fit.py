@@ -19,11 +19,17 @@ from typing import Any
 
 from zeroplan.spec import CHECKPOINTING, SpecError
 from zeroplan.spec.errors import check_choice, check_positive_int
-from zeroplan.trace.tracer import TracedActivations, Tracer
+from zeroplan.trace.tracer import Tracer
 
-__all__ = ["ActivationModel", "ActivationFit", "fit_activation_model"]
+__all__ = ["ActivationModel", "ActivationFit", "MEASURES", "fit_activation_model"]
 
 _COMPONENTS = ("embeddings", "layers", "logits", "recompute")
+#: What an ActivationModel fits: the saved-tensor count (cheap) or the forward + backward peak.
+MEASURES = ("saved", "peak")
+
+
+def _components(measure: str) -> tuple[str, ...]:
+    return _COMPONENTS if measure == "saved" else ("peak",)
 
 
 def _features(b: int, s: int) -> tuple[float, ...]:
@@ -38,8 +44,8 @@ class ActivationFit:
     """none, selective or full."""
     coefficients: dict[str, tuple[float, ...]]
     """Component (embeddings, layers, logits, recompute) → (α, β, γ, δ, ε, ζ), bytes."""
-    points: tuple[TracedActivations, ...]
-    """The traces the fit was solved from (and checked against)."""
+    points: tuple
+    """The traces (TracedActivations, or PeakActivations for ``peak``) solved from and checked against."""
     max_fit_error: float
     """Largest relative error of the fit at the check point (0 for an exact fit)."""
 
@@ -59,8 +65,19 @@ class ActivationModel:
     """The built model the traces run on."""
     seq_len: int
     """Sequence length the fit is centred on (traced at seq_len and seq_len/2; exact there)."""
+    measure: str = "saved"
+    """``saved``: bytes saved for backward + logits + one block's recompute (a trace per point);
+    ``peak``: the largest live bytes over forward + backward (:meth:`Tracer.peak`, ~8× slower)."""
     fits: dict[str, ActivationFit] = field(default_factory=dict)
     """Checkpointing mode → fit, filled on demand."""
+    _direct: dict = field(default_factory=dict, repr=False)
+
+    #: Above this relative error at the check point a peak fit is not trusted: the op at which
+    #: the peak happens changed between the traced shapes, so each shape is traced directly.
+    PEAK_FIT_TOLERANCE = 1e-3
+
+    def __post_init__(self) -> None:
+        check_choice("measure", self.measure, MEASURES)
 
     @property
     def source(self) -> str:
@@ -70,18 +87,23 @@ class ActivationModel:
         """The fit for ``checkpointing`` (traced now if not yet)."""
         check_choice("checkpointing", checkpointing, CHECKPOINTING)
         if checkpointing not in self.fits:
-            self.fits[checkpointing] = _fit_mode(self.tracer, self.seq_len, checkpointing)
+            self.fits[checkpointing] = _fit_mode(self.tracer, self.seq_len, checkpointing, self.measure)
         return self.fits[checkpointing]
 
     def breakdown(self, micro_batch: int, seq_len: int, checkpointing: str) -> dict[str, int]:
-        """Bytes per component (embeddings, layers, logits, recompute) and their ``total``."""
+        """Bytes per component (embeddings, layers, logits, recompute; or ``peak``) and their ``total``."""
         check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
         check_positive_int("seq_len", seq_len, maximum=10_000_000)
         fixed = self.tracer.source.fixed_seq_len
         if fixed is not None and seq_len != fixed:
             raise SpecError(f"{self.source} is traced at its own seq_len {fixed}, not {seq_len}; use --seq-len {fixed}")
         fit = self.fit(checkpointing)
-        parts = {name: fit.component(name, micro_batch, seq_len) for name in _COMPONENTS}
+        if self.measure == "peak" and fit.max_fit_error > self.PEAK_FIT_TOLERANCE:
+            key = (micro_batch, seq_len, checkpointing)
+            if key not in self._direct:
+                self._direct[key] = self.tracer.peak(micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing).peak
+            return {"peak": self._direct[key], "total": self._direct[key]}
+        parts = {name: fit.component(name, micro_batch, seq_len) for name in _components(self.measure)}
         parts["total"] = sum(parts.values())
         return parts
 
@@ -95,6 +117,7 @@ class ActivationModel:
             "seq_len": self.seq_len,
             "precision": self.tracer.precision,
             "flash_attention": self.tracer.flash_attention,
+            "measure": self.measure,
             "fits": {
                 mode: {
                     "coefficients": {k: list(v) for k, v in fit.coefficients.items()},
@@ -129,7 +152,7 @@ def _solve(points: list[tuple[int, int]], values: list[int]) -> tuple[float, ...
     return tuple(float(c) for c in coef)
 
 
-def _fit_mode(tracer: Tracer, seq_len: int, checkpointing: str) -> ActivationFit:
+def _fit_mode(tracer: Tracer, seq_len: int, checkpointing: str, measure: str = "saved") -> ActivationFit:
     fixed = tracer.source.fixed_seq_len
     if fixed is not None:
         # A task makes its own batches at one sequence length: fit only in the batch size
@@ -137,16 +160,22 @@ def _fit_mode(tracer: Tracer, seq_len: int, checkpointing: str) -> ActivationFit
         solve, check = [(1, fixed), (2, fixed)], (3, fixed)
     else:
         solve, check = _trace_points(seq_len)
-    traces = []
+    names = _components(measure)
+    traces: list = []
     for b, s in solve + [check]:
-        traces.append(tracer.trace(micro_batch=b, seq_len=s, checkpointing=checkpointing))
-    coefficients = {
-        name: _solve(solve, [getattr(t, name) for t in traces[: len(solve)]]) for name in _COMPONENTS
-    }
+        if measure == "peak":
+            traces.append(tracer.peak(micro_batch=b, seq_len=s, checkpointing=checkpointing))
+        else:
+            traces.append(tracer.trace(micro_batch=b, seq_len=s, checkpointing=checkpointing))
+    values = [{n: getattr(t, n) for n in names} for t in traces]
+    coefficients = {name: _solve(solve, [v[name] for v in values[: len(solve)]]) for name in names}
     fit = ActivationFit(checkpointing=checkpointing, coefficients=coefficients, points=tuple(traces), max_fit_error=0.0)
-    checked = traces[-1]
-    predicted = sum(fit.component(name, checked.micro_batch, checked.seq_len) for name in _COMPONENTS)
-    error = abs(predicted - checked.total) / max(1, checked.total)
+    b, s = (solve + [check])[-1]
+    predicted = sum(fit.component(name, b, s) for name in names)
+    actual = sum(values[-1].values())
+    # The peak is reached at one op; if that op changes between the traced shapes the quadratic
+    # is only approximate, which this check point shows.
+    error = abs(predicted - actual) / max(1, actual)
     return ActivationFit(checkpointing=checkpointing, coefficients=coefficients, points=tuple(traces), max_fit_error=error)
 
 
@@ -158,13 +187,17 @@ def fit_activation_model(
     flash_attention: bool = True,
     checkpointing: tuple[str, ...] = CHECKPOINTING,
     fake: bool = True,
+    measure: str = "saved",
 ) -> ActivationModel:
-    """Build ``source`` once and fit the given checkpointing modes around ``seq_len`` (others on demand)."""
+    """Build ``source`` once and fit the given checkpointing modes around ``seq_len`` (others on demand).
+
+    ``measure``: ``saved`` (saved-for-backward + logits + recompute) or ``peak`` (forward + backward).
+    """
     check_positive_int("seq_len", seq_len, maximum=10_000_000)
     for mode in checkpointing:
         check_choice("checkpointing", mode, CHECKPOINTING)
     tracer = Tracer(source, precision=precision, flash_attention=flash_attention, fake=fake)
-    model = ActivationModel(tracer=tracer, seq_len=seq_len)
+    model = ActivationModel(tracer=tracer, seq_len=seq_len, measure=measure)
     for mode in checkpointing:
         model.fit(mode)
     return model
