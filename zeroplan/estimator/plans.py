@@ -115,6 +115,7 @@ class PlanEstimate:
                     "exposed_communication": self.time.exposed_communication,
                     "optimizer": self.time.optimizer,
                     "offload_transfer": self.time.offload_transfer,
+                    "engine_overhead": self.time.engine_overhead,
                 },
                 "tokens_per_second": self.tokens_per_second,
                 "fits": self.fits,

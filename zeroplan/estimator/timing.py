@@ -58,10 +58,12 @@ class StepTime:
     """The optimizer step (GPU memory-bound, or CPU Adam under offload)."""
     offload_transfer: float
     """Host↔device copies (PCIe) and NVMe swapping for offload."""
+    engine_overhead: float = 0.0
+    """Fixed per-step engine cost from the profile (``step_overhead_s``, measured by calibrate)."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.exposed_communication + self.optimizer + self.offload_transfer
+        return self.compute + self.exposed_communication + self.optimizer + self.offload_transfer + self.engine_overhead
 
 
 def step_time(
@@ -101,4 +103,5 @@ def step_time(
         exposed_communication=exposed,
         optimizer=optimizer,
         offload_transfer=transfer,
+        engine_overhead=gpu.step_overhead_s,
     )

@@ -63,6 +63,7 @@ _GPU_FIELDS = (
     "efficiency",
     "cpu_adam_params_per_s",
     "collective_latency_s",
+    "step_overhead_s",
     "source",
 )
 _GPU_REQUIRED = (

@@ -45,6 +45,8 @@ class GpuSpec:
     """Parameters per second a host CPU Adam step processes per GPU's share (offload timing)."""
     collective_latency_s: float = 2e-5
     """Per-collective latency α (s) for the α + S/B model."""
+    step_overhead_s: float = 0.0
+    """Fixed engine cost per optimizer step (s): Python, hooks, launches; 0 unless calibrated."""
 
     def __post_init__(self) -> None:
         check_positive_int("gpu memory_bytes", self.memory_bytes, minimum=1, maximum=_MAX_MEMORY)
@@ -61,6 +63,9 @@ class GpuSpec:
         check_positive_float(
             f"gpu {self.name} collective_latency_s", self.collective_latency_s, maximum=1.0, allow_zero=True
         )
+        check_positive_float(
+            f"gpu {self.name} step_overhead_s", self.step_overhead_s, maximum=3600.0, allow_zero=True
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -75,6 +80,7 @@ class GpuSpec:
             "efficiency": self.efficiency,
             "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
             "collective_latency_s": self.collective_latency_s,
+            "step_overhead_s": self.step_overhead_s,
             "source": self.source,
         }
 
