@@ -51,6 +51,27 @@ def cluster(gpus: int):
     return resolve_cluster(gpus=gpus, gpus_per_node=None, gpu=None, gpu_memory_gib=None, cpu_memory_gib=None, nvme_gib=None)
 
 
+def load_grid(space, folder: Path) -> dict:
+    """A grid already probed by an earlier run of this benchmark (its probes-2/trial-1xxxx folders)."""
+    from zeroplan.spec import Plan
+    from zeroplan.tuner import plan_key
+
+    results, wall = {}, 0.0
+    for path in sorted(folder.glob("trial-1*/result.json")):
+        record = json.loads(path.read_text())
+        key = plan_key(Plan(**record["plan"]))
+        if space.get(key) is not None:
+            results[key] = record
+            wall += record.get("wall_s", 0.0)
+    missing = [c.key for c in space.fitting if c.key not in results]
+    if missing:
+        raise SystemExit(f"--reuse-grid {folder}: {len(missing)} plans of the space were not probed there, e.g. {missing[0]}")
+    ok = {k: r["samples_per_second"] for k, r in results.items() if r["status"] == "ok"}
+    best = max(ok, key=ok.get) if ok else None
+    return {"probes": len(results), "wall_s": wall, "best": best, "best_value": ok.get(best, 0.0), "values": ok,
+            "failed": {k: r["status"] for k, r in results.items() if r["status"] != "ok"}}
+
+
 def grid(space, runner) -> dict:
     """Probe every fitting plan once."""
     results = {}
@@ -70,6 +91,7 @@ def grid(space, runner) -> dict:
 
 def zeroplan_search(space, runner, *, trials: int, workdir: Path, seed: int) -> dict:
     """zeroplan's tuner on a fresh study."""
+    workdir.mkdir(parents=True, exist_ok=True)
     study = open_study(storage_url(None, workdir), resume=False, sampler=make_sampler("tpe", seed=seed))
     done = []
 
@@ -98,11 +120,15 @@ def part1(args, tmp: Path) -> None:
     model, seq_len = task_model_spec(TASK)
     training = TrainingSpec(seq_len=seq_len, global_batch=args.global_batch)
     space = build_space(model, cluster(2), training, device="cpu")
-    runner = ProbeRunner(script=TASK, nproc=2, training=training, model=model, workdir=tmp / "probes-2", steps=args.steps, warmup=1, timeout_s=300)
+    runner = ProbeRunner(script=TASK, nproc=2, training=training, model=model, workdir=tmp / "probes-2", steps=args.steps, warmup=2, timeout_s=300)
     n_fit = len(space.fitting)
     budget = max(1, math.floor(0.25 * n_fit))
     console.print(f"[bold]part 1[/]: {model.name}, 2 processes, global batch {args.global_batch}: {len(space.candidates)} plans, {n_fit} fit; tuner budget {budget} probes")
-    g = grid(space, runner)
+    if args.reuse_grid:
+        g = load_grid(space, Path(args.reuse_grid))
+        console.print(f"grid: {g['probes']} probes reused from {args.reuse_grid} (wall = sum of their probe times)")
+    else:
+        g = grid(space, runner)
     z = zeroplan_search(space, runner, trials=budget, workdir=tmp / "study-2", seed=args.seed)
     # The tuner's pick as measured by the grid separates search quality from measurement noise.
     pick_in_grid = g["values"].get(z["best"], 0.0)
@@ -187,14 +213,16 @@ def part2(args, tmp: Path) -> None:
     ds = deepspeed_autotuner(args, tmp)
     training = TrainingSpec(seq_len=seq_len)
     space = build_space(model, cluster(1), training, checkpointing=("none",), max_micro_batch=args.max_micro_batch, device="cpu")
-    runner = ProbeRunner(script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", steps=args.steps, warmup=1, timeout_s=300)
+    # The script stops after --steps optimizer steps: leave room for warm-up plus the measured ones.
+    script_args = ("--steps", str(args.steps + 10))
+    runner = ProbeRunner(script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", script_args=script_args, steps=args.steps, warmup=2, timeout_s=300)
     z = zeroplan_search(space, runner, trials=args.trials_1, workdir=tmp / "study-1", seed=args.seed)
 
     remeasured = None
     if ds["optimal"]:
         cfg = {k: v for k, v in ds["optimal"].items() if k != "autotuning"}
         result = run_probe(
-            ProbeRequest(script=DS_SCRIPT, nproc=1, ds_config=cfg, training=training, model=model, steps=args.steps, warmup=1, timeout_s=300, workdir=tmp / "ds-optimal-probe")
+            ProbeRequest(script=DS_SCRIPT, nproc=1, ds_config=cfg, training=training, model=model, script_args=script_args, steps=args.steps, warmup=2, timeout_s=300, workdir=tmp / "ds-optimal-probe")
         )
         remeasured = result.samples_per_second if result.status == "ok" else None
         ds_plan = f"z{cfg.get('zero_optimization', {}).get('stage', 0)} mb{cfg.get('train_micro_batch_size_per_gpu')}"
@@ -220,12 +248,13 @@ def part2(args, tmp: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--global-batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=3, help="measured optimizer steps per probe")
+    p.add_argument("--steps", type=int, default=20, help="measured optimizer steps per probe (small models: many, for low noise)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trials-1", type=int, default=8, help="zeroplan probes at one process (part 2)")
     p.add_argument("--max-micro-batch", type=int, default=32, help="largest micro-batch at one process (part 2)")
-    p.add_argument("--deepspeed-timeout", type=float, default=1800)
+    p.add_argument("--deepspeed-timeout", type=float, default=1200)
     p.add_argument("--skip-grid", action="store_true", help="skip part 1")
+    p.add_argument("--reuse-grid", help="probes-2 folder of an earlier run: reuse its grid measurements")
     p.add_argument("--skip-deepspeed", action="store_true", help="skip part 2")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="zeroplan-bench-tuner-"))

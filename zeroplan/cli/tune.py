@@ -96,8 +96,8 @@ def tune(
     sampler: Annotated[str, typer.Option("--sampler", help="tpe | random (after the estimator's picks).", rich_help_panel=_TUNE)] = "tpe",
     initial: Annotated[Optional[int], typer.Option("--initial", help="Estimator-ranked plans probed before the sampler [default: half of --trials].", rich_help_panel=_TUNE)] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.", rich_help_panel=_TUNE)] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Measured optimizer steps per probe.", rich_help_panel=_TUNE)] = 3,
-    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured optimizer steps before them.", rich_help_panel=_TUNE)] = 1,
+    steps: Annotated[int, typer.Option("--steps", help="Measured optimizer steps per probe.", rich_help_panel=_TUNE)] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured optimizer steps before them.", rich_help_panel=_TUNE)] = 2,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
     from zeroplan.runtime.launcher import script_kind
