@@ -120,3 +120,28 @@ def test_estimate_imports_no_torch():
                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert "HEAVY=" in r.stderr
     assert r.stderr.strip().endswith("HEAVY="), r.stderr[-300:]
+
+
+def test_estimate_trace_reports_both(tmp_path):
+    pytest.importorskip("transformers")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }))
+    r = run("estimate", "--model", str(cfg), "--gpus", "2", "--cpu-memory", "64", "--seq-len", "256",
+            "--stage", "2", "--micro-batch", "2", "--format", "json", "--trace")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "FakeTensorMode" in doc["activation_trace"]["note"]
+    plan = doc["plans"][0]
+    traced, formula = plan["gpu"]["activations"], plan["activations_formula"]
+    assert traced > 0 and formula > 0 and traced != formula
+    # Same order of magnitude: the formula is an approximation of what the trace counts.
+    assert 0.5 < traced / formula < 2.0
+
+
+def test_trace_needs_config_json():
+    r = run("estimate", "--params", "7e9", "--trace")
+    assert r.returncode == 2 and "--trace needs --model" in r.stderr and "Traceback" not in r.stderr
