@@ -105,13 +105,23 @@ def main() -> None:
         result = calibrate(CalibrationOptions(processes=2, task=str(TASK), precision=args.precision))
         gpu = result.gpu
         console.print(f"calibrated in {time.perf_counter() - t0:.0f} s (2 processes, efficiency on the example task)")
+        cal = result.calibration
+        for stage in (0, 1, 2, 3):
+            if f"engine_stage{stage}_fixed_s" in cal:
+                lo_s, hi_s = cal[f"engine_stage{stage}_step_s"]
+                console.print(
+                    f"  calibrate engine z{stage}: step {lo_s:.3f} s (mb1) {hi_s:.3f} s (mb4) -> fixed {cal[f'engine_stage{stage}_fixed_s']:.3f} s "
+                    f"(model's own {cal[f'engine_stage{stage}_predicted_fixed_s']:.3f} s), per sample {cal[f'engine_stage{stage}_per_sample_s']:.3f} s"
+                )
+        console.print(f"  efficiency: {cal.get('efficiency_source', 'plain forward + backward')} "
+                      f"(plain forward + backward gave {cal['efficiency_unclamped']:.2f})")
     else:
         gpu = gpu_from_toml(args.profile)
     console.print(
         f"profile: {args.precision} {gpu.peak_flops[args.precision] / 1e9:.1f} GFLOP/s × efficiency {gpu.efficiency:.2f}, "
         f"memory {gpu.memory_bandwidth / 1e9:.1f} GB/s, bus {gpu.intra_node_bandwidth / 1e9:.2f} GB/s, "
         f"α {gpu.collective_latency_s * 1e6:.0f} µs, host {gpu.host_bandwidth / 1e9:.1f} GB/s, "
-        f"CPU Adam {gpu.cpu_adam_params_per_s / 1e6:.0f} M params/s"
+        f"CPU Adam {gpu.cpu_adam_params_per_s / 1e6:.0f} M params/s, engine overhead {gpu.step_overhead_s * 1e3:.0f} ms/step"
     )
     task = TaskSource.from_path(TASK).task
     model = task.model_spec
@@ -148,23 +158,24 @@ def main() -> None:
             "measured_runs_s": good, "status": "ok" if good else runs[plan.label][-1].status,
             "compute_s": est.time.compute, "exposed_comm_s": est.time.exposed_communication,
             "optimizer_s": est.time.optimizer, "offload_s": est.time.offload_transfer,
+            "overhead_s": est.time.engine_overhead,
             "error": None if good else runs[plan.label][-1].error,
         })
 
     ok = [r for r in rows if r["status"] == "ok" and r["measured_s"]]
     table = Table(title=f"Example GPT ({model.params / 1e6:.1f}M params, L{model.num_layers} h{model.hidden_size} s{task.seq_len}), "
                         f"DeepSpeed, 2 ranks on CPU, {args.precision}: predicted vs measured step time")
-    for col in ("plan", "predicted s", "measured s", "runs s", "error", "compute", "comm", "optimizer", "offload", "pred tok/s", "meas tok/s"):
+    for col in ("plan", "predicted s", "measured s", "runs s", "error", "compute", "comm", "optimizer", "offload", "overhead", "pred tok/s", "meas tok/s"):
         table.add_column(col, justify="left" if col == "plan" else "right")
     for r in rows:
         if r not in ok:
-            table.add_row(r["plan"], f"{r['predicted_s']:.3f}", r["status"], "", "", "", "", "", "", "", "")
+            table.add_row(r["plan"], f"{r['predicted_s']:.3f}", r["status"], "", "", "", "", "", "", "", "", "")
             continue
         tokens = r["micro_batch"] * 2 * task.seq_len
         r["error_rel"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
         table.add_row(r["plan"], f"{r['predicted_s']:.3f}", f"{r['measured_s']:.3f}",
                       " ".join(f"{t:.2f}" for t in r["measured_runs_s"]), f"{r['error_rel']:+.0%}",
-                      f"{r['compute_s']:.3f}", f"{r['exposed_comm_s']:.3f}", f"{r['optimizer_s']:.3f}", f"{r['offload_s']:.3f}",
+                      f"{r['compute_s']:.3f}", f"{r['exposed_comm_s']:.3f}", f"{r['optimizer_s']:.3f}", f"{r['offload_s']:.3f}", f"{r['overhead_s']:.3f}",
                       f"{tokens / r['predicted_s']:,.0f}", f"{tokens / r['measured_s']:,.0f}")
     console.print(table)
     if len(ok) >= 3:

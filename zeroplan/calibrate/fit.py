@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
-__all__ = ["CollectiveFit", "ring_bytes", "fit_latency_bandwidth"]
+__all__ = ["CollectiveFit", "ring_bytes", "fit_latency_bandwidth", "fixed_and_per_sample"]
 
 #: Ring steps per call relative to an all-gather: all-reduce = reduce-scatter + all-gather.
 RING_FACTOR = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
@@ -69,3 +70,24 @@ def fit_latency_bandwidth(samples: list[tuple[str, int, float]], world_size: int
         inv_b = max(num / den, 1e-18)
     residual = max(abs(alpha * x1 + inv_b * x2 - t) / t for x1, x2, t in rows)
     return CollectiveFit(latency_s=alpha, bandwidth=1.0 / inv_b, points=len(rows), max_relative_residual=residual)
+
+
+def fixed_and_per_sample(times: dict[int, list[float]]) -> tuple[float, float]:
+    """(fixed seconds per step, seconds per sample) through the medians at two micro-batches.
+
+    A training step at micro-batch m takes t(m) = fixed + m · per_sample: compute grows with the
+    samples, while the engine's bookkeeping, collectives and optimizer step do not. With the
+    medians t_lo, t_hi at micro-batches lo < hi: per_sample = (t_hi − t_lo)/(hi − lo) and
+    fixed = t_lo − lo · per_sample (the intercept at m = 0). Medians, not means: one step
+    disturbed by another job on a shared machine moves a mean but not a median.
+    """
+    if len(times) != 2:
+        raise ValueError(f"need step times at exactly two micro-batches, got {sorted(times)}")
+    lo, hi = sorted(times)
+    if lo == hi or lo < 1:
+        raise ValueError(f"micro-batches must be two different sizes >= 1, got {lo} and {hi}")
+    if not times[lo] or not times[hi]:
+        raise ValueError("need at least one step time at each micro-batch")
+    t_lo, t_hi = statistics.median(times[lo]), statistics.median(times[hi])
+    per_sample = (t_hi - t_lo) / (hi - lo)
+    return t_lo - lo * per_sample, per_sample

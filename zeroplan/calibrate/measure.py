@@ -21,6 +21,7 @@ __all__ = [
     "host_copy_bandwidth",
     "adam_throughput",
     "workload_flops",
+    "engine_step_times",
 ]
 
 _DTYPES = ("bf16", "fp16", "fp32")
@@ -181,3 +182,50 @@ def workload_flops(
 
     timing = time_call(step, device, budget_s=budget_s, min_calls=2)
     return flops_per_step / timing.seconds, timing.seconds
+
+
+def engine_step_times(
+    *, build_model: Callable[[], Any], make_batch: Callable[[int, int], Any], loss_fn: Callable[[Any, Any], Any],
+    ds_config: dict, micro_batches: tuple[int, int], warmup: int, repeats: int,
+) -> dict[int, list[float]]:
+    """Seconds per DeepSpeed optimizer step (forward, ``engine.backward``, ``engine.step``) at each micro-batch.
+
+    Runs in an initialised process group (every rank calls it with the same arguments). After
+    ``warmup`` steps at each size, ``repeats`` rounds alternate the two sizes (lo, hi, then
+    hi, lo, ...) so a change of load on a shared machine hits both alike. The engine is freed
+    before returning.
+    """
+    import gc
+
+    import deepspeed
+    import torch
+
+    model = build_model()
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
+    )
+    batches = {}
+    for mb in micro_batches:
+        batch = make_batch(mb, 0)
+        batches[mb] = tuple(t.to(engine.device) for t in batch) if isinstance(batch, (tuple, list)) else batch.to(engine.device)
+
+    def one(mb: int) -> float:
+        t0 = time.perf_counter()
+        loss = loss_fn(engine, batches[mb])
+        engine.backward(loss)
+        engine.step()
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        for mb in micro_batches:
+            one(mb)
+    times: dict[int, list[float]] = {mb: [] for mb in micro_batches}
+    for i in range(repeats):
+        for mb in (micro_batches if i % 2 == 0 else tuple(reversed(micro_batches))):
+            times[mb].append(one(mb))
+    engine.destroy() if hasattr(engine, "destroy") else None
+    del engine, model
+    gc.collect()
+    return times

@@ -51,6 +51,8 @@ class CalibrationOptions:
     """Samples per step of the efficiency workload."""
     use_deepspeed_adam: bool | None = None
     """DeepSpeedCPUAdam for the Adam timing: None = if its op is already built (always outside --quick)."""
+    engine: bool = True
+    """Time real DeepSpeed engine steps for ``step_overhead_s`` and the engine's per-sample cost."""
 
     def __post_init__(self) -> None:
         if isinstance(self.processes, bool) or not isinstance(self.processes, int) or not 1 <= self.processes <= 64:
@@ -68,6 +70,28 @@ class CalibrationOptions:
     def budget_s(self) -> float:
         """Seconds of timing per measured quantity."""
         return 0.4 if self.quick else 1.5
+
+    @property
+    def engine_stages(self) -> tuple[int, ...]:
+        """ZeRO stages whose engine steps are timed (none without ``engine``)."""
+        if not self.engine:
+            return ()
+        return (2,) if self.quick else (0, 1, 2, 3)
+
+    @property
+    def engine_micro_batches(self) -> tuple[int, int]:
+        """The two micro-batches of the engine timing (fixed cost = intercept of the line through them)."""
+        return (1, max(2, self.micro_batch))
+
+    @property
+    def engine_warmup(self) -> int:
+        """Untimed rounds per stage before timing (the first steps allocate and build caches)."""
+        return 1 if self.quick else 2
+
+    @property
+    def engine_repeats(self) -> int:
+        """Timed rounds per stage (one step at each micro-batch per round)."""
+        return 3 if self.quick else 5
 
     @property
     def collective_sizes(self) -> tuple[int, ...]:
@@ -96,6 +120,7 @@ def planned_steps(options: CalibrationOptions) -> list[str]:
     if options.processes > 1:
         steps += [f"{c} {s} B" for c in COLLECTIVES for s in options.collective_sizes]
     steps += ["CPU Adam", "transformer step"]
+    steps += [f"engine stage {s}" for s in options.engine_stages]
     return steps
 
 
@@ -145,6 +170,10 @@ def calibrate(options: CalibrationOptions, *, progress: bool = True) -> Calibrat
         "task": options.task,
         "micro_batch": options.micro_batch,
         "use_ds_adam": use_ds_adam,
+        "engine_stages": list(options.engine_stages),
+        "engine_micro_batches": list(options.engine_micro_batches),
+        "engine_repeats": options.engine_repeats,
+        "engine_warmup": options.engine_warmup,
     }
     steps = planned_steps(options)
     ctx = mp.get_context("spawn")
@@ -275,7 +304,77 @@ def _build_result(result: dict, options: CalibrationOptions, config: dict, cores
     cal["efficiency_step_s"] = result["workload"]["step_s"]
     cal["efficiency_flops_per_s"] = result["workload"]["flops"]
     cal["efficiency_unclamped"] = efficiency
+    gpu = _engine_terms(gpu, result.get("engine"), options, cal)
     return CalibrationResult(gpu=gpu, calibration=cal, collective_fits=fits)
+
+
+def _engine_terms(gpu: GpuSpec, engine: dict | None, options: CalibrationOptions, cal: dict[str, Any]) -> GpuSpec:
+    """``step_overhead_s`` (and the engine's efficiency) from the DeepSpeed engine timings.
+
+    Per stage, the step times at two micro-batches give t = fixed + mb · per_sample
+    (:func:`~zeroplan.calibrate.fit.fixed_and_per_sample`). The time model has its own fixed
+    terms (collectives, optimizer step): the estimator's prediction for the same plan, with this
+    profile and no overhead, is split the same way, and the overhead is what the engine spends
+    beyond it: measured fixed − predicted fixed. The profile takes the median over the stages.
+    The engine's per-sample cost is the compute of one sample as the engine runs it; efficiency
+    becomes FLOPs per sample / (per_sample · peak), so the fixed cost is not counted twice (a
+    plain forward + backward at one micro-batch folds its own per-step cost into efficiency).
+    """
+    import dataclasses
+
+    from zeroplan.calibrate.fit import fixed_and_per_sample
+
+    if not options.engine:
+        cal["engine"] = "skipped (--no-engine): step_overhead_s = 0"
+        return gpu
+    if not engine or "error" in engine:
+        cal["engine"] = f"not measured: {engine.get('error') if engine else 'no result'}; step_overhead_s = 0"
+        return gpu
+    import psutil
+
+    from zeroplan.estimator import estimate_plan
+    from zeroplan.estimator.timing import flops_per_token
+    from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
+
+    spec = ModelSpec(**engine["model_spec"])
+    training = TrainingSpec(precision=options.precision, seq_len=engine["seq_len"])
+    lo, hi = engine["micro_batches"]
+    flops_per_sample = engine["seq_len"] * sum(flops_per_token(spec, training, Plan(stage=0, micro_batch=1)).values())
+    measured = {}
+    for stage, by_mb in engine["stages"].items():
+        measured[int(stage)] = fixed_and_per_sample({int(mb): ts for mb, ts in by_mb.items()})
+    per_sample = statistics.median(ps for _, ps in measured.values())
+    cal["engine"] = (
+        f"DeepSpeed engine steps of {engine['name']} at micro-batch {lo} and {hi}, "
+        f"{options.engine_repeats} alternating rounds after {options.engine_warmup} warm-up round(s), slowest rank, medians"
+    )
+    cal["efficiency_plain"] = gpu.efficiency
+    if per_sample > 0:
+        engine_eff = flops_per_sample / (per_sample * gpu.peak_flops[options.precision])
+        cal["engine_efficiency_unclamped"] = engine_eff
+        gpu = dataclasses.replace(gpu, efficiency=float(min(max(engine_eff, 1e-6), 1.0)))
+        cal["efficiency_source"] = "engine per-sample cost"
+    else:
+        cal["efficiency_source"] = "plain forward + backward (engine per-sample cost not positive: too noisy)"
+    cluster = ClusterSpec(
+        gpus=options.processes, gpus_per_node=options.processes, gpu=dataclasses.replace(gpu, step_overhead_s=0.0),
+        cpu_memory_per_node_bytes=int(psutil.virtual_memory().total),
+    )
+    overheads = []
+    for stage, (fixed, ps) in sorted(measured.items()):
+        predicted = {
+            mb: [estimate_plan(spec, cluster, training, Plan(stage=stage, micro_batch=mb)).step_time] for mb in (lo, hi)
+        }
+        predicted_fixed, _ = fixed_and_per_sample(predicted)
+        overheads.append(fixed - predicted_fixed)
+        cal[f"engine_stage{stage}_step_s"] = [statistics.median(engine["stages"][str(stage)][str(mb)]) for mb in (lo, hi)]
+        cal[f"engine_stage{stage}_fixed_s"] = fixed
+        cal[f"engine_stage{stage}_per_sample_s"] = ps
+        cal[f"engine_stage{stage}_predicted_fixed_s"] = predicted_fixed
+        cal[f"engine_stage{stage}_overhead_s"] = fixed - predicted_fixed
+    overhead = max(0.0, statistics.median(overheads))
+    cal["engine_overhead_median_s"] = overhead
+    return dataclasses.replace(gpu, step_overhead_s=float(min(overhead, 3600.0)))
 
 
 def collective_table(samples: list[tuple[str, int, float]], world_size: int) -> list[tuple[str, int, float, float]]:

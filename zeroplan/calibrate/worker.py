@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import statistics
@@ -14,6 +15,12 @@ __all__ = ["worker_main"]
 
 def worker_main(rank: int, config: dict, events: Any) -> None:
     """Measure, gather to rank 0, post ("result", dict); on failure post ("error", one line)."""
+    # The parent may print the profile on stdout: library chatter (DeepSpeed's op builder and
+    # logger) from these processes goes to stderr instead.
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        pass
     try:
         _run(rank, config, events)
     except KeyboardInterrupt:
@@ -101,6 +108,13 @@ def _run(rank: int, config: dict, events: Any) -> None:
     local["workload"] = _workload(config, device, rank, budget * 2)
     step("transformer step")
 
+    if config["engine_stages"]:
+        dist.barrier()
+        local["engine"] = _engine(config, rank, world, step)
+        if "error" in local["engine"]:
+            for stage in config["engine_stages"]:
+                step(f"engine stage {stage}")
+
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, local)
     if rank == 0:
@@ -117,12 +131,26 @@ def _run(rank: int, config: dict, events: Any) -> None:
             "adam": {**gathered[0]["adam"], "params_per_s": med(g["adam"]["params_per_s"] for g in gathered)},
             "workload": {**gathered[0]["workload"], "flops": med(g["workload"]["flops"] for g in gathered),
                          "step_s": med(g["workload"]["step_s"] for g in gathered)},
+            "engine": _merge_engine([g.get("engine") for g in gathered]),
             "device_name": torch.cuda.get_device_name(device) if config["cuda"] else _cpu_name(),
             "memory_bytes": _memory_bytes(device, config["cuda"]),
         }
         events.put(("result", result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _merge_engine(per_rank: list[Any]) -> dict[str, Any] | None:
+    """Rank 0's engine record with each step time replaced by the slowest rank's (as probes report)."""
+    first = per_rank[0]
+    if not first or "error" in first:
+        return first
+    merged = {**first, "stages": {}}
+    for stage, by_mb in first["stages"].items():
+        merged["stages"][stage] = {
+            mb: [max(r["stages"][stage][mb][i] for r in per_rank) for i in range(len(ts))] for mb, ts in by_mb.items()
+        }
+    return merged
 
 
 def _memory_bytes(device: Any, cuda: bool) -> int:
@@ -172,6 +200,28 @@ def _time_collective(collective: str, size: int, world: int, device: Any, budget
     return float(median.item())
 
 
+def _workload_parts(config: dict, rank: int) -> dict[str, Any]:
+    """The efficiency workload: the ``--task`` script's model or the built-in GPT, with its shape."""
+    if config["task"]:
+        from zeroplan.trace.source import TaskSource
+
+        task = TaskSource.from_path(config["task"]).task
+        if task.model_spec is None or task.seq_len is None:
+            raise ValueError(f"task {config['task']} gives no model_spec/seq_len; efficiency needs both")
+        return {
+            "spec": task.model_spec, "seq_len": task.seq_len, "name": f"task {config['task']}",
+            "build": task.build_model, "loss_fn": task.loss_fn,
+            "make": lambda mb, step: task.make_batch(mb, step, rank),
+        }
+    from zeroplan.calibrate.gpt import GPT, GPTShape, gpt_batch, gpt_loss, gpt_model_spec
+
+    shape = GPTShape(layers=2, seq_len=128) if config["quick"] else GPTShape()
+    return {
+        "spec": gpt_model_spec(shape), "seq_len": shape.seq_len, "name": f"built-in GPT {shape.label}",
+        "build": lambda: GPT(shape), "loss_fn": gpt_loss, "make": lambda mb, step: gpt_batch(shape, mb, step),
+    }
+
+
 def _workload(config: dict, device: Any, rank: int, budget_s: float) -> dict[str, Any]:
     """Forward + backward of a transformer; FLOPs counted with the estimator's formula."""
     from zeroplan.calibrate import measure
@@ -179,26 +229,57 @@ def _workload(config: dict, device: Any, rank: int, budget_s: float) -> dict[str
     from zeroplan.spec import Plan, TrainingSpec
 
     mb = config["micro_batch"]
-    if config["task"]:
-        from zeroplan.trace.source import TaskSource
-
-        task = TaskSource.from_path(config["task"]).task
-        if task.model_spec is None or task.seq_len is None:
-            raise ValueError(f"task {config['task']} gives no model_spec/seq_len; efficiency needs both")
-        spec, seq_len, name = task.model_spec, task.seq_len, f"task {config['task']}"
-        build, loss_fn = task.build_model, task.loss_fn
-        make = lambda step: task.make_batch(mb, step, rank)  # noqa: E731
-    else:
-        from zeroplan.calibrate.gpt import GPT, GPTShape, gpt_batch, gpt_loss, gpt_model_spec
-
-        shape = GPTShape(layers=2, seq_len=128) if config["quick"] else GPTShape()
-        spec, seq_len, name = gpt_model_spec(shape), shape.seq_len, f"built-in GPT {shape.label}"
-        build, loss_fn = (lambda: GPT(shape)), gpt_loss
-        make = lambda step: gpt_batch(shape, mb, step)  # noqa: E731
+    parts = _workload_parts(config, rank)
+    spec, seq_len = parts["spec"], parts["seq_len"]
     training = TrainingSpec(precision=config["precision"], seq_len=seq_len)
     flops = mb * seq_len * sum(flops_per_token(spec, training, Plan(stage=0, micro_batch=mb)).values())
     achieved, step_s = measure.workload_flops(
-        build_model=build, make_batch=make, loss_fn=loss_fn, flops_per_step=flops,
-        precision=config["precision"], device=device, budget_s=budget_s,
+        build_model=parts["build"], make_batch=lambda step: parts["make"](mb, step), loss_fn=parts["loss_fn"],
+        flops_per_step=flops, precision=config["precision"], device=device, budget_s=budget_s,
     )
-    return {"flops": achieved, "step_s": step_s, "name": name, "micro_batch": mb}
+    return {"flops": achieved, "step_s": step_s, "name": parts["name"], "micro_batch": mb}
+
+
+def _engine(config: dict, rank: int, world: int, events_step: Any) -> dict[str, Any]:
+    """DeepSpeed engine steps of the workload at two micro-batches, per ZeRO stage (no offload).
+
+    Each stage builds a fresh model and engine (the config ``zeroplan export`` writes for that
+    plan) in the process group the calibration already runs, warms up, then alternates optimizer
+    steps at micro-batch ``lo`` and ``hi`` (so load drift on a shared machine hits both alike).
+    The engine does not check the batch size against its config, so one engine serves both.
+    Returns per stage the per-rank step times; the parent fits t = fixed + mb · per_sample.
+    """
+    from zeroplan.calibrate.measure import engine_step_times
+
+    os.environ.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank if config["cuda"] else 0),
+        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(config["port"]),
+    })
+    try:
+        import deepspeed  # noqa: F401
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel(logging.ERROR)
+    except Exception as exc:  # not installed, or its import fails on this machine: same on every rank
+        return {"error": f"deepspeed unavailable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"}
+    from zeroplan.dsconfig import build_config
+    from zeroplan.spec import Plan, TrainingSpec
+
+    parts = _workload_parts(config, rank)
+    training = TrainingSpec(precision=config["precision"], seq_len=parts["seq_len"])
+    lo, hi = config["engine_micro_batches"]
+    stages: dict[str, Any] = {}
+    for stage in config["engine_stages"]:
+        ds_config = build_config(Plan(stage=stage, micro_batch=hi), world_size=world, training=training, model=parts["spec"])
+        ds_config["steps_per_print"] = 10**9
+        ds_config["wall_clock_breakdown"] = False
+        times = engine_step_times(
+            build_model=parts["build"], make_batch=parts["make"], loss_fn=parts["loss_fn"], ds_config=ds_config,
+            micro_batches=(lo, hi), warmup=config["engine_warmup"], repeats=config["engine_repeats"],
+        )
+        stages[str(stage)] = {str(mb): ts for mb, ts in times.items()}
+        events_step(f"engine stage {stage}")
+    return {
+        "stages": stages, "micro_batches": [lo, hi], "seq_len": parts["seq_len"], "name": parts["name"],
+        "model_spec": {k: v for k, v in parts["spec"].as_dict().items() if k != "notes"},
+    }

@@ -3,7 +3,8 @@
 Measures, in N processes at once (one per GPU; on a CPU-only machine N ranks sharing the cores,
 the CPU standing in for the GPU): dense matmul FLOP/s per precision, device memory bandwidth,
 all-reduce / all-gather / reduce-scatter times at several sizes fitted to α + S/B, host↔device
-copy bandwidth, CPU Adam throughput and the efficiency of a real transformer step. The profile
+copy bandwidth, CPU Adam throughput, the efficiency of a real transformer step and the fixed
+per-step cost of the DeepSpeed engine (``step_overhead_s``; ``--no-engine`` skips it). The profile
 is written only when everything has been measured (atomically: an interrupted run leaves no file).
 """
 
@@ -32,7 +33,7 @@ def calibrate(
         Optional[Path],
         typer.Option("--output", "-o", help="Write the profile TOML here (atomically) [default: print it].", rich_help_panel="Output"),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings (~30 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (~45 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.", rich_help_panel=_CAL)] = "auto",
     precision: PrecisionOpt = "bf16",
     task: Annotated[
@@ -44,6 +45,10 @@ def calibrate(
         Optional[bool],
         typer.Option("--deepspeed-adam/--torch-adam", help="Time DeepSpeedCPUAdam (builds its op) or torch AdamW [default: DeepSpeed's unless --quick and not built].", rich_help_panel=_CAL),
     ] = None,
+    engine: Annotated[
+        bool,
+        typer.Option("--engine/--no-engine", help="Time real DeepSpeed engine steps at two micro-batches for the per-step overhead (step_overhead_s) and the engine's efficiency.", rich_help_panel=_CAL),
+    ] = True,
 ) -> None:
     """Measure this machine (matmul, memory, collectives, host copies, CPU Adam) into a GPU profile."""
     import sys
@@ -73,6 +78,7 @@ def calibrate(
         task=str(task) if task is not None else None,
         micro_batch=micro_batch,
         use_deepspeed_adam=deepspeed_adam,
+        engine=engine,
     )
     try:
         result = run_calibration(options, progress=sys.stderr.isatty())
@@ -94,7 +100,16 @@ def calibrate(
     table.add_row("collective latency α", f"{gpu.collective_latency_s * 1e6:,.1f} µs", "collective_latency_s")
     table.add_row("host↔device copy", f"{gpu.host_bandwidth / 1e9:,.2f} GB/s", "host_bandwidth")
     table.add_row("CPU Adam", f"{gpu.cpu_adam_params_per_s / 1e6:,.1f} M params/s", "cpu_adam_params_per_s")
-    table.add_row(f"transformer step ({precision})", f"{gpu.efficiency:.1%} of matmul peak", "efficiency")
+    source = result.calibration.get("efficiency_source", "plain forward + backward")
+    table.add_row(f"transformer step ({precision}, {source})", f"{gpu.efficiency:.1%} of matmul peak", "efficiency")
+    if "engine_overhead_median_s" in result.calibration:
+        stages = ", ".join(
+            f"z{s} {result.calibration[f'engine_stage{s}_overhead_s'] * 1e3:,.0f}" for s in options.engine_stages
+            if f"engine_stage{s}_overhead_s" in result.calibration
+        )
+        table.add_row(f"engine overhead per step ({stages} ms; median)", f"{gpu.step_overhead_s * 1e3:,.1f} ms", "step_overhead_s")
+    else:
+        table.add_row("engine overhead per step", str(result.calibration.get("engine", "not measured")), "step_overhead_s")
     console = Console(stderr=output is None)
     console.print(table)
     if output is None:
