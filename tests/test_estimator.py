@@ -19,7 +19,8 @@ from zeroplan.estimator import (
     layer_activation_bytes,
     model_states,
 )
-from zeroplan.spec import ClusterSpec, GpuSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.estimator.memory import largest_param_numel
+from zeroplan.spec import ClusterSpec, GpuSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 
 A100 = GpuSpec(
     name="test-a100",
@@ -126,7 +127,7 @@ def test_logits_dominate_at_large_vocab():
         num_kv_heads=8, ffn_size=14336, vocab_size=128256, tied_embeddings=False, gated_mlp=True,
     )
     acts = activation_memory(llama3, TrainingSpec(seq_len=8192), Plan(stage=3, checkpointing="full"))
-    assert acts.logits == 8192 * 128256 * 16
+    assert acts.logits == 8192 * 128256 * (12 + 2)  # bf16 logits kept + three fp32 arrays
     assert acts.logits > acts.layers
 
 
@@ -144,6 +145,11 @@ def test_against_deepspeed_zero2_estimator():
         _, ds_gpu_off = ds.estimate_zero2_model_states_mem_needs(model.params, 8, gpus // 8, cpu_offload=True)
         off = model_states(model, c, FP16_ADAM, Plan(stage=2, offload_optimizer="cpu"))
         assert off.total == ds_gpu_off  # only the fp16 parameters stay on the GPU
+
+
+def _paper_host_bytes(host) -> int:
+    """Host bytes of the paper's offloaded states (what DeepSpeed's own estimators count)."""
+    return sum(v for k, v in host.cpu_items.items() if k in ("optimizer_states", "fp32_gradients", "params"))
 
 
 def test_against_deepspeed_zero3_estimator():
@@ -164,7 +170,8 @@ def test_against_deepspeed_zero3_estimator():
     ds_cpu, _, _ = ds.estimate_zero3_model_states_mem_needs(model.params, model.largest_layer_params, 8, 2)
     offl = model_states(model, c, FP16_ADAM, plan)
     host = host_memory(model, c, FP16_ADAM, plan, offl)
-    assert sum(host.cpu_items.values()) * 1.5 == pytest.approx(ds_cpu, rel=1e-6)
+    # DeepSpeed's estimator counts the paper's states only, not the engine's pinned buffers.
+    assert _paper_host_bytes(host) * 1.5 == pytest.approx(ds_cpu, rel=1e-6)
 
 
 def test_deepspeed_zero2_offload_cpu_multiplies_total_gpus():
@@ -176,7 +183,7 @@ def test_deepspeed_zero2_offload_cpu_multiplies_total_gpus():
     plan = Plan(stage=2, offload_optimizer="cpu")
     ours = host_memory(model, c, FP16_ADAM, plan, model_states(model, c, FP16_ADAM, plan))
     # Per node each of the 8 ranks holds 16Ψ/64 (12 Adam + 4 fp32 gradients): 2Ψ per node.
-    assert sum(ours.cpu_items.values()) == pytest.approx(16 * model.params * 8 / 64, rel=1e-6)
+    assert _paper_host_bytes(ours) == pytest.approx(16 * model.params * 8 / 64, rel=1e-6)
     assert ds_cpu == pytest.approx(model.params * 4 * 64 * 1.5, rel=1e-6)
 
 
@@ -258,7 +265,9 @@ def test_offloading_never_raises_gpu_memory(params, gpus, mb, ckpt):
     for stage in (1, 2, 3):
         base = estimate_plan(model, c, t, Plan(stage=stage, micro_batch=mb, checkpointing=ckpt)).gpu.total
         off = estimate_plan(model, c, t, Plan(stage=stage, offload_optimizer="cpu", micro_batch=mb, checkpointing=ckpt)).gpu.total
-        assert off <= base
+        # DeepSpeed's stage 1-2 offload stages the largest parameter's gradient on the GPU
+        # (temp_grad_buffer_for_gpu_offload), which can outweigh the tiny saving at large N.
+        assert off <= base + bytes_per_param(t.precision) * largest_param_numel(model)
     opt_only = estimate_plan(model, c, t, Plan(stage=3, offload_optimizer="cpu", micro_batch=mb, checkpointing=ckpt)).gpu.total
     both = estimate_plan(
         model, c, t, Plan(stage=3, offload_optimizer="cpu", offload_param="cpu", micro_batch=mb, checkpointing=ckpt)
@@ -286,3 +295,25 @@ def test_derived_shape_reproduces_gpt3():
     m = ModelSpec.from_params(175e9)
     assert (m.hidden_size, m.num_layers, m.num_heads) == (12288, 96, 96)
     assert math.isclose(12 * m.num_layers * m.hidden_size**2 + m.vocab_size * m.hidden_size, 175e9, rel_tol=0.01)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    params=params_st,
+    gpus=st.sampled_from([1, 2, 8, 64]),
+    seq=st.sampled_from([512, 4096]),
+    plan=st.builds(
+        Plan,
+        stage=st.sampled_from([0, 1, 2, 3]),
+        micro_batch=st.integers(1, 64),
+        gradient_accumulation_steps=st.integers(1, 4),
+        checkpointing=st.sampled_from(["none", "full"]),
+    ),
+    device=st.sampled_from(["cuda", "cpu"]),
+)
+def test_breakdown_adds_up_and_is_never_negative(params, gpus, seq, plan, device):
+    est = estimate_plan(ModelSpec.from_params(params), cluster(gpus), TrainingSpec(seq_len=seq), plan, device=device)
+    g = est.gpu
+    parts = (g.params, g.gradients, g.optimizer_states, g.activations, g.overhead)
+    assert sum(parts) == g.total and min(parts) >= 0
+    assert g.peak_allocated <= g.total

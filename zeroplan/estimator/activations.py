@@ -81,7 +81,7 @@ class ActivationMemory:
     embeddings: int
     """Embedding dropout mask and final-norm input."""
     logits: int
-    """Logits, the fp32 log-softmax and their gradients at the loss's backward (16·s·b·V in 16-bit)."""
+    """fp32 log-softmax output and its incoming and outgoing gradients at the loss's backward (12·s·b·V)."""
     on_cpu: int
     """Checkpointed block inputs held on the host instead (cpu_checkpointing)."""
 
@@ -99,12 +99,16 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     * full (§4.3): each block keeps only its input (e·sbh); during backward one block's full
       activations are rebuilt at a time.
     * cpu_checkpointing moves those block inputs to host memory.
-    * Logits: the output projection writes s·b·V in the activation dtype; the loss up-casts to
-      fp32 and log-softmax keeps its fp32 output. The peak comes in the loss's backward, when the
-      log-softmax output, the gradient arriving at it and the gradient it produces (fp32, 4·sbV
-      each) coexist with the logits and their gradient (e·sbV each): 16·sbV bytes in 16-bit. At
-      large V this dominates (Llama-3's V = 128256 at s = 8192: 16.8 GB per sample) — the case
-      for chunked cross-entropy.
+    * Logits: the output projection writes s·b·V in the activation dtype and the loss up-casts
+      them to fp32; autograd saves neither, so the fp32 copy dies when the loss function returns
+      and log-softmax's fp32 output stays. The peak comes in the loss's backward, when that
+      output, the gradient arriving at it (``nll_loss_backward``) and the gradient it produces
+      (``_log_softmax_backward_data``) coexist: three fp32 arrays, 12·sbV (measured exactly on
+      DeepSpeed CPU probes, docs/notes/memory-gaps.md). Hugging Face models return the e-byte
+      logits in their output object, which the training loop holds through backward: + e·sbV,
+      (12 + e)·sbV in all (a traced forward + backward of Llama-3-8B agrees; a loop that drops
+      the logits, like examples/gpt_task.py, uses e·sbV less). At large V this dominates
+      (Llama-3's V = 128256 at s = 8192: 14.7 GB per sample) — the case for chunked cross-entropy.
     """
     s, b, h = training.seq_len, plan.micro_batch, model.hidden_size
     e = bytes_per_param(training.precision)
@@ -123,10 +127,12 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
         on_cpu, layers = layers, per_layer
     dropout = not model.gated_mlp
     embeddings = (s * b * h if dropout else 0) + e * s * b * h
-    # At the loss's backward: log-softmax output, its incoming and outgoing gradients (fp32) and
-    # the logits with their gradient in the activation dtype: (12 + 2e)·sbV in 16-bit; in fp32 the
-    # logits are the log-softmax input itself, 16·sbV as well. Measured on probes: ~16 B/element.
-    logits = (12 + 2 * e if e != 4 else 16) * s * b * model.vocab_size
+    # At the loss's backward: log-softmax's saved fp32 output, the fp32 gradient arriving at it
+    # and the fp32 gradient it produces (12·sbV, measured on probes: docs/notes/memory-gaps.md),
+    # plus the e-byte logits themselves, which Hugging Face models return in their output and
+    # so keep alive through backward (a loop that drops them saves e·sbV; the traced peak of
+    # Llama-3-8B agrees with 12 + e).
+    logits = (12 + e) * s * b * model.vocab_size
     return ActivationMemory(
         per_layer=per_layer,
         layers=layers,

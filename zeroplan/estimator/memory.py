@@ -28,6 +28,7 @@ __all__ = [
     "HostMemory",
     "model_states",
     "engine_overhead",
+    "largest_param_numel",
     "host_memory",
     "CUDA_CONTEXT_BYTES",
     "ALLOCATOR_FRAGMENTATION",
@@ -87,6 +88,9 @@ def model_states(
     ``contiguous_gradients``, the default, each gradient is copied into the reduce bucket and
     released, and only the rank's partition is kept), so stage 1 keeps 2Ψ/N_d of gradients, not
     2Ψ — measured on 2 ranks: identical live bytes for stages 1 and 2 (benchmarks/bench_probe_memory.py).
+    That holds only without gradient accumulation: stage 1 reduces at the accumulation boundary,
+    so between micro-batches every rank accumulates the full 2Ψ (measured: +2Ψ live between the
+    micro-batches of a gradient_accumulation_steps=2 run, docs/notes/memory-gaps.md).
     """
     if engine not in ("deepspeed", "paper"):
         raise ValueError(f"engine={engine!r}: choose deepspeed or paper")
@@ -99,7 +103,11 @@ def model_states(
         return -(-count // n)
 
     params = p * (shard(psi) if plan.stage == 3 else psi)
-    partitions_grads = plan.stage >= 2 or (plan.stage == 1 and engine == "deepspeed")
+    partitions_grads = plan.stage >= 2 or (
+        plan.stage == 1
+        and engine == "deepspeed"
+        and (plan.gradient_accumulation_steps == 1 or plan.offload_optimizer != "none")
+    )
     gradients = p * (shard(psi) if partitions_grads else psi)
     optimizer = k * (shard(psi) if plan.stage >= 1 else psi)
 
@@ -127,7 +135,7 @@ class EngineOverhead:
 
     ``during_backward`` items coexist with activations; ``during_step`` items exist only in the
     optimizer step, after activations are freed; ``always`` items exist throughout. The peak is
-    always + max(activations + during_backward, during_step).
+    always + max(activations + during_backward − min(deferred, logits), during_step).
     """
 
     always: dict[str, int] = field(default_factory=dict)
@@ -135,10 +143,19 @@ class EngineOverhead:
     during_step: dict[str, int] = field(default_factory=dict)
     unallocated: dict[str, int] = field(default_factory=dict)
     """Memory the process holds that ``max_memory_allocated`` does not report (CUDA only)."""
+    deferred: dict[str, int] = field(default_factory=dict)
+    """Model-state bytes (already in :class:`ModelStates`) that do not exist yet when the loss's
+    backward runs: allocated by the first gradient reduction and freed by the step. At the
+    activation peak (logits' gradients) they are absent; once they exist the logits' term is
+    gone, so the backward peak is activations − min(deferred, logits) over the model states."""
 
     def items(self) -> dict[str, int]:
         """Every named item (for the JSON ``overhead_items``)."""
         return {**self.always, **self.during_backward, **self.during_step, **self.unallocated}
+
+    @property
+    def deferred_bytes(self) -> int:
+        return sum(self.deferred.values())
 
 
 def engine_overhead(
@@ -162,12 +179,19 @@ def engine_overhead(
     always: dict[str, int] = {}
     backward: dict[str, int] = {}
     step: dict[str, int] = {}
+    deferred: dict[str, int] = {}
+    single_step = plan.gradient_accumulation_steps == 1
 
     if plan.stage == 0:
         if training.precision != "fp32":
             # FP16_Optimizer (runtime/fp16/fused_optimizer.py, used for fp16 and for bf16 at stage 0)
-            # converts the flat low-precision gradients to an fp32 copy for the step.
-            step["fp32_gradient_copy"] = 4 * psi
+            # step(): _flatten_dense_tensors([p.grad.to(fp32) for p in group]) (lines 285-291) holds
+            # every per-parameter fp32 copy and the flat fp32 result at once: 8 bytes × Ψ
+            # (measured: step peak = before-step bytes + 8Ψ exactly).
+            step["fp32_gradient_copy"] = 8 * psi
+        if single_step:
+            # param.grad is created by backward and set to None by zero_grad after the step.
+            deferred["gradients"] = p * psi
         # engine.allreduce_gradients flattens each bucket of reduce_bucket_size elements.
         backward["reduce_bucket"] = p * min(knobs["reduce_bucket_size"], psi)
     elif plan.stage in (1, 2):
@@ -175,19 +199,32 @@ def engine_overhead(
         # of reduce_bucket_size elements (two when overlap_comm; default False below stage 3).
         backward["reduce_bucket"] = p * knobs["reduce_bucket_size"]
         if plan.offload_optimizer == "none":
-            # stage_1_and_2.py step(): single_grad_partition = flat_grad_partition.to(fp32), the
-            # fp32 gradient partition the optimizer consumes (4 bytes × Ψ/N_d).
+            # stage_1_and_2.py step() (lines 3111-3116): flat_grad_partition = flatten(averaged
+            # gradients), a p-byte copy of the partition, then single_grad_partition =
+            # flat_grad_partition.to(fp32), the fp32 partition the optimizer consumes: both live
+            # at once next to the partition itself (measured: before-step + 6Ψ/N_d in bf16).
+            step["flat_gradient_partition"] = p * shard
             step["fp32_gradient_partition"] = 4 * shard
+            if single_step:
+                # The partition (grads_in_partition, torch.empty at line 2192) is allocated by the
+                # first reduction in backward and dropped in step() (averaged_gradients[i] = None,
+                # line 3131): absent at the loss's backward. With accumulation it persists.
+                deferred["gradient_partition"] = p * shard
+        else:
+            # CPU offload (stage_1_and_2.py lines 653-661): temp_grad_buffer_for_gpu_offload, the
+            # staging copy of the largest parameter's gradient, lives on the accelerator
+            # (device=get_accelerator().current_device_name()).
+            always["offload_grad_staging"] = p * largest_param_numel(model)
     else:
         # stage3.py: the ipg bucket of reduce_bucket_size elements (__ipg_bucket_flat_buffer).
         backward["reduce_bucket"] = p * knobs["reduce_bucket_size"]
         # partitioned_param_coordinator: parameters gathered for the module running now plus
         # those prefetched, bounded by stage3_max_live_parameters and by the model itself.
-        gathered = min(
-            knobs["stage3_max_live_parameters"],
-            model.largest_layer_params + knobs["stage3_prefetch_bucket_size"],
-            psi,
-        )
+        # Measured (docs/notes/memory-gaps.md): at the loss's backward of a 2-rank probe every
+        # parameter was AVAILABLE or INFLIGHT (2Ψ gathered, with stage3_max_reuse_distance 0 or
+        # 1e9 alike), not largest layer + prefetch bucket; until the mechanism is pinned down on
+        # a larger model, count everything max_live allows (conservative).
+        gathered = min(knobs["stage3_max_live_parameters"], psi)
         backward["gathered_params"] = p * gathered
         # Parameters below stage3_param_persistence_threshold stay whole on every rank
         # (parameter_offload.py persistent_parameters): norms and bias vectors, ~(2L+1)·h.
@@ -199,8 +236,13 @@ def engine_overhead(
             step["fp32_gradient_partition"] = 4 * min(shard, knobs["sub_group_size"])
     if device == "cuda":
         unallocated = {"cuda_context": CUDA_CONTEXT_BYTES}
-        return EngineOverhead(always=always, during_backward=backward, during_step=step, unallocated=unallocated)
-    return EngineOverhead(always=always, during_backward=backward, during_step=step)
+        return EngineOverhead(always=always, during_backward=backward, during_step=step, unallocated=unallocated, deferred=deferred)
+    return EngineOverhead(always=always, during_backward=backward, during_step=step, deferred=deferred)
+
+
+def largest_param_numel(model: ModelSpec) -> int:
+    """Elements of the largest single parameter tensor: the token embedding (V·h) or an MLP matrix (h·f)."""
+    return max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
 
 
 @dataclass(frozen=True)
@@ -257,6 +299,17 @@ def host_memory(
     if plan.offload_optimizer == "cpu":
         cpu["optimizer_states"] = g * states.offloaded_optimizer_states
         cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // cluster.gpus))
+        if plan.stage in (1, 2):
+            # stage_1_and_2.py with cpu_offload (self.device = 'cpu', pinned when pin_memory):
+            # param_buffer_of_bit16_for_cpu_offload_groups, a p-byte copy of the partition the
+            # updated fp32 weights pass through (lines 566-575), and temp_grad_buffer_for_cpu_offload,
+            # the largest parameter's gradient (lines 653-658).
+            cpu["bit16_partition_buffer"] = g * p * -(-psi // cluster.gpus)
+            cpu["offload_grad_staging"] = g * p * largest_param_numel(model)
+        elif plan.stage == 3:
+            # stage3.py lines 791-795: grad_partitions_flat_buffer, the rank's gradient partition in
+            # the gradient-accumulation dtype, on self.device = cpu with offload_optimizer (pinned).
+            cpu["grad_partition_buffer"] = g * p * -(-psi // cluster.gpus)
     elif plan.offload_optimizer == "nvme":
         nvme["optimizer_states"] = g * states.offloaded_optimizer_states
         cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // cluster.gpus))
