@@ -112,7 +112,9 @@ def test_engine_terms_recover_overhead_and_efficiency_from_engine_like_timings()
     for stage in (0, 1, 2):
         assert cal[f"engine_stage{stage}_overhead_s"] == pytest.approx(0.25, rel=1e-6)
     # A time model that already explains the engine's fixed cost: nothing left over, never negative.
-    assert _engine_terms(truth, _engine_record(truth, 0.0), CalibrationOptions(), {}).step_overhead_s == pytest.approx(0.0, abs=1e-9)
+    cal = {}
+    assert _engine_terms(truth, _engine_record(truth, 0.0), CalibrationOptions(), cal).step_overhead_s == pytest.approx(0.0, abs=1e-9)
+    assert cal["engine_stage3_extra_s"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_engine_faster_than_the_matmul_peak_raises_the_peak():

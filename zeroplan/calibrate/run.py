@@ -382,6 +382,15 @@ def _engine_terms(gpu: GpuSpec, engine: dict | None, options: CalibrationOptions
         cal[f"engine_stage{stage}_overhead_s"] = fixed - predicted_fixed
     overhead = max(0.0, statistics.median(overheads))
     cal["engine_overhead_median_s"] = overhead
+    cal["engine_model_layers"] = spec.num_layers
+    by_stage = {stage: fixed - cal[f"engine_stage{stage}_predicted_fixed_s"] for stage, (fixed, _) in measured.items()}
+    if 3 in by_stage and len(by_stage) > 1:
+        # Stage 3's per-module gather/release hooks: its extra over the other stages, per layer and
+        # micro-step (the profile has one overhead; the time model may use this split later).
+        base = statistics.median(v for k, v in by_stage.items() if k != 3)
+        cal["engine_overhead_stage012_median_s"] = base
+        cal["engine_stage3_extra_s"] = by_stage[3] - base
+        cal["engine_stage3_extra_per_layer_s"] = (by_stage[3] - base) / spec.num_layers
     return dataclasses.replace(gpu, step_overhead_s=float(min(overhead, 3600.0)))
 
 
