@@ -33,7 +33,7 @@ def calibrate(
         Optional[Path],
         typer.Option("--output", "-o", help="Write the profile TOML here (atomically) [default: print it].", rich_help_panel="Output"),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (~45 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (~35 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.", rich_help_panel=_CAL)] = "auto",
     precision: PrecisionOpt = "bf16",
     task: Annotated[
