@@ -365,7 +365,7 @@ def _engine_terms(gpu: GpuSpec, engine: dict | None, options: CalibrationOptions
     else:
         cal["efficiency_source"] = "plain forward + backward (engine per-sample cost not positive: too noisy)"
     cluster = ClusterSpec(
-        gpus=options.processes, gpus_per_node=options.processes, gpu=dataclasses.replace(gpu, step_overhead_s=0.0),
+        gpus=options.processes, gpus_per_node=options.processes, gpu=dataclasses.replace(gpu, step_overhead_s=0.0, stage3_layer_overhead_s=0.0),
         cpu_memory_per_node_bytes=int(psutil.virtual_memory().total),
     )
     overheads = []
@@ -391,6 +391,12 @@ def _engine_terms(gpu: GpuSpec, engine: dict | None, options: CalibrationOptions
         cal["engine_overhead_stage012_median_s"] = base
         cal["engine_stage3_extra_s"] = by_stage[3] - base
         cal["engine_stage3_extra_per_layer_s"] = (by_stage[3] - base) / spec.num_layers
+        # The time model adds stage 3's hooks per layer and micro-step on top of the base overhead.
+        return dataclasses.replace(
+            gpu,
+            step_overhead_s=float(min(max(0.0, base), 3600.0)),
+            stage3_layer_overhead_s=float(min(max(0.0, (by_stage[3] - base) / spec.num_layers), 60.0)),
+        )
     return dataclasses.replace(gpu, step_overhead_s=float(min(overhead, 3600.0)))
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.estimator.comm import CommVolume, ring_time
-from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
+from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec
 
-__all__ = ["StepTime", "flops_per_token", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP"]
+__all__ = ["StepTime", "engine_overhead", "flops_per_token", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP"]
 
 #: NVMe read/write bandwidth per node assumed for ZeRO-Infinity swapping (bytes/s), a typical
 #: figure for a few PCIe 4.0 drives in RAID 0 (ZeRO-Infinity §6 measures 25 GB/s on 8 drives).
@@ -103,5 +103,16 @@ def step_time(
         exposed_communication=exposed,
         optimizer=optimizer,
         offload_transfer=transfer,
-        engine_overhead=gpu.step_overhead_s,
+        engine_overhead=engine_overhead(model, plan, gpu),
     )
+
+
+def engine_overhead(model: ModelSpec, plan: Plan, gpu: GpuSpec) -> float:
+    """Fixed engine seconds per optimizer step: the profile's base overhead plus, in ZeRO-3, the
+    per-module gather/release hooks of every layer in every micro-step (DeepSpeed's
+    ``partitioned_param_coordinator``). Both constants are measured on DeepSpeed engines by
+    ``zeroplan calibrate``; datasheet profiles leave them 0."""
+    extra = 0.0
+    if plan.stage == 3:
+        extra = gpu.stage3_layer_overhead_s * model.num_layers * plan.gradient_accumulation_steps
+    return gpu.step_overhead_s + extra

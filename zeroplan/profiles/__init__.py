@@ -64,6 +64,7 @@ _GPU_FIELDS = (
     "cpu_adam_params_per_s",
     "collective_latency_s",
     "step_overhead_s",
+    "stage3_layer_overhead_s",
     "source",
 )
 _GPU_REQUIRED = (

@@ -47,6 +47,8 @@ class GpuSpec:
     """Per-collective latency α (s) for the α + S/B model."""
     step_overhead_s: float = 0.0
     """Fixed engine cost per optimizer step (s): Python, hooks, launches; 0 unless calibrated."""
+    stage3_layer_overhead_s: float = 0.0
+    """Extra ZeRO-3 cost per layer and micro-step (s): gather/release hooks; 0 unless calibrated."""
 
     def __post_init__(self) -> None:
         check_positive_int("gpu memory_bytes", self.memory_bytes, minimum=1, maximum=_MAX_MEMORY)
@@ -66,6 +68,9 @@ class GpuSpec:
         check_positive_float(
             f"gpu {self.name} step_overhead_s", self.step_overhead_s, maximum=3600.0, allow_zero=True
         )
+        check_positive_float(
+            f"gpu {self.name} stage3_layer_overhead_s", self.stage3_layer_overhead_s, maximum=60.0, allow_zero=True
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -81,6 +86,7 @@ class GpuSpec:
             "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
             "collective_latency_s": self.collective_latency_s,
             "step_overhead_s": self.step_overhead_s,
+            "stage3_layer_overhead_s": self.stage3_layer_overhead_s,
             "source": self.source,
         }
 
