@@ -376,7 +376,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     Raises SpecError only for a bad request (e.g. fsdp backend on a plain DeepSpeed script).
     On KeyboardInterrupt the whole job is killed before the interrupt propagates.
     """
-    workdir = Path(request.workdir) if request.workdir else Path(tempfile.mkdtemp(prefix="zeroplan-probe-"))
+    workdir = Path(request.workdir).resolve() if request.workdir else Path(tempfile.mkdtemp(prefix="zeroplan-probe-"))
     workdir.mkdir(parents=True, exist_ok=True)
     for stale in workdir.glob("rank-*.json"):
         stale.unlink()
@@ -420,7 +420,9 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     env = probe_environment(request)
     (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
     started = time.monotonic()
-    job = _Job(cmd, env, script.resolve().parent, workdir / "probe.log", on_line)
+    # The user's working directory, as under a plain torchrun: relative paths in script arguments
+    # keep their meaning (the worker puts the script's folder on sys.path for its imports).
+    job = _Job(cmd, env, Path.cwd(), workdir / "probe.log", on_line)
     try:
         returncode, timed_out = job.wait(request.timeout_s)
         if timed_out:
