@@ -93,11 +93,22 @@ def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]")
     }
 
 
+def _short_reason(est: "PlanEstimate", cluster) -> str:
+    """One short cell for the table (the full sentence is in ``notes``)."""
+    if est.gpu.total > cluster.gpu_memory_bytes:
+        return f"GPU {est.gpu.total / GiB:.1f}>{cluster.gpu_memory_bytes / GiB:.0f}"
+    if cluster.cpu_memory_per_node_bytes and est.cpu_per_node > cluster.cpu_memory_per_node_bytes:
+        return f"CPU {est.cpu_per_node / GiB:.0f}>{cluster.cpu_memory_per_node_bytes / GiB:.0f}/node"
+    if est.nvme_per_node and not cluster.nvme_per_node_bytes:
+        return "needs --nvme"
+    return f"NVMe {est.nvme_per_node / GiB:.0f}>{cluster.nvme_per_node_bytes / GiB:.0f}/node"
+
+
 def _render_table(model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 170)
     name = model.name if model.source != "derived" else "model"
     t = Table(
         title=(
@@ -111,7 +122,7 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
         "#", "stage", "offload opt/param", "ckpt", "mb×ga", "params", "grads", "optim", "activ",
         "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "fits",
     ):
-        t.add_column(col, justify="left" if col in ("offload opt/param", "ckpt", "fits") else "right", no_wrap=col != "fits")
+        t.add_column(col, justify="left" if col in ("offload opt/param", "ckpt", "fits") else "right", no_wrap=True)
 
     def g(n: int) -> str:
         return f"{n / GiB:.1f}"
@@ -134,7 +145,7 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
             f"{est.comm_per_step / 1e9:.0f}",
             f"{est.step_time:.2f}",
             f"{est.tokens_per_second:,.0f}",
-            "yes" if est.fits else "no: " + est.notes[0],
+            "yes" if est.fits else "no: " + _short_reason(est, cluster),
             style=None if est.fits else "dim",
         )
     console.print(t)
@@ -143,7 +154,7 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
     notes.append(
         f"{n_fit} of {total_plans} plans fit; showing the best micro-batch per configuration"
         + ("" if len(shown) == len(summarize(estimates)) else f" (top {len(shown)}; --top 0 shows all)")
-        + ". Memory in GiB per GPU; 'extra' = engine buffers + CUDA reserve (--format json itemizes)."
+        + ". Memory in GiB (per GPU, CPU per node); 'extra' = engine buffers + CUDA reserve (--format json itemizes)."
     )
     for note in notes:
         console.print(f"[dim]• {note}[/dim]")
