@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -41,7 +41,7 @@ from zeroplan.cli.common import (
 )
 from zeroplan.spec import GiB, SpecError
 
-if False:  # pragma: no cover - typing only
+if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
 
 __all__ = ["estimate", "estimates_to_json", "estimates_to_rows", "summarize"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from zeroplan.spec.errors import SpecError, check_positive_float, check_positive_int
 
@@ -134,10 +134,6 @@ class ClusterSpec:
     def gpus_in_node(self) -> int:
         """GPUs actually present in one node (gpus itself when the job is smaller than a node)."""
         return min(self.gpus, self.gpus_per_node)
-
-    def with_gpus(self, gpus: int) -> "ClusterSpec":
-        """The same cluster with another total GPU count (gpus_per_node clipped to fit)."""
-        return replace(self, gpus=gpus, gpus_per_node=min(self.gpus_per_node, gpus) if gpus < self.gpus_per_node else self.gpus_per_node)
 
     def as_dict(self) -> dict:
         return {
