@@ -14,7 +14,8 @@ Part 2 — one process, the plain DeepSpeed script examples/train_deepspeed.py:
     PYTHONPATH=. python benchmarks/bench_tuner.py              # everything (~40 min on 2 CPU cores)
     PYTHONPATH=. python benchmarks/bench_tuner.py --skip-deepspeed --global-batch 8
 
-Prints one table per part; save it with ``| tee benchmarks/results/tuner.txt``.
+Prints one table per part; save it with ``| tee benchmarks/results/tuner.txt``. Part 2 needs
+``pip install tabulate``: DeepSpeed's autotuner refuses to start without it.
 """
 
 from __future__ import annotations
