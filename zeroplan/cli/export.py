@@ -92,9 +92,10 @@ def export(
     total_steps: TotalStepsOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Write a DeepSpeed config for a plan: consistent batch keys, integer bucket sizes (from the
-    model's hidden size when given), offload blocks only where DeepSpeed honours them, optimizer
-    and scheduler blocks. The config passes `zeroplan validate`.
+    """Write a DeepSpeed config for a plan (or the fastest plan that fits) that passes validate.
+
+    Consistent batch keys, integer bucket sizes (from the model's hidden size when given),
+    offload blocks only where DeepSpeed honours them, optimizer and scheduler blocks.
 
     Exit code 0 on success, 1 when no plan fits (nothing written), 2 on bad input.
     """

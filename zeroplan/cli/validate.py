@@ -79,9 +79,10 @@ def validate(
     fmt: ValidateFormatOpt = "table",
     output: OutputOpt = None,
 ) -> None:
-    """Check a DeepSpeed config before the run: batch arithmetic for the GPU count, ZeRO/offload
-    combinations, precision, value types, unknown keys, optimizer; with a model, bucket sizes and
-    whether it fits the GPU.
+    """Check a DeepSpeed config before the run; with a model, also whether it fits the GPU.
+
+    Batch arithmetic for the GPU count, ZeRO/offload combinations, precision, value types,
+    unknown keys, optimizer; with a model, bucket sizes and the estimator's memory fit.
 
     Exit code 0 when no errors are found, 1 when some are, 2 when the config cannot be read.
     """
