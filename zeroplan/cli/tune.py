@@ -227,6 +227,12 @@ def tune(
     tuner = Tuner(study, space, runner, settings, on_event=view.event, after_trial=after_trial)
     for message in tuner.prepare(resume=resume):
         console.print(f"[dim]{message}[/]")
+    from zeroplan.tuner.results import PLOT_MISSING, plotting_available
+
+    if not plotting_available():
+        from rich.markup import escape
+
+        console.print(f"[yellow]note[/]: {escape(PLOT_MISSING)}; every other output is written")
     view.done = tuner.probes_in_study()
     view.best = _best_text(tuner)
     best_so_far = tuner.best()
@@ -285,13 +291,22 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, study: Any, wo
         raise typer.Exit(1)
     cfg = json.loads((output / "ds_config.json").read_text())
     errors = [f"{f.rule_id}: {f.message}" for f in validate_config(cfg, world_size=world_size) if f.severity == "error"]
-    ds_error = parse_error(cfg, world_size=world_size)
+    from zeroplan.tuner.checks import deepspeed_installed
+
+    # FSDP-only installs have no DeepSpeed: its parser is skipped, and the message says so.
+    checked_by_deepspeed = deepspeed_installed()
+    ds_error = parse_error(cfg, world_size=world_size) if checked_by_deepspeed else None
     if errors or ds_error:
         console.print(f"[bold red]the best config does not validate[/]: {'; '.join(errors + ([ds_error] if ds_error else []))}")
         raise typer.Exit(1)
+    validated = (
+        "config validated by zeroplan and DeepSpeed's parser"
+        if checked_by_deepspeed
+        else "config validated by zeroplan (DeepSpeed is not installed, so its parser did not check it)"
+    )
     console.print(
         f"[bold green]best[/]: {best['plan']} — {best['measured_samples_per_second']:.2f} samples/s "
-        f"(trial #{best['trial']}); config validated by zeroplan and DeepSpeed's parser"
+        f"(trial #{best['trial']}); {validated}"
     )
     for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
         if (output / name).exists():

@@ -149,10 +149,11 @@ class HFConfigSource(TraceSource):
         return cfg
 
     def build(self, *, precision: str, flash_attention: bool) -> Any:
+        # _hf_config first: it says which package is missing before anything imports it.
+        cfg = self._hf_config(flash_attention=flash_attention)
         import torch
         from transformers import AutoModelForCausalLM
 
-        cfg = self._hf_config(flash_attention=flash_attention)
         dtype = torch_dtype(precision)
         try:
             model = AutoModelForCausalLM.from_config(

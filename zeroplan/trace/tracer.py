@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 from zeroplan.spec import CHECKPOINTING, SpecError
 from zeroplan.spec.errors import check_choice, check_positive_int
-from zeroplan.trace.source import TraceSource, resolve_source
+from zeroplan.trace.source import TraceSource, _require_torch, resolve_source
 
 __all__ = ["TracedActivations", "PeakActivations", "trace_activations", "Tracer"]
 
@@ -390,6 +390,7 @@ class Tracer:
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, ("bf16", "fp16", "fp32"))
         self.source = resolve_source(self.source)
+        _require_torch()  # one line naming the package, not an ImportError from FakeTensorMode
         self._mode = self._new_mode()
         with self._entered():
             self._model = self.source.build(precision=self.precision, flash_attention=self.flash_attention)

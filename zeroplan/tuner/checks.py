@@ -16,7 +16,7 @@ from typing import Optional
 
 from zeroplan.spec import ModelSpec, SpecError
 
-__all__ = ["task_model_spec", "deepspeed_parse_error", "PACKAGE_ROOT"]
+__all__ = ["task_model_spec", "deepspeed_parse_error", "deepspeed_installed", "PACKAGE_ROOT"]
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -44,6 +44,13 @@ def _cuda_visible() -> bool:
 def cuda_visible() -> bool:
     """True when NVML sees at least one NVIDIA GPU (probes then run on CUDA)."""
     return _cuda_visible()
+
+
+def deepspeed_installed() -> bool:
+    """True when the deepspeed package can be found (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
 
 
 def _last_line(text: str) -> str:

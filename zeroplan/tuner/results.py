@@ -4,7 +4,8 @@
   predicted vs measured throughput and memory, status and reason;
 * ``ds_config.json`` — the DeepSpeed config the best trial ran with;
 * ``report.md`` — the ranking, failures and pruned plans, with ``throughput.png``
-  (predicted vs measured throughput per probed plan).
+  (predicted vs measured throughput per probed plan) when matplotlib is installed; without it
+  every other file is written and report.md says how to get the plot.
 """
 
 from __future__ import annotations
@@ -22,9 +23,23 @@ __all__ = [
     "write_results",
     "render_report",
     "plot_throughput",
+    "plotting_available",
+    "PLOT_MISSING",
 ]
 
 MiB = 1024**2
+
+#: What report.md and ``zeroplan tune`` say once when matplotlib (the ``plot`` extra) is missing.
+PLOT_MISSING = "throughput.png not drawn: matplotlib is not installed (pip install 'zeroplan[plot]')"
+
+
+def plotting_available() -> bool:
+    """True when matplotlib imports (it is optional: the ``plot`` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 #: Columns of trials.csv, in order (units in the names).
 CSV_COLUMNS = [
@@ -126,7 +141,7 @@ def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
         return "–"
 
 
-def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str]) -> str:
+def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str], plot_note: Optional[str] = None) -> str:
     """``report.md``: what was searched, the best plan, the measured ranking, failures, pruned plans."""
     lines = ["# zeroplan tune report", ""]
     for key in ("script", "backend", "gpus", "model", "global_batch", "seq_len", "precision", "storage", "sampler"):
@@ -190,6 +205,8 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str])
         lines.append("")
     if plot_name:
         lines += ["## Predicted vs measured throughput", "", f"![predicted vs measured throughput]({plot_name})", ""]
+    elif plot_note:
+        lines += [f"_{plot_note}._", ""]
     lines += [
         "Predicted throughput comes from the estimator's GPU profile; on a machine without GPUs the "
         "probes run on CPU, so compare the ranking, not the absolute numbers.",
@@ -199,14 +216,20 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str])
 
 
 def plot_throughput(frame: Any, path: Path) -> bool:
-    """``throughput.png``: measured samples/s per probed plan beside the estimator's prediction."""
+    """``throughput.png``: measured samples/s per probed plan beside the estimator's prediction.
+
+    False when there is nothing to plot or matplotlib is not installed.
+    """
     ok = frame[frame["status"] == "ok"].dropna(subset=["measured_samples_per_second"])
     if ok.empty:
         return False
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
 
     ok = ok.sort_values("measured_samples_per_second")
     labels = [str(p) for p in ok["plan"]]
@@ -238,7 +261,10 @@ def plot_throughput(frame: Any, path: Path) -> bool:
 
 
 def write_results(trials: list[Any], output_dir: Path, meta: dict[str, Any], *, plot: bool = True) -> Any:
-    """Write trials.csv, ds_config.json (best trial's), report.md and throughput.png; return the frame."""
+    """Write trials.csv, ds_config.json (best trial's), report.md and throughput.png; return the frame.
+
+    Without matplotlib the plot is left out and report.md says how to get it; the rest is written.
+    """
     output_dir.mkdir(parents=True, exist_ok=True)
     frame = trials_frame(trials)
     write_atomic(output_dir / "trials.csv", frame.to_csv(index=False))
@@ -248,6 +274,8 @@ def write_results(trials: list[Any], output_dir: Path, meta: dict[str, Any], *, 
         cfg = by_number[int(best["trial"])].user_attrs.get("ds_config")
         if cfg:
             write_atomic(output_dir / "ds_config.json", json.dumps(cfg, indent=2) + "\n")
-    plotted = plot and plot_throughput(frame, output_dir / "throughput.png")
-    write_atomic(output_dir / "report.md", render_report(frame, meta, plot_name="throughput.png" if plotted else None))
+    can_plot = plot and plotting_available()
+    plotted = can_plot and plot_throughput(frame, output_dir / "throughput.png")
+    note = PLOT_MISSING if plot and not can_plot else None
+    write_atomic(output_dir / "report.md", render_report(frame, meta, plot_name="throughput.png" if plotted else None, plot_note=note))
     return frame
