@@ -36,6 +36,7 @@ __all__ = [
     "GpuMemoryOpt",
     "CpuMemoryOpt",
     "NvmeOpt",
+    "NodeOpt",
     "SeqLenOpt",
     "MicroBatchOpt",
     "GlobalBatchOpt",
@@ -82,7 +83,16 @@ GpuMemoryOpt = Annotated[
     Optional[float], typer.Option("--gpu-memory", help="Usable GiB per GPU [default: the profile's].", rich_help_panel=_CLUSTER)
 ]
 CpuMemoryOpt = Annotated[
-    Optional[float], typer.Option("--cpu-memory", help="Host GiB per node [default: this machine's, from psutil].", rich_help_panel=_CLUSTER)
+    Optional[str],
+    typer.Option(
+        "--cpu-memory",
+        help="Host GiB per node, or 'local' for this machine's RAM [default: the node profile of the GPU; this machine's when NVML finds the GPU here].",
+        rich_help_panel=_CLUSTER,
+    ),
+]
+NodeOpt = Annotated[
+    Optional[str],
+    typer.Option("--node", help="Node profile (host RAM, NVMe, NICs), e.g. dgx-a100-640gb, aws-p4d.24xlarge, or a .toml path (see docs/host-memory.md).", rich_help_panel=_CLUSTER),
 ]
 NvmeOpt = Annotated[
     Optional[float], typer.Option("--nvme", help="NVMe GiB per node for offload [default: 0, no NVMe].", rich_help_panel=_CLUSTER)
@@ -155,37 +165,61 @@ def resolve_cluster(
     gpus_per_node: Optional[int],
     gpu: Optional[str],
     gpu_memory_gib: Optional[float],
-    cpu_memory_gib: Optional[float],
+    cpu_memory_gib: Optional[str | float],
     nvme_gib: Optional[float],
+    node: Optional[str] = None,
+    runs_here: bool = False,
 ) -> ClusterSpec:
-    """Cluster options → ClusterSpec, filling defaults from NVML/psutil and saying so in ``notes``."""
+    """Cluster options → ClusterSpec, filling defaults from NVML, node profiles or psutil and saying so in ``notes``.
+
+    Host RAM per node: see :func:`zeroplan.profiles.host.resolve_host` (``--cpu-memory``, else
+    ``--node``, else this machine when the GPU is here or ``runs_here``, else the GPU's node profile).
+    """
     from zeroplan import profiles
+    from zeroplan.profiles.host import resolve_host
 
     if gpus < 1:
         raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise SpecError(f"--gpus-per-node {gpus_per_node} is not valid; give at least 1")
     notes: list[str] = []
-    if gpu is None:
-        gpu_spec, note = profiles.default_gpu()
+    node_spec = profiles.load_node(node) if node is not None else None
+    if gpu is None and node_spec is not None:
+        gpu_spec = profiles.load_gpu(node_spec.gpu)
+        gpu_here = profiles.gpu_is_here(gpu_spec)
+    elif gpu is None:
+        gpu_spec, note, gpu_here = profiles.detect_gpu()
         notes.append(note)
     else:
         gpu_spec = profiles.load_gpu(gpu)
-    if cpu_memory_gib is None:
-        import psutil
-
-        cpu_bytes = int(psutil.virtual_memory().total)
-        notes.append(f"CPU memory per node: {cpu_bytes / GiB:.0f} GiB (this machine, psutil; set --cpu-memory)")
-    else:
-        cpu_bytes = _gib("--cpu-memory", cpu_memory_gib)
+        gpu_here = profiles.gpu_is_here(gpu_spec)
+    if node_spec is not None and node_spec.gpu != gpu_spec.name:
+        raise SpecError(
+            f"--node {node_spec.name} has {node_spec.gpu} GPUs, not {gpu_spec.name}; drop --gpu or choose a node with "
+            f"{gpu_spec.name} (zeroplan profiles lists them)"
+        )
+    host = resolve_host(
+        gpu_spec,
+        gpu_here=gpu_here,
+        cpu_memory=None if cpu_memory_gib is None else str(cpu_memory_gib),
+        node=node_spec,
+        runs_here=runs_here,
+    )
+    notes.append(host.note)
+    nvme = _gib("--nvme", nvme_gib, allow_zero=True)
+    if nvme is None:
+        nvme = host.nvme_bytes or 0
+    per_node = gpus_per_node if gpus_per_node is not None else min(gpus, host.node.gpus_per_node if host.node else 8)
     return ClusterSpec(
         gpus=gpus,
-        gpus_per_node=gpus_per_node if gpus_per_node is not None else min(gpus, 8),
+        gpus_per_node=per_node,
         gpu=gpu_spec,
         gpu_memory_bytes=_gib("--gpu-memory", gpu_memory_gib) or 0,
-        cpu_memory_per_node_bytes=cpu_bytes,
-        nvme_per_node_bytes=_gib("--nvme", nvme_gib, allow_zero=True) or 0,
+        cpu_memory_per_node_bytes=host.cpu_memory_bytes,
+        nvme_per_node_bytes=nvme,
         notes=tuple(notes),
+        node=host.node.name if host.node else "",
+        cpu_memory_source=host.source,
     )
 
 

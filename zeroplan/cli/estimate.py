@@ -23,6 +23,7 @@ from zeroplan.cli.common import (
     GradAccumOpt,
     MicroBatchOpt,
     ModelOpt,
+    NodeOpt,
     NvmeOpt,
     OffloadOptimizerOpt,
     OffloadParamOpt,
@@ -94,14 +95,17 @@ def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]")
 
 
 def _short_reason(est: "PlanEstimate", cluster) -> str:
-    """One short cell for the table (the full sentence is in ``notes``)."""
+    """One short cell for the table naming every limit the plan exceeds (the sentences are in ``notes``)."""
+    reasons = []
     if est.gpu.total > cluster.gpu_memory_bytes:
-        return f"GPU {est.gpu.total / GiB:.1f}>{cluster.gpu_memory_bytes / GiB:.0f}"
+        reasons.append(f"GPU {est.gpu.total / GiB:.1f}>{cluster.gpu_memory_bytes / GiB:.0f}")
     if cluster.cpu_memory_per_node_bytes and est.cpu_per_node > cluster.cpu_memory_per_node_bytes:
-        return f"CPU {est.cpu_per_node / GiB:.0f}>{cluster.cpu_memory_per_node_bytes / GiB:.0f}/node"
+        reasons.append(f"CPU {est.cpu_per_node / GiB:.0f}>{cluster.cpu_memory_per_node_bytes / GiB:.0f}")
     if est.nvme_per_node and not cluster.nvme_per_node_bytes:
-        return "needs --nvme"
-    return f"NVMe {est.nvme_per_node / GiB:.0f}>{cluster.nvme_per_node_bytes / GiB:.0f}/node"
+        reasons.append("needs --nvme")
+    elif est.nvme_per_node > cluster.nvme_per_node_bytes:
+        reasons.append(f"NVMe {est.nvme_per_node / GiB:.0f}>{cluster.nvme_per_node_bytes / GiB:.0f}")
+    return " ".join(reasons)
 
 
 def _render_table(model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str]) -> None:
@@ -204,6 +208,7 @@ def estimate(
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     cpu_memory: CpuMemoryOpt = None,
+    node: NodeOpt = None,
     nvme: NvmeOpt = None,
     seq_len: SeqLenOpt = 2048,
     micro_batch: MicroBatchOpt = None,
@@ -237,7 +242,7 @@ def estimate(
 
     model_spec = resolve_model(params, model)
     cluster = resolve_cluster(
-        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
     )
     training = resolve_training(
         precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, grad_accum=grad_accum

@@ -26,6 +26,7 @@ from zeroplan.cli.common import (
     GradAccumOpt,
     MicroBatchOpt,
     ModelOpt,
+    NodeOpt,
     NvmeOpt,
     OffloadOptimizerOpt,
     OffloadParamOpt,
@@ -74,6 +75,7 @@ def export(
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     cpu_memory: CpuMemoryOpt = None,
+    node: NodeOpt = None,
     nvme: NvmeOpt = None,
     seq_len: SeqLenOpt = 2048,
     micro_batch: MicroBatchOpt = None,
@@ -130,7 +132,7 @@ def export(
         from zeroplan.estimator import enumerate_plans, estimate_all
 
         cluster = resolve_cluster(
-            gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+            gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
         )
         plans = enumerate_plans(
             model_spec, cluster, training,
@@ -159,7 +161,7 @@ def export(
     if model_spec is not None and stage is not None and micro_batch is not None:
         # An explicit plan is written as asked; the estimator only says whether it fits.
         cluster_for_fit = resolve_cluster(
-            gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+            gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
         )
     findings = validate_config(cfg, world_size=gpus, model=model_spec, cluster=cluster_for_fit, training=training,
                                checkpointing=plan.checkpointing)

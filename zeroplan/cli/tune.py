@@ -21,6 +21,7 @@ from zeroplan.cli.common import (
     GradAccumOpt,
     MicroBatchOpt,
     ModelOpt,
+    NodeOpt,
     NvmeOpt,
     OffloadOptimizerOpt,
     OffloadParamOpt,
@@ -70,6 +71,7 @@ def tune(
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     cpu_memory: CpuMemoryOpt = None,
+    node: NodeOpt = None,
     nvme: NvmeOpt = None,
     params: ParamsOpt = None,
     model: ModelOpt = None,
@@ -157,7 +159,7 @@ def tune(
         grad_accum=grad_accum,
     )
     cluster = resolve_cluster(
-        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme
+        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node, runs_here=True
     )
     if cluster.nodes > 1:
         raise SpecError(f"--gpus {gpus} spans {cluster.nodes} nodes; tune probes one node (run a worker per node with --storage)")

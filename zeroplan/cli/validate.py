@@ -19,6 +19,7 @@ from zeroplan.cli.common import (
     GpuOpt,
     GpusPerNodeOpt,
     ModelOpt,
+    NodeOpt,
     NvmeOpt,
     OutputOpt,
     ParamsOpt,
@@ -73,6 +74,7 @@ def validate(
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     cpu_memory: CpuMemoryOpt = None,
+    node: NodeOpt = None,
     nvme: NvmeOpt = None,
     seq_len: SeqLenOpt = 2048,
     checkpointing: CheckpointingOpt = None,
@@ -109,13 +111,13 @@ def validate(
         else:
             cluster = resolve_cluster(
                 gpus=cluster_gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory,
-                cpu_memory_gib=cpu_memory, nvme_gib=nvme,
+                cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node,
             )
             notes.extend(cluster.notes)
             if gpus is None:
                 notes.append(f"fit checked on {cluster_gpus} GPUs, the count the batch keys imply (set --gpus)")
-    elif any(v is not None for v in (gpu, gpu_memory, cpu_memory, nvme, gpus_per_node)):
-        raise SpecError("--gpu/--gpu-memory/--cpu-memory/--nvme/--gpus-per-node are for the memory check; also give --params or --model")
+    elif any(v is not None for v in (gpu, gpu_memory, cpu_memory, node, nvme, gpus_per_node)):
+        raise SpecError("--gpu/--gpu-memory/--cpu-memory/--node/--nvme/--gpus-per-node are for the memory check; also give --params or --model")
 
     findings = validate_config(
         parsed.config,

@@ -32,6 +32,9 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "count_hf_params",
     "default_gpu",
+    "default_node",
+    "detect_gpu",
+    "gpu_is_here",
     "gpu_for_device_name",
     "gpu_from_toml",
     "gpu_names",
@@ -41,6 +44,9 @@ __all__ = [
     "model_from_hf_config",
     "model_names",
     "model_preset_info",
+    "node_names",
+    "load_node",
+    "node_from_toml",
     "write_gpu_toml",
 ]
 
@@ -199,46 +205,69 @@ def gpu_for_device_name(device_name: str) -> str | None:
     return best[1] if best else None
 
 
-def default_gpu() -> tuple[GpuSpec, str]:
-    """The GPU of this machine (NVML, device 0) as a profile with its real memory, and a note.
-
-    Falls back to :data:`DEFAULT_GPU` with a note saying so when nvidia-ml-py is missing, NVML
-    cannot start (no driver) or no device is present; never raises for those.
-    """
-    fallback = load_gpu(DEFAULT_GPU)
+def _nvml_device() -> tuple[str, int, int] | str:
+    """(device name, memory bytes, device count) of NVML device 0, or why there is none."""
     try:
         import pynvml
     except ImportError:
-        return fallback, f"GPU: {DEFAULT_GPU} assumed (nvidia-ml-py not installed, no detection); set --gpu"
+        return "nvidia-ml-py not installed, no detection"
     try:
         pynvml.nvmlInit()
     except (pynvml.NVMLError, OSError) as exc:
-        return fallback, f"GPU: {DEFAULT_GPU} assumed (no NVIDIA driver: {exc}); set --gpu"
+        return f"no NVIDIA driver: {exc}"
     try:
         count = pynvml.nvmlDeviceGetCount()
         if count < 1:
-            return fallback, f"GPU: {DEFAULT_GPU} assumed (NVML sees no device); set --gpu"
+            return "NVML sees no device"
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         device_name = pynvml.nvmlDeviceGetName(handle)
         if isinstance(device_name, bytes):
             device_name = device_name.decode(errors="replace")
         memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     except (pynvml.NVMLError, OSError) as exc:
-        return fallback, f"GPU: {DEFAULT_GPU} assumed (NVML query failed: {exc}); set --gpu"
+        return f"NVML query failed: {exc}"
     finally:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+    return device_name, memory, count
+
+
+def detect_gpu() -> tuple[GpuSpec, str, bool]:
+    """:func:`default_gpu` plus whether NVML found a GPU on this machine (True) or one was assumed."""
+    fallback = load_gpu(DEFAULT_GPU)
+    found = _nvml_device()
+    if isinstance(found, str):
+        return fallback, f"GPU: {DEFAULT_GPU} assumed ({found}); set --gpu", False
+    device_name, memory, count = found
     profile = gpu_for_device_name(device_name)
     if profile is None:
         spec = replace(fallback, memory_bytes=memory, display_name=device_name)
         return spec, (
             f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count}, no matching profile: "
             f"{DEFAULT_GPU}'s speeds with the detected memory; set --gpu or run zeroplan calibrate"
-        )
+        ), True
     spec = replace(load_gpu(profile), memory_bytes=memory)
-    return spec, f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count} via NVML: profile {profile}"
+    return spec, f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count} via NVML: profile {profile}", True
+
+
+def default_gpu() -> tuple[GpuSpec, str]:
+    """The GPU of this machine (NVML, device 0) as a profile with its real memory, and a note.
+
+    Falls back to :data:`DEFAULT_GPU` with a note saying so when nvidia-ml-py is missing, NVML
+    cannot start (no driver) or no device is present; never raises for those.
+    """
+    spec, note, _ = detect_gpu()
+    return spec, note
+
+
+def gpu_is_here(spec: GpuSpec) -> bool:
+    """Whether NVML finds ``spec``'s GPU on this machine (its profile matches device 0's name)."""
+    found = _nvml_device()
+    if isinstance(found, str):
+        return False
+    return gpu_for_device_name(found[0]) == spec.name or (bool(spec.display_name) and spec.display_name == found[0])
 
 
 def _toml_value(value: Any, where: str) -> str:
@@ -342,3 +371,7 @@ def load_model_preset(name: str) -> ModelSpec:
     data = model_preset_info(name)
     kwargs = {k: data[k] for k in _MODEL_FIELDS if k in data}
     return ModelSpec(**kwargs, source="preset", notes=tuple(data.get("notes", ())))
+
+
+# Node profiles reuse the TOML helpers above.
+from zeroplan.profiles.node import default_node, load_node, node_from_toml, node_names  # noqa: E402

@@ -3,6 +3,7 @@
 from zeroplan.spec.cluster import GB, ClusterSpec, GiB, GpuSpec
 from zeroplan.spec.errors import SpecError
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params
+from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
 from zeroplan.spec.plan import CHECKPOINTING, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, resolve_engine_knobs
 from zeroplan.spec.training import (
     OPTIMIZERS,
@@ -19,8 +20,10 @@ __all__ = [
     "GB",
     "GiB",
     "GpuSpec",
+    "MAX_NODE_MEMORY_BYTES",
     "MAX_PARAMS",
     "ModelSpec",
+    "NodeSpec",
     "OFFLOADS",
     "OPTIMIZERS",
     "PRECISIONS",

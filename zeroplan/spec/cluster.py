@@ -109,6 +109,11 @@ class ClusterSpec:
     """NVMe capacity per node for ZeRO-Infinity offload, bytes (0: no NVMe)."""
     notes: tuple[str, ...] = field(default=())
     """How defaults were chosen (detected GPU, assumed RAM, ...)."""
+    node: str = ""
+    """Node profile the host figures come from (``profiles/nodes``), or empty."""
+    cpu_memory_source: str = ""
+    """Where ``cpu_memory_per_node_bytes`` comes from: ``--cpu-memory``, ``local`` (psutil on this
+    machine), ``node:<profile>``, or ``unknown`` (0: host memory not checked)."""
 
     def __post_init__(self) -> None:
         check_positive_int("gpus", self.gpus, maximum=1_000_000)
@@ -144,5 +149,7 @@ class ClusterSpec:
             "gpu_memory": self.gpu_memory_bytes,
             "cpu_memory_per_node": self.cpu_memory_per_node_bytes,
             "nvme_per_node": self.nvme_per_node_bytes,
+            "node": self.node,
+            "cpu_memory_source": self.cpu_memory_source,
             "notes": list(self.notes),
         }
