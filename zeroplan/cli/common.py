@@ -49,6 +49,13 @@ __all__ = [
     "CheckpointingOpt",
     "FormatOpt",
     "OutputOpt",
+    "LoraRankOpt",
+    "LoraTargetsOpt",
+    "LoraAlphaOpt",
+    "AdapterOpt",
+    "TrainableParamsOpt",
+    "BaseQuantOpt",
+    "with_peft",
     "resolve_model",
     "resolve_cluster",
     "resolve_training",
@@ -62,6 +69,7 @@ _CLUSTER = "Cluster"
 _TRAIN = "Training"
 _PLAN = "Plan"
 _OUT = "Output"
+_PEFT = "Fine-tuning (LoRA / QLoRA)"
 
 ParamsOpt = Annotated[
     Optional[float],
@@ -123,6 +131,44 @@ FormatOpt = Annotated[str, typer.Option("--format", help="table | json | csv.", 
 OutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.", rich_help_panel=_OUT)
 ]
+LoraRankOpt = Annotated[
+    Optional[int], typer.Option("--lora-rank", help="LoRA rank r: train adapters on a frozen base.", rich_help_panel=_PEFT)
+]
+LoraTargetsOpt = Annotated[
+    Optional[str],
+    typer.Option("--lora-targets", help="Modules to adapt, e.g. q_proj,v_proj, or all-linear [default: q_proj,v_proj].", rich_help_panel=_PEFT),
+]
+LoraAlphaOpt = Annotated[Optional[float], typer.Option("--lora-alpha", help="LoRA alpha (scale alpha/r; no effect on memory).", rich_help_panel=_PEFT)]
+AdapterOpt = Annotated[
+    Optional[Path], typer.Option("--adapter", help="PEFT adapter_config.json (or its folder), read offline.", rich_help_panel=_PEFT)
+]
+TrainableParamsOpt = Annotated[
+    Optional[str], typer.Option("--trainable-params", help="Train only N parameters (2e8) or P% of them (1.5%).", rich_help_panel=_PEFT)
+]
+BaseQuantOpt = Annotated[
+    Optional[str], typer.Option("--base-quant", help="Frozen base stored as none | nf4 (QLoRA) | int8.", rich_help_panel=_PEFT)
+]
+
+
+def with_peft(
+    model_spec: ModelSpec,
+    model_arg: Optional[str],
+    *,
+    precision: str,
+    lora_rank: Optional[int],
+    lora_targets: Optional[str],
+    lora_alpha: Optional[float],
+    adapter: Optional[Path],
+    trainable_params: Optional[str],
+    base_quant: Optional[str],
+) -> ModelSpec:
+    """The model with its frozen/trainable split from the fine-tuning options (see docs/peft.md)."""
+    from zeroplan.profiles.lora import resolve_peft
+
+    return resolve_peft(
+        model_spec, model_arg=model_arg, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
+        lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
+    )
 
 
 def check_choice_option(option: str, value: Optional[str], choices: tuple[str, ...]) -> None:

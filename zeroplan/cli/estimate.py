@@ -12,6 +12,12 @@ import typer
 from zeroplan import __version__
 from zeroplan.cli import app
 from zeroplan.cli.common import (
+    AdapterOpt,
+    BaseQuantOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    TrainableParamsOpt,
     CheckpointingOpt,
     CpuMemoryOpt,
     FormatOpt,
@@ -38,6 +44,7 @@ from zeroplan.cli.common import (
     resolve_cluster,
     resolve_model,
     resolve_training,
+    with_peft,
     write_output,
 )
 from zeroplan.spec import GiB, SpecError
@@ -114,9 +121,16 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
 
     console = Console(width=None if sys.stdout.isatty() else 170)
     name = model.name if model.source != "derived" else "model"
+    if model.peft is not None:
+        counts = (
+            f"{model.total_params / 1e9:.3g}B params ({model.peft.label}: {model.trainable_params / 1e6:.4g}M trainable, "
+            f"{model.frozen_params / 1e9:.3g}B frozen)"
+        )
+    else:
+        counts = f"{model.params / 1e9:.3g}B params"
     t = Table(
         title=(
-            f"{name}: {model.params / 1e9:.3g}B params on {cluster.gpus}× {cluster.gpu.name} "
+            f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
             f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
             f"{training.precision}, {training.optimizer}, seq {training.seq_len}"
         ),
@@ -220,6 +234,12 @@ def estimate(
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_param: OffloadParamOpt = None,
     checkpointing: CheckpointingOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    adapter: AdapterOpt = None,
+    trainable_params: TrainableParamsOpt = None,
+    base_quant: BaseQuantOpt = None,
     no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
     fmt: FormatOpt = "table",
@@ -240,7 +260,10 @@ def estimate(
 
     from zeroplan.estimator import enumerate_plans, estimate_all
 
-    model_spec = resolve_model(params, model)
+    model_spec = with_peft(
+        resolve_model(params, model), model, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
+        lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
+    )
     cluster = resolve_cluster(
         gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
     )

@@ -113,11 +113,21 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     s, b, h = training.seq_len, plan.micro_batch, model.hidden_size
     e = bytes_per_param(training.precision)
     kwargs = dict(seq_len=s, micro_batch=b, precision=training.precision, flash_attention=training.flash_attention)
-    full_layer = sum(layer_activation_bytes(model, **kwargs).values())
+
+    def layer_terms(**extra) -> dict[str, int]:
+        terms = layer_activation_bytes(model, **kwargs, **extra)
+        if model.peft is None:
+            return terms
+        # A frozen base saves fewer inputs; LoRA adds its own (zeroplan.estimator.peft).
+        from zeroplan.estimator.peft import frozen_base_activation_terms
+
+        return frozen_base_activation_terms(model, terms, **kwargs)
+
+    full_layer = sum(layer_terms().values())
     if plan.checkpointing == "none":
         per_layer, working = full_layer, 0
     elif plan.checkpointing == "selective":
-        per_layer = sum(layer_activation_bytes(model, recompute_attention=True, **kwargs).values())
+        per_layer = sum(layer_terms(recompute_attention=True).values())
         working = full_layer - per_layer
     else:
         per_layer, working = e * s * b * h, full_layer

@@ -60,7 +60,11 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     backward in every micro-step (2g·p·Ψ/n).
     """
     n = cluster.gpus
-    psi = model.params
+    # Only trainable gradients are reduced, and only updated (trainable) parameters re-gathered
+    # in stages 0–2; stage 3 gathers every parameter, frozen ones too, in every micro-step
+    # (zeroplan.estimator.peft cites DeepSpeed). Without peft, Ψ_t = Ψ_all = Ψ.
+    psi = model.trainable_params
+    psi_all = model.total_params
     p = bytes_per_param(training.precision)
     g = plan.gradient_accumulation_steps
     ring = (n - 1) / n
@@ -71,7 +75,7 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     else:
         grad_mult, gather_mult = float(g), 2.0 * g
     gradient_reduce = int(grad_mult * psi * ring * p)
-    param_allgather = int(gather_mult * psi * ring * p)
+    param_allgather = int(gather_mult * (psi_all if plan.stage == 3 else psi) * ring * p)
     # One collective per bucket; stage 3 gathers per module (≈ 2 per block per pass).
     if plan.stage == 3:
         collectives = g * (4 * model.num_layers + 2) + g * model.num_layers
@@ -83,7 +87,7 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         down = p * shard * (g if plan.stage >= 2 else 1)
         pcie += down + p * shard
     if plan.offload_param != "none":
-        pcie += 2 * g * p * shard
+        pcie += 2 * g * p * -(-psi_all // n)
     return CommVolume(
         gradient_reduce=gradient_reduce,
         param_allgather=param_allgather,

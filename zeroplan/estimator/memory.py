@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes
 from zeroplan.spec import (
     ClusterSpec,
     ModelSpec,
@@ -95,14 +96,21 @@ def model_states(
     if engine not in ("deepspeed", "paper"):
         raise ValueError(f"engine={engine!r}: choose deepspeed or paper")
     n = cluster.gpus
-    psi = model.params
+    # Gradients and optimizer states exist only for trainable parameters (Ψ_t = Ψ without
+    # peft); frozen ones are parameters only (zeroplan.estimator.peft, DeepSpeed citations).
+    psi = model.trainable_params
     p = bytes_per_param(training.precision)
     k = optimizer_state_bytes_per_param(training.optimizer, training.precision)
 
     def shard(count: int) -> int:
         return -(-count // n)
 
-    params = p * (shard(psi) if plan.stage == 3 else psi)
+    if model.peft is None:
+        params = p * (shard(psi) if plan.stage == 3 else psi)
+    else:
+        # Frozen (and quantized) base plus trainable adapter; stage 3 partitions all of it.
+        param_bytes = parameter_bytes(model, training.precision).total
+        params = shard(param_bytes) if plan.stage == 3 else param_bytes
     partitions_grads = plan.stage >= 2 or (
         plan.stage == 1
         and engine == "deepspeed"
@@ -172,7 +180,8 @@ def engine_overhead(
     comparison with probes measured on CPU.
     """
     n = cluster.gpus
-    psi = model.params
+    # Buffers below hold gradients or optimizer partitions: trainable parameters only.
+    psi = model.trainable_params
     p = bytes_per_param(training.precision)
     knobs = resolve_engine_knobs(plan, model.hidden_size)
     shard = -(-psi // n)
@@ -224,8 +233,11 @@ def engine_overhead(
         # parameter was AVAILABLE or INFLIGHT (2Ψ gathered, with stage3_max_reuse_distance 0 or
         # 1e9 alike), not largest layer + prefetch bucket; until the mechanism is pinned down on
         # a larger model, count everything max_live allows (conservative).
-        gathered = min(knobs["stage3_max_live_parameters"], psi)
-        backward["gathered_params"] = p * gathered
+        # Frozen parameters are partitioned and gathered like trainable ones (zero.Init covers
+        # every module parameter); bytes per element averaged over the model's storage.
+        total = model.total_params
+        gathered = min(knobs["stage3_max_live_parameters"], total)
+        backward["gathered_params"] = parameter_bytes(model, training.precision).total * gathered // total
         # Parameters below stage3_param_persistence_threshold stay whole on every rank
         # (parameter_offload.py persistent_parameters): norms and bias vectors, ~(2L+1)·h.
         if model.hidden_size < knobs["stage3_param_persistence_threshold"]:
@@ -234,6 +246,9 @@ def engine_overhead(
         if plan.offload_optimizer == "none":
             # stage3.py _prepare_fp32_grad_for_sub_group: one sub-group's gradients as fp32 at a time.
             step["fp32_gradient_partition"] = 4 * min(shard, knobs["sub_group_size"])
+    workspace = dequant_workspace_bytes(model, training.precision)
+    if workspace:
+        backward["dequantized_weight"] = workspace
     if device == "cuda":
         unallocated = {"cuda_context": CUDA_CONTEXT_BYTES}
         return EngineOverhead(always=always, during_backward=backward, during_step=step, unallocated=unallocated, deferred=deferred)
@@ -241,7 +256,10 @@ def engine_overhead(
 
 
 def largest_param_numel(model: ModelSpec) -> int:
-    """Elements of the largest single parameter tensor: the token embedding (V·h) or an MLP matrix (h·f)."""
+    """Elements of the largest single trainable parameter tensor: the token embedding (V·h) or an
+    MLP matrix (h·f); with LoRA, the largest adapter matrix (r·max(in, out))."""
+    if model.peft is not None and model.peft.adapted:
+        return max(m.rank * max(m.in_features, m.out_features) for m in model.peft.adapted)
     return max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
 
 
@@ -291,7 +309,7 @@ def host_memory(
     (``cpu_checkpointing``).
     """
     g = cluster.gpus_in_node
-    psi = model.params
+    psi = model.trainable_params  # offloaded gradients and optimizer partitions: trainable only
     p = bytes_per_param(training.precision)
     knobs = resolve_engine_knobs(plan, model.hidden_size)
     cpu: dict[str, int] = {}
@@ -322,5 +340,5 @@ def host_memory(
         cpu["param_swap_buffers"] = g * p * _NVME_PARAM_BUFFERS
     if checkpoint_bytes_on_cpu:
         cpu["activation_checkpoints"] = g * checkpoint_bytes_on_cpu
-    startup = g * 4 * (psi if plan.stage < 3 else model.largest_layer_params)
+    startup = g * 4 * (model.total_params if plan.stage < 3 else model.largest_layer_params)
     return HostMemory(cpu_items=cpu, nvme_items=nvme, startup_cpu=startup)

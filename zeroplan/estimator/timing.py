@@ -34,9 +34,11 @@ _GPU_ADAM_BYTES_PER_PARAM = 32
 
 def flops_per_token(model: ModelSpec, training: TrainingSpec, plan: Plan) -> dict[str, float]:
     """Training FLOPs per token, by term (Kaplan §2.1 / PaLM App. B / Korthikanti §5)."""
-    n = model.params
+    n = model.total_params
     attention = 12 * model.num_layers * model.hidden_size * training.seq_len
-    terms = {"weights": 6.0 * n, "attention": float(attention)}
+    # Forward 2N and the input gradients 2N run through every weight; the weight gradients
+    # (another 2 per parameter) only for trainable ones: 4N + 2N_t (= 6N without peft).
+    terms = {"weights": 4.0 * n + 2.0 * model.trainable_params, "attention": float(attention)}
     if plan.checkpointing == "full":
         terms["recompute"] = 2.0 * n + attention / 3
     elif plan.checkpointing == "selective" and not training.flash_attention:
@@ -84,11 +86,11 @@ def step_time(
     else:
         exposed = communication
 
-    shard = -(-model.params // n)
+    shard = -(-model.trainable_params // n)
     if plan.offload_optimizer == "none":
         optimizer = _GPU_ADAM_BYTES_PER_PARAM * shard / gpu.memory_bandwidth
         if plan.stage == 0:
-            optimizer = _GPU_ADAM_BYTES_PER_PARAM * model.params / gpu.memory_bandwidth
+            optimizer = _GPU_ADAM_BYTES_PER_PARAM * model.trainable_params / gpu.memory_bandwidth
     else:
         optimizer = shard / gpu.cpu_adam_params_per_s
     transfer = comm.pcie / gpu.host_bandwidth
@@ -96,7 +98,8 @@ def step_time(
         # Optimizer states (12Ψ/n per GPU) read and written once per step, sharing the node's NVMe.
         transfer += 2 * 12 * shard * cluster.gpus_in_node / NVME_BANDWIDTH
     if plan.offload_param == "nvme":
-        transfer += 2 * plan.gradient_accumulation_steps * 2 * shard * cluster.gpus_in_node / NVME_BANDWIDTH
+        param_shard = -(-model.total_params // n)
+        transfer += 2 * plan.gradient_accumulation_steps * 2 * param_shard * cluster.gpus_in_node / NVME_BANDWIDTH
     return StepTime(
         compute=compute,
         communication=communication,

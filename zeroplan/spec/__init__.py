@@ -4,6 +4,7 @@ from zeroplan.spec.cluster import GB, ClusterSpec, GiB, GpuSpec
 from zeroplan.spec.errors import SpecError
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params
 from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
+from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
 from zeroplan.spec.plan import CHECKPOINTING, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, resolve_engine_knobs
 from zeroplan.spec.training import (
     OPTIMIZERS,
@@ -14,6 +15,10 @@ from zeroplan.spec.training import (
 )
 
 __all__ = [
+    "AdaptedModule",
+    "BASE_QUANTS",
+    "PEFT_METHODS",
+    "PeftSpec",
     "CHECKPOINTING",
     "ClusterSpec",
     "DEEPSPEED_DEFAULT_KNOBS",

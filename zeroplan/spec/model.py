@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from zeroplan.spec.errors import SpecError, check_positive_int
+from zeroplan.spec.peft import PeftSpec
 
 __all__ = ["ModelSpec", "MAX_PARAMS", "derive_shape_from_params"]
 
@@ -47,9 +48,15 @@ class ModelSpec:
     """Where the shape came from: ``preset``, ``config.json``, ``derived`` (from --params) or ``given``."""
     notes: tuple[str, ...] = field(default=())
     """Things the user should know about how this spec was obtained."""
+    peft: PeftSpec | None = None
+    """Frozen base and trainable subset or adapter (LoRA/QLoRA); None for a full fine-tune."""
 
     def __post_init__(self) -> None:
         check_positive_int("params", self.params, maximum=MAX_PARAMS)
+        if self.peft is not None and self.peft.base_params != self.params:
+            raise SpecError(
+                f"peft spec counts a base of {self.peft.base_params} parameters but the model has {self.params}"
+            )
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size"):
             check_positive_int(name, getattr(self, name), maximum=10**8)
         if self.hidden_size % self.num_heads:
@@ -87,6 +94,21 @@ class ModelSpec:
         mlp = (3 if self.gated_mlp else 2) * h * self.ffn_size
         return attn + mlp
 
+    @property
+    def total_params(self) -> int:
+        """Every parameter the engine holds: the base plus any adapter."""
+        return self.params + (self.peft.added_params if self.peft else 0)
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters with gradients and optimizer states (all of them without ``peft``)."""
+        return self.peft.trainable_params if self.peft else self.params
+
+    @property
+    def frozen_params(self) -> int:
+        """Parameters held without gradients or optimizer states."""
+        return self.total_params - self.trainable_params
+
     def _largest_layer(self) -> int:
         # DeepSpeed's ZeRO-3 estimator uses the largest *layer* (module) because a whole module's
         # parameters are gathered at once; embedding tables are usually the largest one.
@@ -110,6 +132,9 @@ class ModelSpec:
             "largest_layer_params": self.largest_layer_params,
             "source": self.source,
             "notes": list(self.notes),
+            "trainable_params": self.trainable_params,
+            "frozen_params": self.frozen_params,
+            "peft": self.peft.as_dict() if self.peft else None,
         }
 
     @classmethod

@@ -1,0 +1,65 @@
+"""PEFT in the estimator and on the command line: published counts, QLoRA storage arithmetic,
+and bad input (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.estimator.peft import NF4_DOUBLE_QUANT_OVERHEAD_BITS, quantized_weight_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+    )
+
+
+def test_nf4_double_quantization_overhead_matches_qlora_paper():
+    # QLoRA (arXiv 2305.14314) §3 "Double Quantization": the constants cost 32/64 = 0.5 bit per
+    # parameter without it and 8/64 + 32/(64·256) = 0.127 bit with it.
+    assert round(NF4_DOUBLE_QUANT_OVERHEAD_BITS, 3) == 0.127
+    n = 64 * 256 * 1000
+    parts = quantized_weight_bytes("nf4", n, rows=1)
+    assert parts["nf4_codes"] * 8 / n == 4
+    assert round((parts["absmax_8bit"] + parts["absmax_fp32_constants"]) * 8 / n, 3) == 0.127
+    # LLM.int8 (arXiv 2208.07339) §3: int8 weights + one fp32 scale per row.
+    assert quantized_weight_bytes("int8", 4096 * 4096, rows=4096) == {"int8_weights": 4096 * 4096, "row_scales_fp32": 4 * 4096}
+
+
+def test_json_reports_trainable_and_frozen_counts_as_peft_prints_them():
+    # peft's print_trainable_parameters() for Llama-3-8B with LoraConfig(r=16,
+    # target_modules=["q_proj", "v_proj"]): "trainable params: 6,815,744 || all params: 8,037,076,992".
+    r = run("estimate", "--model", "llama-3-8b", "--gpus", "2", "--cpu-memory", "256", "--gpu", "a100-80gb",
+            "--lora-rank", "16", "--lora-targets", "q_proj,v_proj", "--micro-batch", "1", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    model = json.loads(r.stdout)["model"]
+    assert model["trainable_params"] == 6_815_744
+    assert model["trainable_params"] + model["frozen_params"] == 8_037_076_992
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--lora-rank", "8", "--lora-targets", "q_proj,wq"],
+         "--lora-targets wq: no such module in llama-3-8b; its linear modules are down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or all-linear)"),
+        (["--lora-rank", "-4"], "--lora-rank -4 is not valid; give a whole number >= 1 (typical: 8, 16, 64)"),
+        (["--lora-rank", "2048", "--lora-targets", "k_proj"],
+         "--lora-rank 2048 is larger than self_attn.k_proj (4096→1024); a rank above min(in, out) = 1024 adds parameters without adding capacity"),
+        (["--lora-rank", "8", "--base-quant", "nf4", "--precision", "fp32"],
+         "--base-quant nf4 with --precision fp32: bitsandbytes bases compute in bf16 or fp16; use --precision bf16"),
+        (["--trainable-params", "120%"], "--trainable-params '120%' is not valid; give a count such as 2e8 or a percentage such as 1.5%"),
+    ],
+)
+def test_bad_peft_input_is_one_line_exit_2(args, message):
+    r = run("estimate", "--model", "llama-3-8b", "--gpus", "2", "--cpu-memory", "256", *args)
+    assert r.returncode == 2
+    assert r.stderr == f"zeroplan: error: {message}\n"

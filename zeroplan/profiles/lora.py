@@ -1,0 +1,503 @@
+"""Exact LoRA parameter counts from a Hugging Face config, offline, and PEFT specs from flags.
+
+LoRA (Hu et al. 2021, arXiv 2106.09685, §4.1) adds to a frozen weight W (out × in) the product
+B·A with A: r × in and B: out × r, so each adapted module adds r·(in + out) trainable parameters.
+peft builds exactly that (peft/tuners/lora/layer.py, ``update_layer``: ``lora_A = nn.Linear(in,
+r, bias=False)``, ``lora_B = nn.Linear(r, out, bias=False)``; embeddings: ``lora_embedding_A``
+r × V and ``lora_embedding_B`` h × r; DoRA adds a magnitude vector of ``out`` elements).
+
+Target matching follows peft (peft/tuners/tuners_utils.py, ``check_target_module_exists``): a list
+entry matches a module whose full name equals it or ends with ``"." + entry``; a string is a
+regular expression matched against the full name; ``all-linear`` is every linear module but the
+output layer. Standard library only (no torch, no peft); tests compare with ``peft`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from zeroplan.profiles.hf_config import _Config
+from zeroplan.spec import BASE_QUANTS, AdaptedModule, ModelSpec, PeftSpec, SpecError
+
+__all__ = [
+    "BaseModule",
+    "base_modules",
+    "base_modules_from_shape",
+    "lora_spec",
+    "partial_spec",
+    "read_adapter_config",
+    "resolve_peft",
+]
+
+
+@dataclass(frozen=True)
+class BaseModule:
+    """A linear (or embedding) module of the base model, as peft sees it."""
+
+    name: str
+    """Path inside a block (``self_attn.q_proj``) or full path of a top-level module (``lm_head``)."""
+    in_features: int
+    out_features: int
+    prefix: str = ""
+    """Full-name prefix with ``{i}`` for the block index (``model.layers.{i}.``); empty at top level."""
+    count: int = 1
+    """num_layers for per-block modules, 1 at top level."""
+    kind: str = "linear"
+    """``linear`` (nn.Linear or GPT-2's Conv1D), ``output`` (the LM head) or ``embedding``."""
+
+    def full_names(self) -> list[str]:
+        if not self.prefix:
+            return [self.name]
+        return [self.prefix.format(i=i) + self.name for i in range(self.count)]
+
+    @property
+    def numel(self) -> int:
+        return self.in_features * self.out_features
+
+
+# model_type → (block prefix, embedding name, output name) as transformers names the modules.
+_LLAMA_DEFAULTS = {
+    # Same defaults as zeroplan.profiles.hf_config's counters (num_key_value_heads, head_dim).
+    "llama": {},
+    "mistral": {"kv": 8},
+    "qwen2": {},
+    "qwen3": {"head_dim": 128},
+    "gemma": {"kv": 16, "head_dim": 256},
+    "phi3": {"fused": True},
+}
+
+
+def _llama_modules(c: _Config, model_type: str) -> list[BaseModule]:
+    """transformers/models/llama/modeling_llama.py and its relatives (see hf_config._llama_family)."""
+    d = _LLAMA_DEFAULTS[model_type]
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
+    kv = c.opt_int("num_key_value_heads") or d.get("kv") or heads
+    ffn = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    head_dim = c.opt_int("head_dim") or d.get("head_dim") or h // heads
+    pre = "model.layers.{i}."
+    if d.get("fused"):
+        block = [
+            BaseModule("self_attn.qkv_proj", h, (heads + 2 * kv) * head_dim, pre, layers),
+            BaseModule("self_attn.o_proj", heads * head_dim, h, pre, layers),
+            BaseModule("mlp.gate_up_proj", h, 2 * ffn, pre, layers),
+            BaseModule("mlp.down_proj", ffn, h, pre, layers),
+        ]
+    else:
+        block = [
+            BaseModule("self_attn.q_proj", h, heads * head_dim, pre, layers),
+            BaseModule("self_attn.k_proj", h, kv * head_dim, pre, layers),
+            BaseModule("self_attn.v_proj", h, kv * head_dim, pre, layers),
+            BaseModule("self_attn.o_proj", heads * head_dim, h, pre, layers),
+            BaseModule("mlp.gate_proj", h, ffn, pre, layers),
+            BaseModule("mlp.up_proj", h, ffn, pre, layers),
+            BaseModule("mlp.down_proj", ffn, h, pre, layers),
+        ]
+    return block + [
+        BaseModule("model.embed_tokens", vocab, h, kind="embedding"),
+        BaseModule("lm_head", h, vocab, kind="output"),
+    ]
+
+
+def _gpt2_modules(c: _Config, model_type: str) -> list[BaseModule]:
+    """transformers/models/gpt2/modeling_gpt2.py: Conv1D c_attn h→3h, c_proj, c_fc h→inner, c_proj."""
+    h = c.get_int("n_embd", "hidden_size")
+    layers = c.get_int("n_layer", "num_hidden_layers")
+    vocab = c.get_int("vocab_size")
+    inner = c.opt_int("n_inner") or 4 * h
+    positions = c.get_int("n_positions", "max_position_embeddings")
+    pre = "transformer.h.{i}."
+    return [
+        BaseModule("attn.c_attn", h, 3 * h, pre, layers),
+        BaseModule("attn.c_proj", h, h, pre, layers),
+        BaseModule("mlp.c_fc", h, inner, pre, layers),
+        BaseModule("mlp.c_proj", inner, h, pre, layers),
+        BaseModule("transformer.wte", vocab, h, kind="embedding"),
+        BaseModule("transformer.wpe", positions, h, kind="embedding"),
+        BaseModule("lm_head", h, vocab, kind="output"),
+    ]
+
+
+def _gpt_neox_modules(c: _Config, model_type: str) -> list[BaseModule]:
+    """transformers/models/gpt_neox/modeling_gpt_neox.py."""
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    ffn = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    pre = "gpt_neox.layers.{i}."
+    return [
+        BaseModule("attention.query_key_value", h, 3 * h, pre, layers),
+        BaseModule("attention.dense", h, h, pre, layers),
+        BaseModule("mlp.dense_h_to_4h", h, ffn, pre, layers),
+        BaseModule("mlp.dense_4h_to_h", ffn, h, pre, layers),
+        BaseModule("gpt_neox.embed_in", vocab, h, kind="embedding"),
+        BaseModule("embed_out", h, vocab, kind="output"),
+    ]
+
+
+def _opt_modules(c: _Config, model_type: str) -> list[BaseModule]:
+    """transformers/models/opt/modeling_opt.py (project_in/out exist when word_embed_proj_dim ≠ h)."""
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    ffn = c.get_int("ffn_dim")
+    vocab = c.get_int("vocab_size")
+    proj = c.opt_int("word_embed_proj_dim") or h
+    pre = "model.decoder.layers.{i}."
+    mods = [
+        BaseModule("self_attn.k_proj", h, h, pre, layers),
+        BaseModule("self_attn.v_proj", h, h, pre, layers),
+        BaseModule("self_attn.q_proj", h, h, pre, layers),
+        BaseModule("self_attn.out_proj", h, h, pre, layers),
+        BaseModule("fc1", h, ffn, pre, layers),
+        BaseModule("fc2", ffn, h, pre, layers),
+        BaseModule("model.decoder.embed_tokens", vocab, proj, kind="embedding"),
+        BaseModule("lm_head", proj, vocab, kind="output"),
+    ]
+    if proj != h:
+        mods += [BaseModule("model.decoder.project_in", proj, h), BaseModule("model.decoder.project_out", h, proj)]
+    return mods
+
+
+def _bloom_modules(c: _Config, model_type: str) -> list[BaseModule]:
+    """transformers/models/bloom/modeling_bloom.py."""
+    h = c.get_int("hidden_size", "n_embed")
+    layers = c.get_int("n_layer", "num_hidden_layers")
+    vocab = c.get_int("vocab_size")
+    pre = "transformer.h.{i}."
+    return [
+        BaseModule("self_attention.query_key_value", h, 3 * h, pre, layers),
+        BaseModule("self_attention.dense", h, h, pre, layers),
+        BaseModule("mlp.dense_h_to_4h", h, 4 * h, pre, layers),
+        BaseModule("mlp.dense_4h_to_h", 4 * h, h, pre, layers),
+        BaseModule("transformer.word_embeddings", vocab, h, kind="embedding"),
+        BaseModule("lm_head", h, vocab, kind="output"),
+    ]
+
+
+_MODULES = {
+    **{t: _llama_modules for t in _LLAMA_DEFAULTS},
+    "gpt2": _gpt2_modules,
+    "gpt_neox": _gpt_neox_modules,
+    "opt": _opt_modules,
+    "bloom": _bloom_modules,
+}
+
+
+def base_modules(data: dict[str, Any], *, where: str = "config") -> tuple[BaseModule, ...]:
+    """Linear and embedding modules of the model transformers builds from ``data`` (a config dict)."""
+    model_type = data.get("model_type")
+    fn = _MODULES.get(model_type) if isinstance(model_type, str) else None
+    if fn is None:
+        raise SpecError(
+            f"{where}: LoRA counting is not supported for model_type {model_type!r}; supported: "
+            f"{', '.join(sorted(_MODULES))} (or use --trainable-params N)"
+        )
+    return tuple(fn(_Config(data, where), model_type))
+
+
+def base_modules_from_shape(model: ModelSpec) -> tuple[BaseModule, ...]:
+    """Llama-named modules from a bare shape (``--params`` or a preset without ``[hf_config]``)."""
+    h, layers = model.hidden_size, model.num_layers
+    kv = model.num_kv_heads * model.head_dim
+    pre = "model.layers.{i}."
+    mods = [
+        BaseModule("self_attn.q_proj", h, h, pre, layers),
+        BaseModule("self_attn.k_proj", h, kv, pre, layers),
+        BaseModule("self_attn.v_proj", h, kv, pre, layers),
+        BaseModule("self_attn.o_proj", h, h, pre, layers),
+    ]
+    if model.gated_mlp:
+        mods.append(BaseModule("mlp.gate_proj", h, model.ffn_size, pre, layers))
+    mods += [
+        BaseModule("mlp.up_proj", h, model.ffn_size, pre, layers),
+        BaseModule("mlp.down_proj", model.ffn_size, h, pre, layers),
+        BaseModule("model.embed_tokens", model.vocab_size, h, kind="embedding"),
+        BaseModule("lm_head", h, model.vocab_size, kind="output"),
+    ]
+    return tuple(mods)
+
+
+def _linear_names(modules: Iterable[BaseModule]) -> str:
+    names = sorted({m.name.rsplit(".", 1)[-1] for m in modules if m.kind == "linear"})
+    return ", ".join(names)
+
+
+def _matches(target: str | list[str], full_name: str) -> bool:
+    """peft's check_target_module_exists: regex fullmatch for a string, suffix match for a list."""
+    if isinstance(target, str):
+        return re.fullmatch(target, full_name) is not None
+    return any(full_name == t or full_name.endswith("." + t) for t in target)
+
+
+def _pattern_value(patterns: dict[str, Any], full_name: str, default: Any) -> Any:
+    """peft's get_pattern_key: the first key k with ``(.*\\.)?k$`` matching the module's name."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", full_name):
+            return value
+    return default
+
+
+def lora_spec(
+    model: ModelSpec,
+    modules: tuple[BaseModule, ...],
+    *,
+    rank: int,
+    targets: str | list[str],
+    alpha: Optional[float] = None,
+    dropout: float = 0.0,
+    base_quant: str = "none",
+    rank_pattern: Optional[dict[str, int]] = None,
+    modules_to_save: Iterable[str] = (),
+    use_dora: bool = False,
+    source: str = "flags",
+    notes: tuple[str, ...] = (),
+) -> PeftSpec:
+    """The PeftSpec of LoRA rank ``rank`` on ``targets`` (a list of names, a regex or ``all-linear``).
+
+    Added parameters: Σ r·(in + out) over adapted linear modules (Hu et al. §4.1), r·(V + h) per
+    adapted embedding, + out per module with DoRA, + a full trainable copy of each
+    ``modules_to_save`` module (peft ModulesToSaveWrapper). All added parameters train; the
+    base is frozen. Quantized storage covers every linear module but the output layer (what
+    transformers' bitsandbytes integration converts: ``modules_to_not_convert`` keeps lm_head).
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise SpecError(f"--lora-rank {rank!r} is not valid; give a whole number >= 1 (typical: 8, 16, 64)")
+    if base_quant not in BASE_QUANTS:
+        raise SpecError(f"--base-quant {base_quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
+    linear_like = [m for m in modules if m.kind in ("linear", "output", "embedding")]
+    if targets == "all-linear" or targets == ["all-linear"]:
+        chosen = [m for m in modules if m.kind == "linear"]
+        shown_targets: tuple[str, ...] = ("all-linear",)
+    else:
+        if isinstance(targets, list):
+            targets = [t.strip() for t in targets if t.strip()]
+            if not targets:
+                raise SpecError(f"--lora-targets is empty; give module names ({_linear_names(modules)}) or all-linear")
+            unknown = [t for t in targets if not any(_matches([t], n) for m in linear_like for n in m.full_names())]
+            if unknown:
+                raise SpecError(
+                    f"--lora-targets {','.join(unknown)}: no such module in {model.name}; its linear modules are "
+                    f"{_linear_names(modules)} (or all-linear)"
+                )
+            shown_targets = tuple(targets)
+        else:
+            shown_targets = (targets,)
+        chosen = [m for m in linear_like if any(_matches(targets, n) for n in m.full_names())]
+        if not chosen:
+            raise SpecError(
+                f"target_modules {targets!r} matches no module of {model.name}; its linear modules are "
+                f"{_linear_names(modules)}"
+            )
+    patterns = dict(rank_pattern or {})
+    adapted: list[AdaptedModule] = []
+    added = 0
+    for m in chosen:
+        # Per-layer modules share a rank unless rank_pattern names a single layer; group by rank.
+        by_rank: dict[int, int] = {}
+        for full in m.full_names():
+            if not _matches(targets if shown_targets != ("all-linear",) else [m.name], full):
+                continue
+            r = int(_pattern_value(patterns, full, rank))
+            by_rank[r] = by_rank.get(r, 0) + 1
+        for r, count in by_rank.items():
+            if r <= 0:
+                raise SpecError(f"rank_pattern gives {m.name} rank {r}; ranks must be >= 1")
+            if m.kind != "embedding" and r > min(m.in_features, m.out_features):
+                raise SpecError(
+                    f"--lora-rank {r} is larger than {m.name} ({m.in_features}→{m.out_features}); a rank above "
+                    f"min(in, out) = {min(m.in_features, m.out_features)} adds parameters without adding capacity"
+                )
+            per = r * (m.in_features + m.out_features) + (m.out_features if use_dora and m.kind != "embedding" else 0)
+            added += per * count
+            adapted.append(AdaptedModule(m.name, m.in_features, m.out_features, count, r))
+    for name in modules_to_save:
+        hits = [m for m in linear_like if any(_matches([name], n) for n in m.full_names())]
+        if not hits:
+            raise SpecError(f"modules_to_save {name!r} matches no module of {model.name}")
+        added += sum(m.numel * m.count for m in hits)
+    quantized = rows = largest = 0
+    if base_quant != "none":
+        q = [m for m in modules if m.kind == "linear"]
+        quantized = sum(m.numel * m.count for m in q)
+        rows = sum(m.out_features * m.count for m in q)
+        largest = max(m.numel for m in q)
+    return PeftSpec(
+        method="lora",
+        base_params=model.params,
+        trainable_params=added,
+        added_params=added,
+        base_quant=base_quant,
+        quantized_params=quantized,
+        quantized_rows=rows,
+        largest_quantized_numel=largest,
+        rank=rank,
+        alpha=alpha,
+        dropout=dropout,
+        targets=shown_targets,
+        adapted=tuple(adapted),
+        source=source,
+        notes=notes,
+    )
+
+
+def partial_spec(model: ModelSpec, trainable: str) -> PeftSpec:
+    """``--trainable-params N`` (a count such as 2e8) or ``P%`` of the model's parameters."""
+    text = trainable.strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            count = int(round(model.params * pct / 100))
+        else:
+            value = float(text)
+            if value != int(value) or value < 1:
+                raise ValueError
+            count = int(value)
+    except ValueError:
+        raise SpecError(
+            f"--trainable-params {trainable!r} is not valid; give a count such as 2e8 or a percentage such as 1.5%"
+        ) from None
+    if count < 1 or count > model.params:
+        raise SpecError(
+            f"--trainable-params {trainable} gives {count} of the model's {model.params} parameters; "
+            f"give between 1 and {model.params}"
+        )
+    return PeftSpec(method="partial", base_params=model.params, trainable_params=count)
+
+
+def read_adapter_config(path: Path | str) -> dict[str, Any]:
+    """A PEFT ``adapter_config.json`` (or a folder holding one), read offline and checked."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "adapter_config.json"
+    if not path.is_file():
+        raise SpecError(f"--adapter {path}: no such file; give a PEFT adapter_config.json or its folder")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"--adapter {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"--adapter {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"--adapter {path}: expected a JSON object (an adapter_config.json)")
+    peft_type = data.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise SpecError(f"--adapter {path}: peft_type {peft_type!r} is not supported; zeroplan counts LORA adapters")
+    if data.get("layers_to_transform") not in (None, []):
+        raise SpecError(f"--adapter {path}: layers_to_transform is not supported; adapt every layer")
+    if data.get("bias", "none") != "none":
+        raise SpecError(f"--adapter {path}: bias={data.get('bias')!r} is not supported; zeroplan counts bias='none'")
+    return data
+
+
+def _base_name(model_arg: Optional[str], hf: Optional[dict[str, Any]]) -> Optional[str]:
+    if hf and isinstance(hf.get("_name_or_path"), str) and hf["_name_or_path"]:
+        return hf["_name_or_path"]
+    return None
+
+
+def resolve_peft(
+    model: ModelSpec,
+    *,
+    model_arg: Optional[str],
+    precision: str,
+    lora_rank: Optional[int] = None,
+    lora_targets: Optional[str] = None,
+    lora_alpha: Optional[float] = None,
+    adapter: Optional[Path] = None,
+    trainable_params: Optional[str] = None,
+    base_quant: Optional[str] = None,
+) -> ModelSpec:
+    """``model`` with its PeftSpec from the command-line options (unchanged when none is given).
+
+    One SpecError line for: LoRA flags with --adapter or --trainable-params, a quantized base
+    without an adapter or with fp32, unknown targets, a rank ≤ 0 or above a layer's width, an
+    adapter config made for another base model.
+    """
+    lora_flags = lora_rank is not None or lora_targets is not None or lora_alpha is not None
+    if sum((lora_flags, adapter is not None, trainable_params is not None)) > 1:
+        raise SpecError("give one of --lora-rank/--lora-targets, --adapter or --trainable-params, not several")
+    quant = base_quant or "none"
+    if quant not in BASE_QUANTS:
+        raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
+    if quant != "none":
+        if precision == "fp32":
+            raise SpecError(
+                f"--base-quant {quant} with --precision fp32: bitsandbytes bases compute in bf16 or fp16; use --precision bf16"
+            )
+        if not (lora_flags or adapter is not None):
+            raise SpecError(f"--base-quant {quant} needs an adapter (--lora-rank or --adapter): a quantized base cannot train")
+    if trainable_params is not None:
+        return replace(model, peft=partial_spec(model, trainable_params))
+    if not (lora_flags or adapter is not None):
+        return model
+    hf = _hf_config_of(model_arg)
+    notes: list[str] = []
+    if hf is not None:
+        modules = base_modules(hf, where=model.name)
+    else:
+        modules = base_modules_from_shape(model)
+        notes.append("no config.json: LoRA counted on Llama-named modules of the shape (biases ignored)")
+    if adapter is not None:
+        cfg = read_adapter_config(adapter)
+        base = cfg.get("base_model_name_or_path")
+        ours = _base_name(model_arg, hf)
+        if isinstance(base, str) and base and ours and Path(base).name.lower() != Path(ours).name.lower():
+            raise SpecError(
+                f"--adapter {adapter} was made for {base}, but the model is {ours}; give that model's config"
+            )
+        targets = cfg.get("target_modules")
+        if targets is None:
+            raise SpecError(f"--adapter {adapter}: no target_modules (peft fills them per architecture; list them)")
+        if isinstance(targets, list) and targets == ["all-linear"]:
+            targets = "all-linear"
+        rank = cfg.get("r", 8)
+        spec = lora_spec(
+            model,
+            modules,
+            rank=rank,
+            targets=targets if isinstance(targets, (str, list)) else list(targets),
+            alpha=cfg.get("lora_alpha"),
+            dropout=float(cfg.get("lora_dropout") or 0.0),
+            base_quant=quant,
+            rank_pattern=cfg.get("rank_pattern") or {},
+            modules_to_save=cfg.get("modules_to_save") or (),
+            use_dora=bool(cfg.get("use_dora", False)),
+            source=str(adapter),
+            notes=tuple(notes),
+        )
+        return replace(model, peft=spec)
+    if lora_rank is None:
+        raise SpecError("--lora-targets/--lora-alpha need --lora-rank (e.g. --lora-rank 16)")
+    text = lora_targets or "q_proj,v_proj"
+    targets_arg: str | list[str] = "all-linear" if text == "all-linear" else text.split(",")
+    if lora_targets is None:
+        notes.append("--lora-targets not given: q_proj,v_proj (peft's default for Llama-style models)")
+        if not any(m.name.endswith(("q_proj", "v_proj")) for m in modules):
+            raise SpecError(f"give --lora-targets: {model.name} has no q_proj/v_proj; its linear modules are {_linear_names(modules)}")
+    spec = lora_spec(
+        model, modules, rank=lora_rank, targets=targets_arg, alpha=lora_alpha, base_quant=quant, notes=tuple(notes)
+    )
+    return replace(model, peft=spec)
+
+
+def _hf_config_of(model_arg: Optional[str]) -> Optional[dict[str, Any]]:
+    """The config dict behind ``--model`` (a preset's ``[hf_config]`` or the config.json file)."""
+    if model_arg is None:
+        return None
+    from zeroplan import profiles
+
+    path = Path(model_arg)
+    if model_arg.endswith(".json") or path.is_dir() or path.exists():
+        if path.is_dir():
+            path = path / "config.json"
+        return json.loads(path.read_text(encoding="utf-8"))
+    info = profiles.model_preset_info(model_arg)
+    return info.get("hf_config")
