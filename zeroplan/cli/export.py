@@ -16,6 +16,12 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import (
+    AdapterOpt,
+    BaseQuantOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    TrainableParamsOpt,
     CheckpointingOpt,
     CpuMemoryOpt,
     GlobalBatchOpt,
@@ -39,6 +45,7 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_model,
+    with_peft,
     resolve_training,
     write_output,
 )
@@ -92,6 +99,12 @@ def export(
     lr: LrOpt = 1e-4,
     warmup_steps: WarmupOpt = 100,
     total_steps: TotalStepsOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    adapter: AdapterOpt = None,
+    trainable_params: TrainableParamsOpt = None,
+    base_quant: BaseQuantOpt = None,
     output: OutputOpt = None,
 ) -> None:
     """Write a DeepSpeed config for a plan (or the fastest plan that fits) that passes validate.
@@ -112,6 +125,12 @@ def export(
         global_batch=global_batch, grad_accum=grad_accum,
     )
     model_spec = resolve_model(params, model) if (params is not None or model is not None) else None
+    peft_flags = dict(lora_rank=lora_rank, lora_targets=lora_targets, lora_alpha=lora_alpha, adapter=adapter,
+                      trainable_params=trainable_params, base_quant=base_quant)
+    if model_spec is not None:
+        model_spec = with_peft(model_spec, model, precision=precision, **peft_flags)
+    elif any(v is not None for v in peft_flags.values()):
+        raise SpecError("the fine-tuning options (--lora-rank, --adapter, ...) need a model: --model NAME or config.json")
 
     if stage is not None and micro_batch is not None:
         plan = Plan(

@@ -13,6 +13,12 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import (
+    AdapterOpt,
+    BaseQuantOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    TrainableParamsOpt,
     CheckpointingOpt,
     CpuMemoryOpt,
     GpuMemoryOpt,
@@ -28,6 +34,7 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_model,
+    with_peft,
     write_output,
 )
 from zeroplan.spec import SpecError
@@ -78,6 +85,12 @@ def validate(
     nvme: NvmeOpt = None,
     seq_len: SeqLenOpt = 2048,
     checkpointing: CheckpointingOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    adapter: AdapterOpt = None,
+    trainable_params: TrainableParamsOpt = None,
+    base_quant: BaseQuantOpt = None,
     fmt: ValidateFormatOpt = "table",
     output: OutputOpt = None,
 ) -> None:
@@ -104,7 +117,13 @@ def validate(
     model_spec = cluster = None
     notes: list[str] = []
     if params is not None or model is not None:
-        model_spec = resolve_model(params, model)
+        # The config's precision decides whether a quantized base is allowed (it needs bf16/fp16).
+        precision = "bf16" if (parsed.config.get("bf16") or {}).get("enabled") else (
+            "fp16" if (parsed.config.get("fp16") or {}).get("enabled") else "fp32")
+        model_spec = with_peft(
+            resolve_model(params, model), model, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
+            lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
+        )
         cluster_gpus = gpus or _implied_world_size(parsed.config)
         if cluster_gpus is None:
             notes.append("memory fit not checked: give --gpus N (the batch keys do not fix a GPU count)")
@@ -116,6 +135,8 @@ def validate(
             notes.extend(cluster.notes)
             if gpus is None:
                 notes.append(f"fit checked on {cluster_gpus} GPUs, the count the batch keys imply (set --gpus)")
+    elif any(v is not None for v in (lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant)):
+        raise SpecError("the fine-tuning options (--lora-rank, --adapter, ...) are for the memory check; also give --model")
     elif any(v is not None for v in (gpu, gpu_memory, cpu_memory, node, nvme, gpus_per_node)):
         raise SpecError("--gpu/--gpu-memory/--cpu-memory/--node/--nvme/--gpus-per-node are for the memory check; also give --params or --model")
 
