@@ -224,7 +224,7 @@ def tune(
     view = _LiveView(console, settings.trials)
 
     def after_trial() -> None:
-        write_results(study.get_trials(deepcopy=False), output, meta)
+        write_results(tuner.ledger.trials(), output, meta)
 
     tuner = Tuner(study, space, runner, settings, on_event=view.event, after_trial=after_trial)
     for message in tuner.prepare(resume=resume):

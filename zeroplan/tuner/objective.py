@@ -15,10 +15,13 @@ from typing import Any, Callable, Optional, Protocol
 
 from zeroplan.spec import ModelSpec, Plan, TrainingSpec
 
-__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES"]
+__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES"]
 
 #: Statuses a probe can end with (the runtime's, plus "invalid" for a config that fails validation).
 PROBE_STATUSES = ("ok", "oom", "error", "timeout", "invalid")
+
+#: Statuses of trials that ran a probe (they count against --trials).
+PROBED_STATUSES = ("ok", "oom", "error", "timeout")
 
 
 @dataclass(frozen=True)

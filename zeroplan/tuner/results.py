@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from zeroplan.tuner.ledger import trial_reason, trial_status
+
 __all__ = [
     "CSV_COLUMNS",
     "trials_frame",
@@ -91,7 +93,7 @@ def trials_frame(trials: list[Any]) -> Any:
             continue
         attrs = t.user_attrs
         plan = attrs.get("plan") or {}
-        status = attrs.get("status") or ("running" if t.state.name == "RUNNING" else t.state.name.lower())
+        status = trial_status(t)
         rows.append(
             {
                 "trial": t.number,
@@ -115,7 +117,7 @@ def trials_frame(trials: list[Any]) -> Any:
                 "measured_step_time_s": attrs.get("measured_step_time_s") or None,
                 "probe_wall_s": attrs.get("probe_wall_s"),
                 "worker": attrs.get("worker", ""),
-                "reason": attrs.get("reason", ""),
+                "reason": trial_reason(t),
             }
         )
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)

@@ -10,14 +10,11 @@ Order of trials:
    is recorded as FAIL "duplicate" (ignored by TPE) and after a few in a row the best-predicted
    untried plan is enqueued instead, so the search never stalls on a finite space.
 
-Claims and workers: before probing, a trial writes its plan key, worker (``host:pid``) and
-deadline into its user attrs, then re-reads the study: if another live or finished trial with a
-lower number claims the same plan, it yields. Several ``zeroplan tune`` processes on one storage
-therefore never probe the same plan twice. ``--resume`` marks RUNNING trials whose worker is gone
-(dead pid on this host, or past its probe deadline) as FAIL "interrupted" and enqueues them again.
-
-An OOM teaches the search: larger micro-batches (or the same one with less checkpointing) at the
-same stage/offload are recorded as PRUNED "larger than an OOM'd micro-batch" without a probe.
+The jobs around the loop live in their own modules: the claims ledger over a shared study, with
+crash recovery (:mod:`zeroplan.tuner.ledger`: several ``zeroplan tune`` processes on one storage
+never probe the same plan twice; ``--resume`` fails the trials of dead workers and enqueues their
+plans again), and admission (:mod:`zeroplan.tuner.admission`: pure functions saying whether a
+proposed plan may be probed — an OOM prunes larger micro-batches at the same stage/offload).
 """
 
 from __future__ import annotations
@@ -25,26 +22,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from zeroplan.spec import SpecError
-from zeroplan.tuner.objective import ProbeOutcome, Runner
-from zeroplan.tuner.space import CHECKPOINTING_MEMORY_RANK, Candidate, SearchSpace, zero_choice
-from zeroplan.tuner.storage import StorageError, this_worker
+from zeroplan.tuner.admission import Rejection, admit, duplicate, memory_overshoot, not_enumerated
+from zeroplan.tuner.ledger import ClaimsLedger, first_line, storage_call
+from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
+from zeroplan.tuner.space import Candidate, SearchSpace, zero_choice
+from zeroplan.tuner.storage import StorageError
 
 __all__ = ["TuneSettings", "TuneSummary", "Tuner", "make_sampler", "initial_candidates", "space_signature", "SAMPLERS"]
 
 SAMPLERS = ("tpe", "random")
-
-#: Statuses of trials that ran a probe (they count against --trials).
-PROBED_STATUSES = ("ok", "oom", "error", "timeout")
-
-#: Trials this long in RUNNING without a claim are considered abandoned (crash between ask and claim).
-UNCLAIMED_GRACE_S = 300.0
 
 _LOG_TAIL_CHARS = 2000
 
@@ -155,18 +147,11 @@ def space_signature(space: SearchSpace) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 class Tuner:
-    """One worker of a tuning study. ``prepare()`` once, then ``run()``."""
+    """One worker of a tuning study: ``prepare()`` once, then ``run()`` the ask → admit → claim →
+    probe → tell loop. Claims and recovery are the :class:`ClaimsLedger`'s, admission is
+    :func:`zeroplan.tuner.admission.admit`'s."""
 
     def __init__(
         self,
@@ -186,52 +171,14 @@ class Tuner:
         self.on_event = on_event or (lambda kind, **data: None)
         self.after_trial = after_trial or (lambda: None)
         self.clock = clock
-        self.worker = this_worker()
-        self._host = self.worker.rsplit(":", 1)[0]
+        self.ledger = ClaimsLedger(study, clock=clock)
+        self.worker = self.ledger.worker
 
-    # ------------------------------------------------------------------ study helpers
-
-    def _trials(self) -> list[Any]:
-        try:
-            return self.study.get_trials(deepcopy=False)
-        except Exception as exc:  # noqa: BLE001 - storage failures of every kind become one line
-            raise StorageError(f"the study storage failed while reading trials ({_first_line(exc)})") from None
-
-    def _is_stale(self, t: Any, now: float) -> bool:
-        """A RUNNING trial whose worker is gone."""
-        attrs = t.user_attrs
-        worker = attrs.get("worker")
-        if worker is None:
-            start = t.datetime_start.timestamp() if t.datetime_start else now
-            return now - start > UNCLAIMED_GRACE_S
-        host, _, pid = str(worker).rpartition(":")
-        if host == self._host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            return True
-        return now > float(attrs.get("deadline_unix", math.inf))
-
-    def _holds_claim(self, t: Any, now: float) -> bool:
-        """The trial owns its plan: probed (any outcome), config invalid, or running live."""
-        from optuna.trial import TrialState
-
-        attrs = t.user_attrs
-        if "plan_key" not in attrs:
-            return False
-        if t.state == TrialState.RUNNING:
-            return "worker" in attrs and not self._is_stale(t, now)
-        return attrs.get("status") in PROBED_STATUSES + ("invalid",)
+    # ------------------------------------------------------------------ what the study knows
 
     def probes_in_study(self, trials: Optional[list[Any]] = None) -> int:
         """Probed trials plus live claimed ones (so workers together stop at --trials)."""
-        from optuna.trial import TrialState
-
-        now = self.clock()
-        count = 0
-        for t in trials if trials is not None else self._trials():
-            if t.user_attrs.get("status") in PROBED_STATUSES and t.state != TrialState.RUNNING:
-                count += 1
-            elif t.state == TrialState.RUNNING and self._holds_claim(t, now):
-                count += 1
-        return count
+        return self.ledger.probes_in_study(trials)
 
     def _ooms(self, trials: list[Any]) -> list[tuple[int, Candidate]]:
         out = []
@@ -242,114 +189,65 @@ class Tuner:
                     out.append((t.number, cand))
         return out
 
-    def _oom_rule(self, cand: Candidate, ooms: list[tuple[int, Candidate]]) -> Optional[str]:
-        """Reason to skip ``cand`` because a plan needing no more memory already OOM'd."""
-        for number, bad in ooms:
-            if bad.key == cand.key:
-                continue
-            same_zero = zero_choice(bad.plan) == zero_choice(cand.plan)
-            if (
-                same_zero
-                and cand.plan.micro_batch >= bad.plan.micro_batch
-                and CHECKPOINTING_MEMORY_RANK[cand.plan.checkpointing] <= CHECKPOINTING_MEMORY_RANK[bad.plan.checkpointing]
-            ):
-                return f"larger than an OOM'd micro-batch (trial #{number}: {bad.plan.label})"
-        return None
-
     def remaining(self, trials: Optional[list[Any]] = None) -> list[Candidate]:
-        """Fitting candidates nobody has claimed and the OOM rule does not exclude, best predicted first."""
-        trials = trials if trials is not None else self._trials()
-        now = self.clock()
-        claimed = {t.user_attrs.get("plan_key") for t in trials if self._holds_claim(t, now)}
+        """Fitting candidates nobody has claimed and admission does not refuse, best predicted first."""
+        trials = trials if trials is not None else self.ledger.trials()
+        claimed = self.ledger.claimed_keys(trials)
         ooms = self._ooms(trials)
-        return [c for c in self.space.fitting if c.key not in claimed and self._oom_rule(c, ooms) is None]
+        gpu = self.space.cluster.gpu_memory_bytes
+        return [
+            c for c in self.space.fitting if c.key not in claimed and admit(c, gpu_memory_bytes=gpu, ooms=ooms, holder=None) is None
+        ]
+
+    def best(self) -> Any:
+        """The COMPLETE trial with the highest measured throughput, or None."""
+        done = [t for t in self.ledger.trials() if t.state.name == "COMPLETE" and t.value is not None]
+        return max(done, key=lambda t: t.value) if done else None
 
     # ------------------------------------------------------------------ setup
 
     def prepare(self, *, resume: bool) -> list[str]:
         """Check the study matches this space, recover crashed trials (resume), seed a new study."""
-        from optuna.trial import TrialState, create_trial
-
         messages: list[str] = []
         signature = space_signature(self.space)
-        try:
-            stored = self.study.user_attrs.get("space_signature")
-            if stored is not None and stored != signature:
-                raise StorageError(
-                    "the study in this storage was made for a different model, batch or search space "
-                    f"(signature {stored} ≠ {signature}); choose another --output/--storage"
-                )
-            if resume:
-                messages.extend(self._recover())
-            if not self.study.user_attrs.get("zeroplan_seeded"):
-                self.study.set_user_attr("space_signature", signature)
-                self.study.set_user_attr("zeroplan_seeded", True)
-                dists = self.space.distributions()
-                gpu_bytes = self.space.cluster.gpu_memory_bytes
-                for cand in self.space.pruned:
-                    over = max(cand.predicted_peak_memory_bytes / gpu_bytes - 1.0, 0.01)
-                    self.study.add_trial(
-                        create_trial(
-                            state=TrialState.PRUNED,
-                            params=cand.params,
-                            distributions=dists,
-                            user_attrs=self._candidate_attrs(cand, source="estimator")
-                            | {"status": "pruned", "reason": cand.reason, "probed": False},
-                            constraints={"memory": over},
-                        )
-                    )
-                initial = initial_candidates(self.space, self.settings.initial)
-                for cand in initial:
-                    self.study.enqueue_trial(cand.params, user_attrs={"source": "estimator"})
-                messages.append(
-                    f"new study: {len(self.space.candidates)} plans, {len(self.space.pruned)} pruned by the "
-                    f"estimator, {len(initial)} best predictions enqueued first"
-                )
-        except StorageError:
-            raise
-        except SpecError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - storage failures of every kind become one line
-            raise StorageError(f"the study storage failed while preparing the study ({_first_line(exc)})") from None
+        stored = self.ledger.study_attr("space_signature")
+        if stored is not None and stored != signature:
+            raise StorageError(
+                "the study in this storage was made for a different model, batch or search space "
+                f"(signature {stored} ≠ {signature}); choose another --output/--storage"
+            )
+        if resume:
+            messages.extend(self.ledger.recover())
+        if not self.ledger.study_attr("zeroplan_seeded"):
+            messages.append(self._seed())
         return messages
 
-    def _recover(self) -> list[str]:
-        """Mark RUNNING trials of dead workers FAIL "interrupted"; enqueue every interrupted plan again."""
-        import optuna
-        from optuna.trial import TrialState
+    def _seed(self) -> str:
+        """Record the estimator's pruned plans as PRUNED trials and enqueue its best predictions."""
+        from optuna.trial import TrialState, create_trial
 
-        messages = []
-        now = self.clock()
-        for t in self._trials():
-            if t.state == TrialState.RUNNING and self._is_stale(t, now):
-                trial = optuna.Trial(self.study, t._trial_id)
-                trial.set_user_attr("status", "interrupted")
-                trial.set_user_attr("reason", f"worker {t.user_attrs.get('worker', '?')} stopped during the trial")
-                trial.set_user_attr("probed", False)
-                self.study.tell(t.number, state=TrialState.FAIL)
-                messages.append(f"trial #{t.number} was left running by a stopped worker: marked FAIL, will retry")
-        trials = self._trials()
-        now = self.clock()
-        claimed = {t.user_attrs.get("plan_key") for t in trials if self._holds_claim(t, now)}
-        retried = {t.user_attrs.get("retry_of") for t in trials if "retry_of" in t.user_attrs}
-        waiting = {
-            json.dumps(t.system_attrs.get("fixed_params", {}), sort_keys=True)
-            for t in trials
-            if t.state == TrialState.WAITING
-        }
-        for t in trials:
-            if t.state != TrialState.FAIL or t.user_attrs.get("status") != "interrupted":
-                continue
-            key = t.user_attrs.get("plan_key")
-            if key in claimed or t.number in retried or not t.params:
-                continue
-            if json.dumps(t.params, sort_keys=True) in waiting:
-                continue
-            self.study.enqueue_trial(dict(t.params), user_attrs={"source": "retry", "retry_of": t.number})
-            waiting.add(json.dumps(t.params, sort_keys=True))
-            claimed.add(key)
-            messages.append(f"re-enqueued {key} (interrupted in trial #{t.number})")
-        return messages
+        self.ledger.set_study_attr("space_signature", space_signature(self.space))
+        self.ledger.set_study_attr("zeroplan_seeded", True)
+        dists = self.space.distributions()
+        gpu = self.space.cluster.gpu_memory_bytes
+        for cand in self.space.pruned:
+            self.ledger.add_trial(
+                create_trial(
+                    state=TrialState.PRUNED,
+                    params=cand.params,
+                    distributions=dists,
+                    user_attrs=self._candidate_attrs(cand, source="estimator")
+                    | {"status": "pruned", "reason": cand.reason, "probed": False},
+                    constraints={"memory": memory_overshoot(cand, gpu)},
+                )
+            )
+        initial = initial_candidates(self.space, self.settings.initial)
+        for cand in initial:
+            self.ledger.enqueue(cand.params, {"source": "estimator"})
+        return (
+            f"new study: {len(self.space.candidates)} plans, {len(self.space.pruned)} pruned by the "
+            f"estimator, {len(initial)} best predictions enqueued first"
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -374,151 +272,92 @@ class Tuner:
             params["reduce_bucket_size"] = trial.suggest_categorical("reduce_bucket_size", self.space.bucket_sizes)
         return params
 
-    def _set_attrs(self, trial: Any, attrs: dict[str, Any]) -> None:
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
-
-    def _reject(self, trial: Any, *, state: Any, status: str, reason: str, attrs: dict[str, Any], constraint: Optional[tuple[str, float]] = None) -> None:
-        self._set_attrs(trial, attrs | {"status": status, "reason": reason, "probed": False})
-        if constraint is not None:
-            trial.set_constraint(*constraint)
-        self.study.tell(trial, state=state)
-        self.on_event("skip", number=trial.number, key=attrs.get("plan_key", ""), status=status, reason=reason)
-
-    def _enqueue_fallback(self, trials: list[Any]) -> bool:
-        """Enqueue the best-predicted plan nobody has claimed or enqueued; False if none is left."""
+    def _propose(self, trial: Any) -> tuple[dict[str, Any], str]:
+        """The trial's parameters (sampled or enqueued) and where they came from."""
         from optuna.trial import TrialState
 
-        waiting = {
-            json.dumps(t.system_attrs.get("fixed_params", {}), sort_keys=True) for t in trials if t.state == TrialState.WAITING
-        }
-        for cand in self.remaining(trials):
-            if json.dumps(cand.params, sort_keys=True) not in waiting:
-                self.study.enqueue_trial(cand.params, user_attrs={"source": "fallback"})
-                return True
-        return False
-
-    def run(self) -> TuneSummary:
-        """Probe until the study holds ``trials`` probes, the time budget ends or no plan is left."""
-        try:
-            return self._run()
-        except (StorageError, SpecError, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # noqa: BLE001 - Optuna/SQLAlchemy storage failures
-            if type(exc).__module__.split(".")[0] in ("sqlalchemy", "optuna", "sqlite3"):
-                raise StorageError(f"the study storage failed ({_first_line(exc)})") from None
-            raise
-
-    def _run(self) -> TuneSummary:
-        from optuna.trial import TrialState
-
-        start = time.monotonic()
-        probes_this_run = 0
-        rejections = 0
-        stopped = "trials reached"
-        while True:
-            trials = self._trials()
-            if self.probes_in_study(trials) >= self.settings.trials:
-                stopped = "trials reached"
-                break
-            if self.settings.time_budget_s is not None and time.monotonic() - start >= self.settings.time_budget_s:
-                stopped = "time budget"
-                break
-            if not self.remaining(trials):
-                stopped = "space exhausted"
-                break
-            if rejections >= self.settings.max_rejections:
-                rejections = 0
-                self._enqueue_fallback(trials)
-
-            trial = self.study.ask()
+        with storage_call(f"choosing the plan of trial #{trial.number}"):
             try:
                 params = self._suggest(trial)
             except ValueError as exc:
                 self.study.tell(trial, state=TrialState.FAIL)
                 raise StorageError(
-                    f"the study's parameters do not match this search space ({_first_line(exc)}); "
+                    f"the study's parameters do not match this search space ({first_line(exc)}); "
                     "choose another --output/--storage"
                 ) from None
-            source = trial.user_attrs.get("source", "sampler")
+            return params, trial.user_attrs.get("source", "sampler")
+
+    def _reject(self, trial: Any, cand: Optional[Candidate], rejection: Rejection, *, source: str) -> None:
+        from optuna.trial import TrialState
+
+        if rejection.with_prediction and cand is not None:
+            attrs = self._candidate_attrs(cand, source=source)
+        else:
+            attrs = {"plan_key": cand.key if cand is not None else "", "source": source}
+        self.ledger.set_attrs(trial, attrs | {"status": rejection.status, "reason": rejection.reason, "probed": False})
+        if rejection.constraint is not None:
+            with storage_call(f"writing trial #{trial.number}"):
+                trial.set_constraint(*rejection.constraint)
+        self.ledger.tell(trial, state=TrialState[rejection.state])
+        self.on_event("skip", number=trial.number, key=attrs["plan_key"], status=rejection.status, reason=rejection.reason)
+
+    def _stop_reason(self, trials: list[Any], start: float) -> Optional[str]:
+        if self.probes_in_study(trials) >= self.settings.trials:
+            return "trials reached"
+        if self.settings.time_budget_s is not None and time.monotonic() - start >= self.settings.time_budget_s:
+            return "time budget"
+        if not self.remaining(trials):
+            return "space exhausted"
+        return None
+
+    def run(self) -> TuneSummary:
+        """Probe until the study holds ``trials`` probes, the time budget ends or no plan is left."""
+        start = time.monotonic()
+        probes_this_run = 0
+        rejections = 0
+        while True:
+            trials = self.ledger.trials()
+            stopped = self._stop_reason(trials, start)
+            if stopped is not None:
+                break
+            if rejections >= self.settings.max_rejections:
+                # The sampler keeps proposing taken plans: take the best-predicted untried one.
+                rejections = 0
+                self.ledger.enqueue_first_free([c.params for c in self.remaining(trials)], trials, source="fallback")
+
+            trial = self.ledger.ask()
+            params, source = self._propose(trial)
             cand = self.space.candidate_for(params)
             if cand is None:
-                rejections += 1
-                self._reject(
-                    trial,
-                    state=TrialState.PRUNED,
-                    status="pruned",
-                    reason="not a plan the estimator enumerates for this model and batch",
-                    attrs={"plan_key": "", "source": source},
-                    constraint=("memory", 1.0),
+                rejection: Optional[Rejection] = not_enumerated()
+            else:
+                rejection = admit(
+                    cand,
+                    gpu_memory_bytes=self.space.cluster.gpu_memory_bytes,
+                    ooms=self._ooms(trials),
+                    holder=self.ledger.holder_of(cand.key, trials),
                 )
-                continue
-            attrs = self._candidate_attrs(cand, source=source)
-            if not cand.fits:
+            if rejection is not None:
                 rejections += 1
-                over = max(cand.predicted_peak_memory_bytes / self.space.cluster.gpu_memory_bytes - 1.0, 0.01)
-                self._reject(trial, state=TrialState.PRUNED, status="pruned", reason=cand.reason, attrs=attrs, constraint=("memory", over))
+                self._reject(trial, cand, rejection, source=source)
                 continue
-            oom_reason = self._oom_rule(cand, self._ooms(trials))
-            if oom_reason is not None:
-                rejections += 1
-                self._reject(trial, state=TrialState.PRUNED, status="pruned", reason=oom_reason, attrs=attrs, constraint=("oom", 1.0))
-                continue
-
-            now = self.clock()
-            holder = next((t.number for t in trials if t.user_attrs.get("plan_key") == cand.key and self._holds_claim(t, now)), None)
+            assert cand is not None
+            # Claim the plan, then look for an earlier claim on it by any worker (the snapshot
+            # above may predate another worker's claim).
+            deadline_s = self.settings.probe_timeout_s + self.settings.stale_grace_s
+            self.ledger.claim(trial, self._candidate_attrs(cand, source=source), deadline_s=deadline_s)
+            holder = self.ledger.earlier_claim(trial.number, cand.key)
             if holder is not None:
                 rejections += 1
-                self._reject(
-                    trial,
-                    state=TrialState.FAIL,
-                    status="duplicate",
-                    reason=f"plan already claimed by trial #{holder}",
-                    attrs={"plan_key": cand.key, "source": source},
-                )
+                self._reject(trial, cand, duplicate(f"plan already claimed by trial #{holder}"), source=source)
                 continue
-
-            # Claim the plan, then look for an earlier claim on the same plan by any worker (the
-            # snapshot above may predate another worker's claim).
-            self._set_attrs(
-                trial,
-                attrs
-                | {
-                    "worker": self.worker,
-                    "claimed_at_unix": now,
-                    "deadline_unix": now + self.settings.probe_timeout_s + self.settings.stale_grace_s,
-                },
-            )
-            holder = self._earlier_claim(trial.number, cand.key)
-            if holder is not None:
-                rejections += 1
-                self._reject(
-                    trial,
-                    state=TrialState.FAIL,
-                    status="duplicate",
-                    reason=f"plan already claimed by trial #{holder}",
-                    attrs={"plan_key": cand.key, "source": source},
-                )
-                continue
-            if self._slots_taken_before(trial.number) >= self.settings.trials:
+            if self.ledger.slots_taken_before(trial.number) >= self.settings.trials:
                 # Another worker took the last slot between our check and our claim.
-                self._reject(
-                    trial, state=TrialState.FAIL, status="duplicate", reason="--trials reached by other workers", attrs={"plan_key": cand.key, "source": source}
-                )
+                self._reject(trial, cand, duplicate("--trials reached by other workers"), source=source)
                 stopped = "trials reached"
                 break
-
             rejections = 0
-            self.on_event("start", number=trial.number, candidate=cand, source=source)
-            try:
-                outcome = self.runner(cand.plan, trial_number=trial.number, on_line=lambda line: self.on_event("line", text=line))
-            except KeyboardInterrupt:
-                self._finish(trial, cand, ProbeOutcome(status="interrupted", error="interrupted by the user (Ctrl-C)"))
-                raise
-            except Exception as exc:  # noqa: BLE001 - a broken probe must never take the tuner down
-                outcome = ProbeOutcome(status="error", error=f"probe raised {type(exc).__name__}: {_first_line(exc)}")
-            probes_this_run += outcome.status in PROBED_STATUSES
-            self._finish(trial, cand, outcome)
+            probes_this_run += self._probe(trial, cand, source=source)
 
         best = self.best()
         return TuneSummary(
@@ -531,29 +370,18 @@ class Tuner:
             wall_s=time.monotonic() - start,
         )
 
-    def _slots_taken_before(self, number: int) -> int:
-        """Probes finished plus live claims of lower-numbered trials (first claimants win the last slots)."""
-        from optuna.trial import TrialState
-
-        now = self.clock()
-        count = 0
-        for t in self._trials():
-            if t.state == TrialState.RUNNING:
-                count += t.number < number and self._holds_claim(t, now)
-            elif t.user_attrs.get("status") in PROBED_STATUSES:
-                count += 1
-        return count
-
-    def _earlier_claim(self, number: int, key: str) -> Optional[int]:
-        from optuna.trial import TrialState
-
-        now = self.clock()
-        for t in self._trials():
-            if t.number == number or t.user_attrs.get("plan_key") != key or not self._holds_claim(t, now):
-                continue
-            if t.state != TrialState.RUNNING or t.number < number:
-                return t.number
-        return None
+    def _probe(self, trial: Any, cand: Candidate, *, source: str) -> bool:
+        """Run the claimed trial's probe and record it; True if a probe ran."""
+        self.on_event("start", number=trial.number, candidate=cand, source=source)
+        try:
+            outcome = self.runner(cand.plan, trial_number=trial.number, on_line=lambda line: self.on_event("line", text=line))
+        except KeyboardInterrupt:
+            self._finish(trial, cand, ProbeOutcome(status="interrupted", error="interrupted by the user (Ctrl-C)"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken probe must never take the tuner down
+            outcome = ProbeOutcome(status="error", error=f"probe raised {type(exc).__name__}: {first_line(exc)}")
+        self._finish(trial, cand, outcome)
+        return outcome.status in PROBED_STATUSES
 
     def _finish(self, trial: Any, cand: Candidate, outcome: ProbeOutcome) -> None:
         """Record the outcome in the trial and tell the study; then write the results."""
@@ -573,27 +401,15 @@ class Tuner:
         }
         if outcome.ds_config:
             measured["ds_config"] = outcome.ds_config
-        self._set_attrs(trial, measured)
+        if outcome.ok and outcome.samples_per_second <= 0:
+            measured["reason"] = "probe reported no throughput"
+        self.ledger.set_attrs(trial, measured)
         if outcome.ok and outcome.samples_per_second > 0:
-            self.study.tell(trial, outcome.samples_per_second)
+            self.ledger.tell(trial, outcome.samples_per_second)
         else:
-            if outcome.ok:
-                trial.set_user_attr("reason", "probe reported no throughput")
-            self.study.tell(trial, state=TrialState.FAIL)
+            self.ledger.tell(trial, state=TrialState.FAIL)
         self.on_event("end", number=trial.number, candidate=cand, outcome=outcome)
         try:
             self.after_trial()
         except OSError as exc:  # a full disk must not lose the study; the next trial retries the write
             self.on_event("warning", text=f"could not write results: {exc}")
-
-    def best(self) -> Any:
-        """The COMPLETE trial with the highest measured throughput, or None."""
-        from optuna.trial import TrialState
-
-        done = [t for t in self._trials() if t.state == TrialState.COMPLETE and t.value is not None]
-        return max(done, key=lambda t: t.value) if done else None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -1,0 +1,253 @@
+"""The claims ledger: which worker owns which plan in a shared Optuna study.
+
+Several ``zeroplan tune`` processes (one per node, or several on one machine) may share one
+storage. Before probing, a trial writes a *claim* into its user attrs — the plan key, the worker
+(``host:pid``) and a deadline — and then re-reads the study: the lowest-numbered live or finished
+claim on a plan wins, so no plan is probed twice. A claim of a RUNNING trial stops counting when
+its worker is provably gone (a dead pid on this host) or its deadline has passed.
+
+Every call into the storage goes through :func:`storage_call`, which turns the storage's own
+failures (SQLAlchemy, SQLite, a journal file) into one :class:`StorageError` line; nothing outside
+a storage call is translated, so a programming error keeps its traceback.
+Only Optuna's public API is used (``Study.get_trials``/``ask``/``tell``/``enqueue_trial``/
+``add_trial``, ``Trial.set_user_attr``); a stale trial is failed by its number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+from zeroplan.spec import SpecError
+from zeroplan.tuner.objective import PROBED_STATUSES
+from zeroplan.tuner.storage import StorageError, this_worker
+
+__all__ = ["ClaimsLedger", "UNCLAIMED_GRACE_S", "storage_call", "trial_status", "trial_reason", "first_line"]
+
+#: Trials this long in RUNNING without a claim are considered abandoned (crash between ask and claim).
+UNCLAIMED_GRACE_S = 300.0
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (SQLAlchemy's wrapped ``orig`` when there is one)."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+@contextmanager
+def storage_call(what: str) -> Iterator[None]:
+    """Turn a failure of the storage during ``what`` into one :class:`StorageError` line.
+
+    Use it around calls into the study only: the storage backends raise errors of every kind
+    (``sqlalchemy.exc.*``, ``sqlite3.*``, ``OSError``, ``ValueError`` from a torn journal line).
+    """
+    try:
+        yield
+    except (SpecError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - storage failures of every kind become one line
+        raise StorageError(f"the study storage failed while {what} ({first_line(exc)})") from None
+
+
+def trial_status(t: Any) -> str:
+    """A trial's zeroplan status: its ``status`` attr; ``interrupted`` for a FAIL trial without one
+    (its worker died mid-trial and a resuming worker failed it, see :meth:`ClaimsLedger.recover`);
+    else the Optuna state in lower case (``running``, ``waiting``)."""
+    status = t.user_attrs.get("status")
+    if status:
+        return str(status)
+    state = t.state.name
+    if state == "FAIL":
+        return "interrupted"
+    return state.lower()
+
+
+def trial_reason(t: Any) -> str:
+    """Why a trial ended as it did: its ``reason`` attr, or the interruption's."""
+    reason = t.user_attrs.get("reason")
+    if reason is None and trial_status(t) == "interrupted":
+        return f"worker {t.user_attrs.get('worker', '?')} stopped during the trial"
+    return str(reason or "")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ClaimsLedger:
+    """The study seen as a ledger of plan claims, for one worker."""
+
+    def __init__(self, study: Any, *, clock: Callable[[], float], worker: Optional[str] = None) -> None:
+        self.study = study
+        self.clock = clock
+        self.worker = worker or this_worker()
+        self._host = self.worker.rsplit(":", 1)[0]
+
+    # ------------------------------------------------------------------ storage calls
+
+    def trials(self) -> list[Any]:
+        with storage_call("reading trials"):
+            return self.study.get_trials(deepcopy=False)
+
+    def study_attr(self, name: str) -> Any:
+        with storage_call("reading the study"):
+            return self.study.user_attrs.get(name)
+
+    def set_study_attr(self, name: str, value: Any) -> None:
+        with storage_call("writing the study"):
+            self.study.set_user_attr(name, value)
+
+    def add_trial(self, frozen: Any) -> None:
+        with storage_call("recording a pruned plan"):
+            self.study.add_trial(frozen)
+
+    def enqueue(self, params: dict[str, Any], user_attrs: dict[str, Any]) -> None:
+        with storage_call("enqueueing a plan"):
+            self.study.enqueue_trial(params, user_attrs=user_attrs)
+
+    def ask(self) -> Any:
+        with storage_call("starting a trial"):
+            return self.study.ask()
+
+    def set_attrs(self, trial: Any, attrs: dict[str, Any]) -> None:
+        with storage_call(f"writing trial #{trial.number}"):
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+
+    def tell(self, trial: Any, value: Optional[float] = None, *, state: Any = None) -> None:
+        number = trial if isinstance(trial, int) else trial.number
+        with storage_call(f"finishing trial #{number}"):
+            if value is not None:
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=state, skip_if_finished=isinstance(trial, int))
+
+    # ------------------------------------------------------------------ claims
+
+    def is_stale(self, t: Any, now: float) -> bool:
+        """A RUNNING trial whose worker is gone."""
+        attrs = t.user_attrs
+        worker = attrs.get("worker")
+        if worker is None:
+            start = t.datetime_start.timestamp() if t.datetime_start else now
+            return now - start > UNCLAIMED_GRACE_S
+        host, _, pid = str(worker).rpartition(":")
+        if host == self._host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            return True
+        return now > float(attrs.get("deadline_unix", math.inf))
+
+    def holds_claim(self, t: Any, now: float) -> bool:
+        """The trial owns its plan: probed (any outcome), config invalid, or running live."""
+        attrs = t.user_attrs
+        if "plan_key" not in attrs:
+            return False
+        if t.state.name == "RUNNING":
+            return "worker" in attrs and not self.is_stale(t, now)
+        return attrs.get("status") in PROBED_STATUSES + ("invalid",)
+
+    def claimed_keys(self, trials: list[Any]) -> set[str]:
+        now = self.clock()
+        return {t.user_attrs.get("plan_key") for t in trials if self.holds_claim(t, now)}
+
+    def holder_of(self, key: str, trials: list[Any]) -> Optional[int]:
+        """The number of a trial in ``trials`` that holds a claim on ``key``, or None."""
+        now = self.clock()
+        return next((t.number for t in trials if t.user_attrs.get("plan_key") == key and self.holds_claim(t, now)), None)
+
+    def probes_in_study(self, trials: Optional[list[Any]] = None) -> int:
+        """Probed trials plus live claimed ones (so workers together stop at --trials)."""
+        now = self.clock()
+        count = 0
+        for t in trials if trials is not None else self.trials():
+            running = t.state.name == "RUNNING"
+            if not running and t.user_attrs.get("status") in PROBED_STATUSES:
+                count += 1
+            elif running and self.holds_claim(t, now):
+                count += 1
+        return count
+
+    def claim(self, trial: Any, attrs: dict[str, Any], *, deadline_s: float) -> None:
+        """Write the plan's attrs and this worker's claim (good for ``deadline_s`` seconds) into ``trial``."""
+        now = self.clock()
+        self.set_attrs(trial, attrs | {"worker": self.worker, "claimed_at_unix": now, "deadline_unix": now + deadline_s})
+
+    def earlier_claim(self, number: int, key: str) -> Optional[int]:
+        """A finished claim on ``key``, or a live one by a lower-numbered trial (which wins)."""
+        now = self.clock()
+        for t in self.trials():
+            if t.number == number or t.user_attrs.get("plan_key") != key or not self.holds_claim(t, now):
+                continue
+            if t.state.name != "RUNNING" or t.number < number:
+                return t.number
+        return None
+
+    def slots_taken_before(self, number: int) -> int:
+        """Probes finished plus live claims of lower-numbered trials (first claimants win the last slots)."""
+        now = self.clock()
+        count = 0
+        for t in self.trials():
+            if t.state.name == "RUNNING":
+                count += t.number < number and self.holds_claim(t, now)
+            elif t.user_attrs.get("status") in PROBED_STATUSES:
+                count += 1
+        return count
+
+    @staticmethod
+    def waiting_params(trials: list[Any]) -> set[str]:
+        """The parameters of enqueued, not yet started trials (as canonical JSON)."""
+        return {
+            json.dumps(t.system_attrs.get("fixed_params", {}), sort_keys=True) for t in trials if t.state.name == "WAITING"
+        }
+
+    def enqueue_first_free(self, params_in_order: list[dict[str, Any]], trials: list[Any], *, source: str) -> bool:
+        """Enqueue the first of ``params_in_order`` not already waiting; False if all are."""
+        waiting = self.waiting_params(trials)
+        for params in params_in_order:
+            if json.dumps(params, sort_keys=True) not in waiting:
+                self.enqueue(params, {"source": source})
+                return True
+        return False
+
+    # ------------------------------------------------------------------ crash recovery
+
+    def recover(self) -> list[str]:
+        """Fail RUNNING trials of dead workers (status ``interrupted``); enqueue every interrupted
+        plan again once, unless another trial holds it or it already waits."""
+        messages = []
+        now = self.clock()
+        for t in self.trials():
+            if t.state.name == "RUNNING" and self.is_stale(t, now):
+                # By number, public API; skip_if_finished: another resuming worker may fail it first.
+                self.tell(t.number, state=_trial_state("FAIL"))
+                messages.append(f"trial #{t.number} was left running by a stopped worker: marked FAIL, will retry")
+        trials = self.trials()
+        claimed = self.claimed_keys(trials)
+        retried = {t.user_attrs.get("retry_of") for t in trials if "retry_of" in t.user_attrs}
+        waiting = self.waiting_params(trials)
+        for t in trials:
+            if t.state.name != "FAIL" or trial_status(t) != "interrupted":
+                continue
+            key = t.user_attrs.get("plan_key")
+            params = json.dumps(t.params, sort_keys=True)
+            if key in claimed or t.number in retried or not t.params or params in waiting:
+                continue
+            self.enqueue(dict(t.params), {"source": "retry", "retry_of": t.number})
+            waiting.add(params)
+            claimed.add(key)
+            messages.append(f"re-enqueued {key} (interrupted in trial #{t.number})")
+        return messages
+
+
+def _trial_state(name: str) -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState[name]
