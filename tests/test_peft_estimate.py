@@ -63,3 +63,14 @@ def test_bad_peft_input_is_one_line_exit_2(args, message):
     r = run("estimate", "--model", "llama-3-8b", "--gpus", "2", "--cpu-memory", "256", *args)
     assert r.returncode == 2
     assert r.stderr == f"zeroplan: error: {message}\n"
+
+
+def test_model_spec_with_peft_round_trips_through_json():
+    # Probes and the tuner ship the ModelSpec to workers as JSON and rebuild it there.
+    from zeroplan.profiles import load_model_preset
+    from zeroplan.profiles.lora import resolve_peft
+    from zeroplan.spec import ModelSpec
+
+    spec = resolve_peft(load_model_preset("mistral-7b"), model_arg="mistral-7b", precision="bf16",
+                        lora_rank=8, lora_targets="all-linear", base_quant="nf4")
+    assert ModelSpec.from_dict(json.loads(json.dumps(spec.as_dict()))) == spec

@@ -336,7 +336,7 @@ def _engine_terms(gpu: GpuSpec, engine: dict | None, options: CalibrationOptions
     from zeroplan.estimator.timing import flops_per_token
     from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
 
-    spec = ModelSpec(**engine["model_spec"])
+    spec = ModelSpec.from_dict(engine["model_spec"])
     training = TrainingSpec(precision=options.precision, seq_len=engine["seq_len"])
     lo, hi = engine["micro_batches"]
     flops_per_sample = engine["seq_len"] * sum(flops_per_token(spec, training, Plan(stage=0, micro_batch=1)).values())

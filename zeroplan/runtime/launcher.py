@@ -344,7 +344,7 @@ def _estimate(
     model_dict = summary.get("model_spec")
     if model is None and model_dict:
         try:
-            model = ModelSpec(**model_dict)
+            model = ModelSpec.from_dict(model_dict)
         except (SpecError, TypeError) as exc:
             return None, f"no estimate: task model_spec invalid ({exc})"
     if plan is None or model is None:

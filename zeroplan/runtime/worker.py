@@ -178,7 +178,7 @@ def _write_plan_config(spec: dict, plan, training, task) -> None:
     from zeroplan.runtime.launcher import config_for_plan
     from zeroplan.spec import ModelSpec
 
-    model = ModelSpec(**spec["model"]) if spec.get("model") else task.model_spec
+    model = ModelSpec.from_dict(spec["model"]) if spec.get("model") else task.model_spec
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config = config_for_plan(plan, training, world_size=world_size, model=model, workdir=Path(spec["result_dir"]))
     path = Path(spec["config_path"])

@@ -138,6 +138,17 @@ class ModelSpec:
         }
 
     @classmethod
+    def from_dict(cls, data: dict) -> "ModelSpec":
+        """Inverse of :meth:`as_dict`: derived keys (``trainable_params``, ``frozen_params``) are
+        ignored and ``peft`` is rebuilt."""
+        d = {k: v for k, v in data.items() if k not in ("trainable_params", "frozen_params")}
+        if "notes" in d:
+            d["notes"] = tuple(d["notes"])
+        if d.get("peft") is not None:
+            d["peft"] = PeftSpec.from_dict(d["peft"])
+        return cls(**d)
+
+    @classmethod
     def from_params(cls, params: float, *, vocab_size: int = 50257) -> "ModelSpec":
         """A plausible GPT-3-style shape for a bare parameter count.
 

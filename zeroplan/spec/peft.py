@@ -118,14 +118,25 @@ class PeftSpec:
             text += f", {self.base_quant} base"
         return text
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "PeftSpec":
+        """Inverse of :meth:`as_dict` (derived keys such as ``frozen_params`` are ignored)."""
+        d = dict(data)
+        d.pop("frozen_params", None)
+        adapted = tuple(AdaptedModule(**m) for m in d.pop("adapted_modules", ()))
+        return cls(**{**d, "targets": tuple(d.get("targets", ())), "notes": tuple(d.get("notes", ())), "adapted": adapted})
+
     def as_dict(self) -> dict:
         return {
             "method": self.method,
+            "base_params": self.base_params,
             "trainable_params": self.trainable_params,
             "frozen_params": self.frozen_params,
             "added_params": self.added_params,
             "base_quant": self.base_quant,
             "quantized_params": self.quantized_params,
+            "quantized_rows": self.quantized_rows,
+            "largest_quantized_numel": self.largest_quantized_numel,
             "rank": self.rank,
             "alpha": self.alpha,
             "dropout": self.dropout,

@@ -90,7 +90,7 @@ def task_model_spec(script: Path, script_args: tuple[str, ...] = (), *, timeout_
             model = None
             if spec:
                 spec = {k: (tuple(v) if k == "notes" else v) for k, v in spec.items()}
-                model = ModelSpec(**spec)
+                model = ModelSpec.from_dict(spec)
             return model, data.get("seq_len")
     raise SpecError(f"{script}: zeroplan_task() failed: {_last_line(proc.stderr or proc.stdout)}")
 
