@@ -1,5 +1,5 @@
 """Runtime pieces that need no distributed job: request checks, classification, the CPU memory
-tracker (against known allocations), the step meter, config reading, the CLI's bad input."""
+tracker (against known allocations), the step meter, the CLI's bad input."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from zeroplan.runtime import ProbeRequest, ProbeResult, run_probe
 from zeroplan.runtime.classify import classify, summarize_ranks
-from zeroplan.runtime.launcher import build_command, plan_from_ds_config, precision_from_ds_config, script_kind
+from zeroplan.runtime.launcher import build_command, script_kind
 from zeroplan.spec import Plan, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,36 +115,6 @@ def test_classify_failures(returncode, ranks, log, expected):
 def test_classify_timeout_wins():
     status, reason = classify(returncode=None, timed_out=True, timeout_s=7, ranks=[_ok(0), _ok(1)], expected_ranks=2, log_text="")
     assert status == "timeout" and "7 s" in reason
-
-
-# -- DeepSpeed config reading --------------------------------------------------------------------
-
-
-def test_plan_from_ds_config_reads_what_deepspeed_reads():
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "bf16": {"enabled": True},
-           "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}}
-    plan = plan_from_ds_config(cfg)
-    assert (plan.stage, plan.offload_optimizer, plan.offload_param, plan.micro_batch, plan.gradient_accumulation_steps) == (3, "cpu", "none", 4, 2)
-    assert precision_from_ds_config(cfg) == "bf16"
-    assert precision_from_ds_config({"fp16": {"enabled": True}}) == "fp16"
-    assert precision_from_ds_config({}) == "fp32"
-    assert plan_from_ds_config({"zero_optimization": {"stage": 7}}) is None
-    hf = plan_from_ds_config({"train_micro_batch_size_per_gpu": "auto",
-                              "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "allgather_bucket_size": 2e8}})
-    assert hf.micro_batch == 1 and hf.stage == 2
-    assert hf.reduce_bucket_size is None and hf.allgather_bucket_size == 200_000_000
-
-
-def test_plan_from_exported_config_round_trips():
-    from zeroplan.dsconfig import build_config
-    from zeroplan.spec import ModelSpec, TrainingSpec
-
-    plan = Plan(stage=3, offload_optimizer="cpu", offload_param="cpu", micro_batch=4, gradient_accumulation_steps=8)
-    model = ModelSpec.from_params(1e9)
-    back = plan_from_ds_config(build_config(plan, world_size=16, training=TrainingSpec(), model=model))
-    for key in ("stage", "offload_optimizer", "offload_param", "micro_batch", "gradient_accumulation_steps"):
-        assert getattr(back, key) == getattr(plan, key)
-    assert back.reduce_bucket_size == model.hidden_size**2  # Hugging Face's rule, written into the config
 
 
 # -- memory tracker: exact on known allocations --------------------------------------------------

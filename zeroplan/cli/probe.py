@@ -9,7 +9,7 @@ Exit 0 when the probe ran its steps, 1 when it failed (oom, error, timeout), 2 o
 
 from __future__ import annotations
 
-import dataclasses
+import io
 import json
 import sys
 from pathlib import Path
@@ -66,20 +66,6 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Stream the jo
 SeqLenProbeOpt = Annotated[
     Optional[int], typer.Option("--seq-len", help="Tokens per sample (for tokens/s and the estimate) [default: the task's].", rich_help_panel="Training")
 ]
-
-
-def _load_config(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"--config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"--config {path}: cannot read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"--config {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"--config {path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _mib(n: Optional[int]) -> str:
@@ -150,7 +136,8 @@ def probe(
     Script arguments go after `--`. Without CUDA the job runs on CPU over gloo (DS_ACCELERATOR=cpu) and peak memory is live tensor storage per rank.
     """
     from zeroplan.runtime import BACKENDS, ProbeRequest, run_probe
-    from zeroplan.runtime.launcher import plan_from_ds_config, script_kind
+    from zeroplan.dsconfig import load_config, plan_from_config
+    from zeroplan.runtime.launcher import script_kind
     from zeroplan.spec import Plan
 
     check_choice_option("--format", format, ("table", "json"))
@@ -167,14 +154,21 @@ def probe(
         )
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
-    ds_config = _load_config(config) if config is not None else None
+    # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
+    ds_config = load_config(config).config if config is not None else None
     model_spec = resolve_model(params, model) if (params is not None or model is not None) else None
 
     plan = None
     if ds_config is not None:
-        plan = plan_from_ds_config(ds_config)
-        if plan is not None and checkpointing is not None:
-            plan = dataclasses.replace(plan, checkpointing=checkpointing)
+        # The plan only feeds the estimate beside the measurement: a config it cannot read still
+        # runs (the runtime reports why there is no estimate). --micro-batch / --grad-accum fill
+        # batch keys the config leaves "auto" (Hugging Face).
+        try:
+            plan = plan_from_config(
+                ds_config, gpus, micro_batch=micro_batch, gradient_accumulation_steps=grad_accum, checkpointing=checkpointing
+            )
+        except SpecError:
+            plan = None
     elif stage is not None:
         plan = Plan(
             stage=stage,
@@ -225,8 +219,11 @@ def probe(
 
     if format == "json":
         write_output(json.dumps(result.as_dict(), indent=2), output)
+    elif output is None:
+        _render_table(result, plan, Console(width=120))
     else:
-        console = Console(file=open(output, "w") if output else None, width=120)  # noqa: SIM115
+        console = Console(file=io.StringIO(), width=120)
         _render_table(result, plan, console)
+        write_output(console.file.getvalue(), output)
     if result.status != "ok":
         raise typer.Exit(1)

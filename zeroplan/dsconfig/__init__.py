@@ -1,7 +1,9 @@
-"""DeepSpeed JSON configs: build one from a Plan, parse one defensively, validate one with rules."""
+"""DeepSpeed JSON configs: build one from a Plan (``build_config``), read one back into a Plan
+(``plan_from_config``), parse a file defensively (``load_config``), validate one with rules."""
 
 from zeroplan.dsconfig.build import build_config, build_config_with_notes, resolve_buckets
 from zeroplan.dsconfig.parse import ParsedConfig, load_config, parse_config_text
+from zeroplan.dsconfig.plan import plan_from_config, precision_from_config, training_from_config
 from zeroplan.dsconfig.rules import RULES, Finding, Rule
 from zeroplan.dsconfig.validate import has_errors, validate_config
 
@@ -15,6 +17,9 @@ __all__ = [
     "has_errors",
     "load_config",
     "parse_config_text",
+    "plan_from_config",
+    "precision_from_config",
     "resolve_buckets",
+    "training_from_config",
     "validate_config",
 ]

@@ -7,7 +7,7 @@ actually reads) and fails when they drift apart.
 
 from __future__ import annotations
 
-from zeroplan.spec import DEEPSPEED_DEFAULT_KNOBS
+from zeroplan.spec import BUCKET_KEYS, DEEPSPEED_DEFAULT_KNOBS
 
 __all__ = [
     "TOP_LEVEL_KEYS",
@@ -32,6 +32,7 @@ __all__ = [
     "ZERO_TESTED_OPTIMIZERS",
     "SCHEDULERS",
     "ZERO_DEFAULTS",
+    "BUCKET_KEY_SPELLINGS",
     "OFFLOAD_DEVICES",
 ]
 
@@ -200,14 +201,12 @@ SCHEDULERS = ("LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCos
 #: ``pp_int(5e8)`` reduce and all-gather buckets, ``pp_int(5e7)`` stage-3 prefetch, ``pp_int(1e5)``
 #: persistence threshold, ``pp_int(1e9)`` max live parameters and max reuse distance), taken from
 #: the one table the estimator uses too (:data:`zeroplan.spec.DEEPSPEED_DEFAULT_KNOBS`).
-ZERO_DEFAULTS = {
-    key: DEEPSPEED_DEFAULT_KNOBS[key]
-    for key in (
-        "reduce_bucket_size",
-        "allgather_bucket_size",
-        "stage3_prefetch_bucket_size",
-        "stage3_param_persistence_threshold",
-        "stage3_max_live_parameters",
-        "stage3_max_reuse_distance",
-    )
+ZERO_DEFAULTS = {key: DEEPSPEED_DEFAULT_KNOBS[key] for key in BUCKET_KEYS}
+
+#: Each bucket key (:data:`zeroplan.spec.BUCKET_KEYS`) → the spellings DeepSpeedZeroConfig accepts
+#: for it, the one ``zeroplan export`` writes first (deepspeed/runtime/zero/config.py: the
+#: ``stage3_*`` names are pydantic aliases of ``prefetch_bucket_size``, ``param_persistence_threshold``,
+#: ``max_live_parameters`` and ``max_reuse_distance``).
+BUCKET_KEY_SPELLINGS = {
+    key: (key, key.removeprefix("stage3_")) if key.startswith("stage3_") else (key,) for key in BUCKET_KEYS
 }

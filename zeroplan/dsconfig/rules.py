@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from zeroplan.dsconfig import keys as K
+from zeroplan.dsconfig.plan import MAX_BATCH, is_enabled, is_whole_number, offload_device, plan_from_config, training_from_config, zero_stage
 from zeroplan.spec import ClusterSpec, ModelSpec, TrainingSpec
 
 __all__ = ["Finding", "Rule", "RULES", "Context", "SEVERITIES"]
@@ -65,31 +66,11 @@ class Context:
     @property
     def stage(self) -> int | None:
         """The ZeRO stage as DeepSpeed reads it (0 when absent; None when invalid)."""
-        z = self.cfg.get("zero_optimization")
-        if z is None or z is False:
-            return 0
-        if z is True:  # legacy boolean format: DeepSpeed reads it as stage 1
-            return 1
-        if not isinstance(z, dict):
-            return None
-        s = z.get("stage", 0)
-        if s == "auto":
-            return 0
-        if isinstance(s, str) and s.strip().isdigit():  # pydantic's lax mode reads "2" as 2
-            s = int(s)
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or s != int(s) or not 0 <= s <= 3:
-            return None
-        return int(s)
+        return zero_stage(self.cfg)
 
     def offload(self, name: str) -> tuple[dict, str] | None:
         """(block, device) for zero_optimization.offload_param/offload_optimizer, None if off or absent."""
-        block = self.zero.get(name)
-        if not isinstance(block, dict):
-            return None
-        device = block.get("device", "none")
-        if device in (None, "none", "auto"):
-            return None
-        return block, str(device)
+        return offload_device(self.cfg, name)
 
     def optimizer_type(self) -> str | None:
         opt = self.cfg.get("optimizer")
@@ -140,11 +121,7 @@ def _nearest(word: str, choices) -> str | None:
     return by_lower[match[0]] if match else None
 
 
-def _is_int_value(v: object) -> bool:
-    """A JSON number that is a whole number (``128`` or ``128.0``), not a bool."""
-    if isinstance(v, bool):
-        return False
-    return isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+_is_int_value = is_whole_number
 
 
 def _fmt(n: float) -> str:
@@ -156,8 +133,7 @@ def _fmt(n: float) -> str:
 
 # ---------------------------------------------------------------------------------------- batch
 
-#: Larger batch values are typos (ZP402 says so); beyond them float arithmetic would overflow.
-_MAX_BATCH = 10**12
+_MAX_BATCH = MAX_BATCH
 
 
 def _batch_values(ctx: Context, *, auto_as_missing: bool = False) -> dict[str, int | None] | None:
@@ -442,8 +418,6 @@ def _deprecated_offload(ctx: Context) -> Iterator[Finding]:
 
 # ---------------------------------------------------------------------------------------- precision
 
-def _enabled(block: object) -> bool:
-    return isinstance(block, dict) and block.get("enabled") is True
 
 
 @rule(
@@ -452,14 +426,14 @@ def _enabled(block: object) -> bool:
 )
 def _both_precisions(ctx: Context) -> Iterator[Finding]:
     bf16 = ctx.cfg.get("bf16", ctx.cfg.get("bfloat16"))
-    if _enabled(ctx.cfg.get("fp16")) and _enabled(bf16):
+    if is_enabled(ctx.cfg.get("fp16")) and is_enabled(bf16):
         yield _f("ZP301", "fp16.enabled", "fp16 and bf16 are both enabled",
                  "set fp16.enabled to false on GPUs with bf16 (A100, H100 and newer), else bf16.enabled to false")
 
 
 def _fp16_dynamic(ctx: Context) -> dict | None:
     fp16 = ctx.cfg.get("fp16")
-    if not _enabled(fp16):
+    if not is_enabled(fp16):
         return None
     scale = fp16.get("loss_scale", 0)
     return fp16 if scale in (0, 0.0) else None
@@ -978,64 +952,15 @@ def _bucket_sizes(ctx: Context) -> Iterator[Finding]:
 
 def _plan_from_config(ctx: Context):
     """The zeroplan Plan and TrainingSpec a config describes, or None with a reason."""
-    from zeroplan.spec import Plan, SpecError, TrainingSpec
+    from zeroplan.spec import SpecError
 
-    vals = _batch_values(ctx, auto_as_missing=True)
-    ws = ctx.world_size
-    if vals is None or ws is None:
-        return None, "the batch keys are not plain numbers (or \"auto\" with nothing to derive them from)"
-    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
-    # Derive missing keys as DeepSpeed does (_set_batch_related_parameters); 0 means ZP102 fired.
-    if mb is None:
-        if tb is None:
-            return None, "no batch size"
-        mb = tb // ws // (ga or 1)
-    if ga is None:
-        ga = (tb // mb // ws) if tb is not None and mb >= 1 else 1
-    if mb < 1 or ga < 1 or ctx.stage is None:
-        return None, "the batch keys or the stage are invalid (see the errors above)"
-    off_opt = ctx.offload("offload_optimizer")
-    off_par = ctx.offload("offload_param")
-    precision = "fp16" if _enabled(ctx.cfg.get("fp16")) else "bf16" if _enabled(ctx.cfg.get("bf16", ctx.cfg.get("bfloat16"))) else "fp32"
-    kind = (ctx.optimizer_type() or "adamw").lower()
-    optimizer = kind if kind in ("adamw", "adam", "sgd", "lion", "adafactor") else "adamw"
-    checkpointing = ctx.checkpointing or ("full" if isinstance(ctx.cfg.get("activation_checkpointing"), dict) else "none")
-    # Offloads DeepSpeed ignores at this stage are estimated as what actually happens:
-    # nothing at stage 0, CPU RAM for an NVMe optimizer offload at stages 1-2.
-    offload_optimizer = "none"
-    if off_opt and ctx.stage > 0:
-        offload_optimizer = off_opt[1] if ctx.stage == 3 else "cpu"
-
-    def bucket(*names: str) -> int | None:
-        found = _zero_int(ctx, *names)
-        return found[1] if found else None
-
+    if ctx.world_size is None:
+        return None, "the world size is unknown"
     try:
-        plan = Plan(
-            stage=ctx.stage,
-            offload_optimizer=offload_optimizer,
-            offload_param=off_par[1] if off_par and ctx.stage == 3 else "none",
-            checkpointing=checkpointing,
-            micro_batch=mb,
-            gradient_accumulation_steps=ga,
-            cpu_checkpointing=bool(isinstance(ctx.cfg.get("activation_checkpointing"), dict)
-                                   and ctx.cfg["activation_checkpointing"].get("cpu_checkpointing") is True
-                                   and checkpointing != "none"),
-            reduce_bucket_size=bucket("reduce_bucket_size"),
-            allgather_bucket_size=bucket("allgather_bucket_size"),
-            stage3_prefetch_bucket_size=bucket("stage3_prefetch_bucket_size", "prefetch_bucket_size"),
-            stage3_param_persistence_threshold=bucket("stage3_param_persistence_threshold", "param_persistence_threshold"),
-            stage3_max_live_parameters=bucket("stage3_max_live_parameters", "max_live_parameters"),
-            stage3_max_reuse_distance=bucket("stage3_max_reuse_distance", "max_reuse_distance"),
-        )
-        base = ctx.training or TrainingSpec()
-        training = TrainingSpec(
-            precision=precision, optimizer=optimizer, seq_len=base.seq_len, micro_batch=mb, grad_accum=ga,
-            flash_attention=base.flash_attention,
-        )
+        plan = plan_from_config(ctx.cfg, ctx.world_size, checkpointing=ctx.checkpointing)
+        return (plan, training_from_config(ctx.cfg, plan, base=ctx.training)), ""
     except SpecError as exc:
         return None, str(exc)
-    return (plan, training), ""
 
 
 @rule(

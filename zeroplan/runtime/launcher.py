@@ -30,8 +30,6 @@ __all__ = [
     "build_command",
     "probe_environment",
     "script_kind",
-    "plan_from_ds_config",
-    "precision_from_ds_config",
     "comparable_estimate",
     "config_for_plan",
 ]
@@ -51,55 +49,6 @@ def script_kind(script: Path) -> str:
     """``task`` when the script defines ``zeroplan_task`` at top level, else ``script``."""
     text = script.read_text(errors="replace")
     return "task" if _TASK_RE.search(text) else "script"
-
-
-_BUCKET_KEYS = (
-    "reduce_bucket_size",
-    "allgather_bucket_size",
-    "stage3_prefetch_bucket_size",
-    "stage3_param_persistence_threshold",
-    "stage3_max_live_parameters",
-    "stage3_max_reuse_distance",
-)
-
-
-def plan_from_ds_config(config: dict) -> Plan | None:
-    """The plan a DeepSpeed config describes (stage, offload, batch shape), or None if unreadable.
-
-    Reads the keys DeepSpeed itself reads (deepspeed/runtime/zero/config.py and
-    deepspeed/runtime/config.py); ``"auto"`` values (Hugging Face) and missing batch keys fall back
-    to DeepSpeed's defaults (micro batch 1, accumulation 1).
-    """
-    try:
-        zero = config.get("zero_optimization") or {}
-        stage = int(zero.get("stage", 0))
-
-        def device(key: str) -> str:
-            dev = (zero.get(key) or {}).get("device", "none")
-            return dev if dev in ("cpu", "nvme") else "none"
-
-        def positive(key: str) -> int:
-            value = config.get(key, 1)
-            return value if isinstance(value, int) and value > 0 else 1
-
-        # Engine knobs the config sets explicitly, so the estimate sizes the same buffers
-        # (numbers only; Hugging Face's "auto" leaves the estimator's own rule).
-        knobs = {}
-        for key in _BUCKET_KEYS:
-            value = zero.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-                knobs[key] = int(value)
-        return Plan(
-            stage=stage,
-            offload_optimizer=device("offload_optimizer"),
-            offload_param=device("offload_param"),
-            checkpointing="none",  # set by the model code, not the config
-            micro_batch=positive("train_micro_batch_size_per_gpu"),
-            gradient_accumulation_steps=positive("gradient_accumulation_steps"),
-            **knobs,
-        )
-    except (SpecError, TypeError, ValueError, AttributeError):
-        return None
 
 
 def _local_torchrun(torchrun_args: tuple[str, ...]) -> bool:
@@ -301,17 +250,6 @@ def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, mode
     )
 
 
-def precision_from_ds_config(config: dict) -> str:
-    """``bf16``, ``fp16`` or ``fp32``: the precision block DeepSpeed enables (runtime/config.py)."""
-    for name in ("bf16", "fp16"):
-        block = config.get(name) or {}
-        if isinstance(block, dict) and block.get("enabled") is True:
-            return name
-    if isinstance(config.get("bfloat16"), dict) and config["bfloat16"].get("enabled") is True:
-        return "bf16"
-    return "fp32"
-
-
 def comparable_estimate(est, *, on_cpu: bool, ranks_per_node: int) -> int:
     """The predicted number a probe's ``peak_memory`` measures.
 
@@ -335,7 +273,7 @@ def _estimate(
     """The estimator's predicted peak bytes per GPU, or (None, why not).
 
     The sequence length is the one that ran (a task's own, else the request's); the precision
-    is the config's when a config was given. A probe measured on CPU (live tensor storage) is
+    and optimizer are the config's when a config was given. A probe measured on CPU (live tensor storage) is
     compared with ``device="cpu"``: no CUDA context and no allocator fragmentation.
     """
     from zeroplan.spec import ModelSpec
@@ -347,14 +285,18 @@ def _estimate(
             model = ModelSpec.from_dict(model_dict)
         except (SpecError, TypeError) as exc:
             return None, f"no estimate: task model_spec invalid ({exc})"
-    if plan is None or model is None:
+    if plan is None:
+        return None, "no estimate: no plan (give a DeepSpeed config or --stage)"
+    if model is None:
         return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
     seq_len = summary.get("seq_len") or request.seq_len or (request.training.seq_len if request.training else None)
     if seq_len is None:
         return None, "no estimate: sequence length unknown (give --seq-len)"
     training = dataclasses.replace(request.training or TrainingSpec(), seq_len=seq_len)
     if config is not None:
-        training = dataclasses.replace(training, precision=precision_from_ds_config(config))
+        from zeroplan.dsconfig import training_from_config
+
+        training = training_from_config(config, plan, base=training)
     try:
         from zeroplan import estimator, profiles
         from zeroplan.spec import ClusterSpec
@@ -413,7 +355,14 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         if request.plan is None:
             raise SpecError("backend deepspeed needs a DeepSpeed config or a plan (--stage ...)")
         config_path = workdir / "ds_config.json"
-    plan = request.plan or (plan_from_ds_config(config) if config else None)
+    plan, plan_note = request.plan, None
+    if plan is None and config is not None:
+        from zeroplan.dsconfig import plan_from_config
+
+        try:
+            plan = plan_from_config(config, request.nproc)
+        except SpecError as exc:
+            plan_note = f"no estimate: {exc}"
     spec_path = _write_spec(request, workdir, kind, config_path, config is not None)
 
     cmd = build_command(request, spec_path)
@@ -454,7 +403,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     )
     summary = summarize_ranks(ranks)
     world_size = summary.get("world_size") or request.nproc
-    estimated, why_not = _estimate(request, plan, config, summary, world_size)
+    estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size)
     result = ProbeResult(
         status=status,
         backend=request.backend,

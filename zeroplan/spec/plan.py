@@ -6,11 +6,22 @@ from dataclasses import dataclass
 
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
-__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "DEEPSPEED_DEFAULT_KNOBS", "resolve_engine_knobs"]
+__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "resolve_engine_knobs"]
 
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")
 CHECKPOINTING = ("none", "selective", "full")
+#: The ZeRO bucket and threshold sizes a Plan may set (elements), named as DeepSpeed's
+#: ``zero_optimization`` keys; the one list the config builder, the config reader and the
+#: estimator share.
+BUCKET_KEYS = (
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+)
 
 
 @dataclass(frozen=True)
@@ -72,14 +83,7 @@ class Plan:
             )
         if self.cpu_checkpointing and self.checkpointing == "none":
             raise SpecError("cpu_checkpointing needs checkpointing selective or full")
-        for name in (
-            "reduce_bucket_size",
-            "allgather_bucket_size",
-            "stage3_prefetch_bucket_size",
-            "stage3_param_persistence_threshold",
-            "stage3_max_live_parameters",
-            "stage3_max_reuse_distance",
-        ):
+        for name in BUCKET_KEYS:
             value = getattr(self, name)
             if value is not None:
                 check_positive_int(name, value, minimum=0, maximum=10**13)
