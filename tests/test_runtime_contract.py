@@ -1,5 +1,5 @@
 """One contract, every backend: a zeroplan task probed on DeepSpeed and on FSDP2 must report the
-DESIGN.md result with consistent numbers. Plus the plain DeepSpeed script and the CLI.
+docs/design.md probe result with consistent numbers. Plus the plain DeepSpeed script and the CLI.
 
 Real 2-process torchrun jobs on CPU (gloo), hence ``slow``; sizes are the example's tiny defaults.
 """

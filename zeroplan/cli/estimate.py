@@ -91,7 +91,7 @@ def estimates_to_rows(estimates: "list[PlanEstimate]") -> list[dict]:
 
 
 def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]") -> dict:
-    """The DESIGN.md ``estimate --format json`` document."""
+    """The ``estimate --format json`` document of docs/design.md."""
     return {
         "zeroplan_version": __version__,
         "model": model.as_dict(),

@@ -34,7 +34,7 @@ DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """Per-GPU memory at the step's peak, in bytes (DESIGN.md ``gpu`` object)."""
+    """Per-GPU memory at the step's peak, in bytes (the ``gpu`` object of docs/design.md)."""
 
     params: int
     gradients: int
@@ -97,7 +97,7 @@ class PlanEstimate:
         return self.time.total
 
     def as_dict(self) -> dict:
-        """The DESIGN.md ``plans[]`` object."""
+        """A ``plans[]`` object of docs/design.md."""
         d = self.plan.as_dict()
         d.update(
             {

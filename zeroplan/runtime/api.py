@@ -76,7 +76,7 @@ class ProbeRequest:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What a probe measured (DESIGN.md "Runtime contracts"), with the estimate beside it."""
+    """What a probe measured (docs/design.md, "JSON: probe --format json"), with the estimate beside it."""
 
     status: str
     """``ok``, ``oom``, ``error`` or ``timeout``."""
@@ -125,7 +125,7 @@ class ProbeResult:
         return (self.estimated_peak_memory - self.peak_memory) / self.peak_memory
 
     def as_dict(self) -> dict:
-        """JSON-ready dict in the DESIGN.md contract order, plus ``memory_error`` and extras."""
+        """JSON-ready dict in the order of docs/design.md, plus ``memory_error`` and extras."""
         return {
             "status": self.status,
             "backend": self.backend,

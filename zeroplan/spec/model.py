@@ -117,7 +117,7 @@ class ModelSpec:
         return max(self.embedding_params, largest_matrix)
 
     def as_dict(self) -> dict:
-        """JSON-ready dict (DESIGN.md `model` object)."""
+        """JSON-ready dict (the `model` object of docs/design.md)."""
         return {
             "name": self.name,
             "params": self.params,
