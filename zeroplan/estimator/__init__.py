@@ -2,6 +2,7 @@
 
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, layer_activation_bytes
 from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.host import HOST_PHASES, HostPhase, HostPhases, host_phases, pinned_bytes
 from zeroplan.estimator.memory import EngineOverhead, HostMemory, ModelStates, engine_overhead, host_memory, model_states
 from zeroplan.estimator.plans import (
     DEFAULT_MICRO_BATCHES,
@@ -19,6 +20,9 @@ __all__ = [
     "DEFAULT_MICRO_BATCHES",
     "EngineOverhead",
     "GpuMemory",
+    "HOST_PHASES",
+    "HostPhase",
+    "HostPhases",
     "HostMemory",
     "ModelStates",
     "PlanEstimate",
@@ -31,7 +35,9 @@ __all__ = [
     "estimate_plan",
     "flops_per_token",
     "host_memory",
+    "host_phases",
     "layer_activation_bytes",
     "model_states",
+    "pinned_bytes",
     "step_time",
 ]

@@ -7,6 +7,7 @@ from typing import Callable, Iterable, Optional
 
 from zeroplan.estimator.activations import ActivationMemory, activation_memory
 from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.host import HostPhases, host_phases
 from zeroplan.estimator.memory import (
     ALLOCATOR_FRAGMENTATION,
     EngineOverhead,
@@ -79,10 +80,20 @@ class PlanEstimate:
     notes: tuple[str, ...]
     peak_phase: str = "backward"
     """When the GPU peak happens: ``backward`` (activations alive) or ``step`` (optimizer step)."""
+    host_phases: Optional[HostPhases] = None
+    """Host RAM per rank and per node by phase (model build, engine init, step, checkpoint save)."""
 
     @property
     def cpu_per_node(self) -> int:
+        """Host RAM per node at the worst phase."""
+        if self.host_phases is not None:
+            return self.host_phases.per_node_bytes
         return self.host.cpu_per_node
+
+    @property
+    def cpu_worst_phase(self) -> str:
+        """The phase whose host RAM per node is largest."""
+        return self.host_phases.worst.name if self.host_phases is not None else "step"
 
     @property
     def nvme_per_node(self) -> int:
@@ -110,6 +121,8 @@ class PlanEstimate:
                 "overhead_items": dict(self.overhead_items),
                 "peak_phase": self.peak_phase,
                 "cpu_per_node": self.cpu_per_node,
+                "cpu_worst_phase": self.cpu_worst_phase,
+                "cpu_phases": self.host_phases.as_dict() if self.host_phases is not None else {},
                 "cpu_items": dict(self.host.cpu_items),
                 "nvme_per_node": self.nvme_per_node,
                 "comm_per_step": self.comm_per_step,
@@ -216,6 +229,8 @@ def estimate_plan(
             peak_allocated=allocated,
         )
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
+    phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu)
+    worst = phases.worst
     comm = comm_volume(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
@@ -225,9 +240,15 @@ def estimate_plan(
     if total > cluster.gpu_memory_bytes:
         fits = False
         notes.insert(0, f"GPU needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
-    if host.cpu_per_node > cluster.cpu_memory_per_node_bytes > 0:
+    if worst.per_node_bytes > cluster.cpu_memory_per_node_bytes > 0:
         fits = False
-        notes.insert(0, f"CPU needs {_gib(host.cpu_per_node)}/node > {_gib(cluster.cpu_memory_per_node_bytes)}")
+        notes.insert(
+            0,
+            f"CPU needs {_gib(worst.per_node_bytes)}/node > {_gib(cluster.cpu_memory_per_node_bytes)} "
+            f"at {worst.name.replace('_', ' ')} ({worst.ranks} ranks × {_gib(sum(worst.per_rank.values()))}"
+            + (f" + {_gib(sum(worst.rank0_only.values()))} on rank 0" if worst.rank0_only else "")
+            + ")",
+        )
     if host.nvme_per_node:
         if cluster.nvme_per_node_bytes == 0:
             fits = False
@@ -235,8 +256,11 @@ def estimate_plan(
         elif host.nvme_per_node > cluster.nvme_per_node_bytes:
             fits = False
             notes.insert(0, f"NVMe needs {_gib(host.nvme_per_node)}/node > {_gib(cluster.nvme_per_node_bytes)}")
-    if host.startup_cpu > sum(host.cpu_items.values()) and host.startup_cpu > 0.5 * cluster.cpu_memory_per_node_bytes > 0:
-        notes.append(f"model build takes {_gib(host.startup_cpu)} of host RAM per node before partitioning")
+    if worst.name == "model_build" and worst.per_node_bytes > 0.5 * cluster.cpu_memory_per_node_bytes > 0:
+        notes.append(
+            f"host peak is the model build ({phases.build}: {_gib(worst.per_node_bytes)}/node before ZeRO partitions it); "
+            f"zero.Init or a meta-device build avoids it"
+        )
     return PlanEstimate(
         plan=plan,
         gpu=gpu,
@@ -250,6 +274,7 @@ def estimate_plan(
         fits=fits,
         notes=tuple(notes),
         peak_phase="step" if step_phase > backward else "backward",
+        host_phases=phases,
     )
 
 

@@ -1,0 +1,133 @@
+"""Host RAM by phase: every item checked against the buffers a real DeepSpeed engine holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.estimator import estimate_plan, host_phases, pinned_bytes
+from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
+from zeroplan import profiles
+
+ROOT = Path(__file__).resolve().parents[1]
+A100 = profiles.load_gpu("a100-80gb")
+
+# The engine-side model: Embedding(V, H) → Linear(H, F) → Linear(F, H), no biases.
+V, H, F = 1000, 64, 256
+TINY = ModelSpec(name="tiny", params=V * H + 2 * H * F, hidden_size=H, num_layers=1, num_heads=1, num_kv_heads=1,
+                 ffn_size=F, vocab_size=V, largest_layer_params=2 * H * F)
+
+_WORKER = r"""
+import json, sys
+import torch, deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+V, H, F = 1000, 64, 256
+base = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+zero = {"z2": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "z3": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+def nbytes(ts):
+    seen = {}
+    for t in ts:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+out = {}
+for name, z in zero.items():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(V, H), torch.nn.Linear(H, F, bias=False), torch.nn.Linear(F, H, bias=False))
+    engine, _, _, _ = deepspeed.initialize(model=model, config={**base, "zero_optimization": z}, model_parameters=model.parameters())
+    o = engine.optimizer
+    at_init = {}
+    if name == "z2":
+        at_init["fp32_master_partition"] = nbytes(o.single_partition_of_fp32_groups)
+        at_init["fp32_grad_partition"] = nbytes([t.grad for t in o.single_partition_of_fp32_groups])
+        at_init["bit16_staging_partition"] = nbytes(o.param_buffer_of_bit16_for_cpu_offload_groups)
+        at_init["grad_staging_largest_param"] = nbytes([o.temp_grad_buffer_for_cpu_offload])
+    else:
+        at_init["fp32_master_partition"] = nbytes(o.fp32_partitioned_groups_flat)
+        at_init["fp32_grad_per_subgroup"] = nbytes([t.grad for t in o.fp32_partitioned_groups_flat])
+        at_init["grad_partition_buffer"] = nbytes([o.grad_partitions_flat_buffer])
+        at_init["param_partition_16bit"] = nbytes(o.fp16_partitioned_groups_flat)
+    moments_before = sum(1 for s in o.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())
+    x = torch.randint(0, V, (2, 8))
+    loss = engine(x).float().pow(2).mean(); engine.backward(loss); engine.step()
+    moments = [t for s in o.optimizer.state.values() for k, t in s.items() if k in ("exp_avg", "exp_avg_sq")]
+    out[name] = {"engine_init": at_init, "moments_at_init": moments_before, "optimizer_moments": nbytes(moments)}
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def engine_buffers(tmp_path_factory):
+    pytest.importorskip("deepspeed")
+    tmp = tmp_path_factory.mktemp("host")
+    script, out = tmp / "w.py", tmp / "out.json"
+    script.write_text(_WORKER)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(script), str(out)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _cluster(gpus=1):
+    return ClusterSpec(gpus=gpus, gpus_per_node=gpus, gpu=A100, cpu_memory_per_node_bytes=64 * GiB)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, plan", [
+    ("z2", Plan(stage=2, offload_optimizer="cpu", micro_batch=2)),
+    ("z3", Plan(stage=3, offload_optimizer="cpu", offload_param="cpu", micro_batch=2)),
+])
+def test_items_equal_deepspeeds_buffers(engine_buffers, name, plan):
+    """Each engine_init item is the byte count of the DeepSpeed buffer it names; the moments appear at the first step."""
+    measured = engine_buffers[name]
+    phases = host_phases(TINY, _cluster(), TrainingSpec(precision="bf16"), plan, device="cpu", baseline_bytes=0)
+    init = phases.get("engine_init").per_rank
+    assert {k: init[k] for k in measured["engine_init"]} == measured["engine_init"]
+    assert measured["moments_at_init"] == 0  # lazy: nothing before the first step
+    step = phases.get("step").per_rank
+    assert step["optimizer_moments"] == measured["optimizer_moments"] and "optimizer_moments" not in init
+
+
+def test_pinned_rounding_is_power_of_two():
+    assert [pinned_bytes(n) for n in (0, 1, 4096, 4097, 3 * GiB)] == [0, 1, 4096, 8192, 4 * GiB]
+
+
+def test_pinning_counts_only_on_cuda():
+    plan = Plan(stage=2, offload_optimizer="cpu", micro_batch=1)
+    model = ModelSpec.from_params(7e9)
+    cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100, cpu_memory_per_node_bytes=2048 * GiB)
+    s = -(-model.params // 8)
+    cuda = host_phases(model, cl, TrainingSpec(), plan).get("engine_init").per_rank
+    unpinned = host_phases(model, cl, TrainingSpec(), plan, pin_memory=False).get("engine_init").per_rank
+    assert unpinned["fp32_master_partition"] == 4 * s and cuda["fp32_master_partition"] == pinned_bytes(4 * s) > 4 * s
+
+
+def test_worst_phase_named_and_used_for_fit():
+    """Stage 2 builds the fp32 model on every rank: 8 × 4Ψ at build beats the offloaded states."""
+    model = ModelSpec.from_params(13e9)
+    plan = Plan(stage=2, offload_optimizer="cpu", micro_batch=1, checkpointing="full")
+    cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100, cpu_memory_per_node_bytes=256 * GiB)
+    est = estimate_plan(model, cl, TrainingSpec(), plan)
+    build = est.host_phases.get("model_build")
+    assert est.cpu_worst_phase == "model_build" and est.cpu_per_node == build.per_node_bytes
+    assert build.per_rank["model_fp32"] == 4 * model.params
+    assert not est.fits and any("at model build" in n for n in est.notes)
+    d = est.as_dict()
+    assert d["cpu_worst_phase"] == "model_build" and set(d["cpu_phases"]) == {"model_build", "engine_init", "step", "checkpoint_save"}
+
+
+def test_zero3_gather_on_save_is_rank0_only():
+    model = ModelSpec.from_params(7e9)
+    plan = Plan(stage=3, offload_optimizer="cpu", offload_param="cpu", micro_batch=1)
+    cl = ClusterSpec(gpus=16, gpus_per_node=8, gpu=A100)
+    save = host_phases(model, cl, TrainingSpec(), plan, gather_16bit_on_save=True).get("checkpoint_save")
+    step = host_phases(model, cl, TrainingSpec(), plan).get("step")
+    assert save.per_node_bytes - step.per_node_bytes == 2 * model.params  # once per node, not per rank

@@ -1,0 +1,263 @@
+"""Host RAM per rank and per node, phase by phase: model build, engine init, step, checkpoint save.
+
+Pure arithmetic (stdlib only). A rank's host memory is not one steady figure: it peaks while the
+model is built (before ZeRO partitions anything), again when ``deepspeed.initialize`` allocates
+the offload buffers, at the first optimizer step (CPU Adam creates its moments lazily) and at
+checkpoint save (16-bit weights gathered on rank 0). :func:`host_phases` returns every phase
+itemized; a plan fits the node only if its worst phase does.
+
+Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item below:
+
+* ``zero/stage_1_and_2.py``: ``__init__`` lines 557-575 (fp32 master partition, 16-bit staging
+  buffer), 653-661 (gradient staging), ``initialize_optimizer_states`` lines 935-941 (fp32
+  gradient partition); with ``offload_optimizer`` ``self.device = 'cpu'`` (line 278).
+* ``zero/stage3.py``: lines 789-795 (``grad_partitions_flat_buffer``), 898-908 (16-bit parameter
+  partitions on the host with ``offload_param``), 1148-1152 (fp32 master partition),
+  ``initialize_optimizer_states`` lines 1303-1342 (a transient fp32 buffer of the largest
+  sub-group's full numel; one fp32 gradient buffer per sub-group on the host).
+* ``ops/adam/cpu_adam.py`` ``DeepSpeedCPUAdam.step``: ``exp_avg`` and ``exp_avg_sq`` created
+  with ``torch.zeros_like`` at the first step (lazy state).
+* ``zero/offload_config.py``: ``pin_memory`` defaults to True; NVMe ``buffer_count`` 5 × ``buffer_size``
+  1e8 for parameters, ``buffer_count`` 4 for the optimizer swapper.
+* ``engine.py`` ``_zero3_consolidated_16bit_state_dict`` (line 5631): every parameter gathered and
+  copied to the host (``param.detach().cpu()``) on rank 0 when
+  ``stage3_gather_16bit_weights_on_model_save`` is true.
+* PyTorch ``ATen/core/CachingHostAllocator.h`` line 305: pinned host blocks are rounded up to the
+  next power of two (``c10::llvm::PowerOf2Ceil``), so a pinned buffer of 1.1 GiB holds 2 GiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zeroplan.spec import (
+    ClusterSpec,
+    ModelSpec,
+    Plan,
+    TrainingSpec,
+    bytes_per_param,
+    optimizer_state_bytes_per_param,
+    resolve_engine_knobs,
+)
+
+__all__ = [
+    "BUILDS",
+    "HOST_PHASES",
+    "HostPhase",
+    "HostPhases",
+    "PROCESS_BASELINE_BYTES",
+    "host_phases",
+    "pinned_bytes",
+]
+
+#: How the model is built on each rank before ``deepspeed.initialize``:
+#: ``fp32`` (``nn.Module`` default dtype, the whole model on every rank), ``bf16`` (the whole
+#: model in 16 bit: ``torch_dtype=torch.bfloat16`` / ``low_cpu_mem_usage``), ``zero_init``
+#: (``deepspeed.zero.Init``: partitioned as it is built, stage 3 only), ``meta`` (meta device, then
+#: weights loaded shard by shard: one layer at a time).
+BUILDS = ("fp32", "bf16", "zero_init", "meta")
+#: Phase names, in the order a run goes through them.
+HOST_PHASES = ("model_build", "engine_init", "step", "checkpoint_save")
+#: Host RSS of one training process before it builds anything on CUDA: the interpreter, torch,
+#: DeepSpeed and the CUDA runtime's host-side libraries. An assumption (2 GiB), not measured on
+#: a GPU node; on CPU probes the worker measures its own baseline instead.
+PROCESS_BASELINE_BYTES = 2 * 1024**3
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """Host bytes a pinned (page-locked) buffer of ``nbytes`` holds: the next power of two
+    (PyTorch CachingHostAllocator, ``PowerOf2Ceil``)."""
+    if nbytes <= 0:
+        return 0
+    return 1 << (nbytes - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class HostPhase:
+    """Host bytes of one phase: items per rank, plus items only rank 0 of the node holds."""
+
+    name: str
+    """One of :data:`HOST_PHASES`."""
+    per_rank: dict[str, int] = field(default_factory=dict)
+    """Bytes every rank of the node holds at this phase's peak, by item."""
+    rank0_only: dict[str, int] = field(default_factory=dict)
+    """Bytes only the node's first rank holds on top (gathered weights at save)."""
+    ranks: int = 1
+    """Ranks on the node."""
+
+    @property
+    def per_rank_bytes(self) -> int:
+        """Host bytes of the busiest rank (rank 0 when it gathers)."""
+        return sum(self.per_rank.values()) + sum(self.rank0_only.values())
+
+    @property
+    def per_node_bytes(self) -> int:
+        """Host bytes of the whole node at this phase."""
+        return self.ranks * sum(self.per_rank.values()) + sum(self.rank0_only.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "per_rank": self.per_rank_bytes,
+            "per_node": self.per_node_bytes,
+            "items_per_rank": dict(self.per_rank),
+            "items_rank0_only": dict(self.rank0_only),
+        }
+
+
+@dataclass(frozen=True)
+class HostPhases:
+    """Every phase of one plan on one node; the node must hold the worst."""
+
+    phases: tuple[HostPhase, ...]
+    build: str
+    """How the model is built (:data:`BUILDS`)."""
+    pin_memory: bool
+    """Offload buffers pinned (DeepSpeed's default) and rounded to powers of two (CUDA only)."""
+
+    @property
+    def worst(self) -> HostPhase:
+        """The phase with the largest per-node bytes (the first of equals, in run order)."""
+        return max(self.phases, key=lambda ph: ph.per_node_bytes)
+
+    @property
+    def per_node_bytes(self) -> int:
+        return self.worst.per_node_bytes
+
+    @property
+    def per_rank_bytes(self) -> int:
+        return max(ph.per_rank_bytes for ph in self.phases)
+
+    def get(self, name: str) -> HostPhase:
+        return next(ph for ph in self.phases if ph.name == name)
+
+    def as_dict(self) -> dict:
+        return {ph.name: ph.as_dict() for ph in self.phases}
+
+
+def host_phases(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    *,
+    device: str = "cuda",
+    build: str | None = None,
+    pin_memory: bool = True,
+    gather_16bit_on_save: bool = False,
+    device_bytes: dict[str, int] | None = None,
+    baseline_bytes: int | None = None,
+    checkpoint_bytes_on_cpu: int = 0,
+) -> HostPhases:
+    """Host bytes per rank and per node of ``plan``, phase by phase (sources in the module docstring).
+
+    With Ψ parameters, N ranks, partition s = ⌈Ψ/N⌉, p bytes per 16-bit parameter, L the largest
+    parameter tensor:
+
+    * model_build: ``fp32`` 4Ψ, ``bf16`` 2Ψ per rank; ``zero_init`` 4·(largest layer) plus the
+      16-bit partition p·s when it lives on the host; ``meta`` 4·(largest layer).
+    * engine_init: what ``deepspeed.initialize`` allocates on the host. Stages 1-2 with CPU offload:
+      fp32 master 4s, 16-bit staging p·s, fp32 gradient partition 4s, gradient staging p·L.
+      Stage 3 with CPU offload: fp32 master 4s, gradient partition p·s, one fp32 gradient buffer
+      per sub-group 4s, and while it runs a transient fp32 buffer of the largest sub-group's full
+      numel (4·min(Ψ, sub_group_size)). offload_param cpu: the 16-bit partition p·s. NVMe: the
+      pinned swap buffers.
+    * step: engine_init (less the transient) + Adam's two fp32 moments 8s (CPU Adam allocates them
+      at the first step).
+    * checkpoint_save: step + the 16-bit model gathered on rank 0 (p·Ψ) with
+      ``gather_16bit_on_save``.
+
+    Pinned buffers count as :func:`pinned_bytes` on CUDA (power-of-two blocks); on ``device="cpu"``
+    DeepSpeed's CPU accelerator pins nothing. ``device="cpu"`` (a CPU probe, where the "device" is
+    host memory too) adds ``device_bytes`` — the device-side bytes per rank at each phase, by
+    phase name — and every phase carries the process baseline (``baseline_bytes``, default
+    :data:`PROCESS_BASELINE_BYTES`).
+    """
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device={device!r}: choose cuda or cpu")
+    if build is None:
+        build = "zero_init" if plan.stage == 3 else "fp32"
+    if build not in BUILDS:
+        raise ValueError(f"build={build!r}: choose one of {', '.join(BUILDS)}")
+    if build == "zero_init" and plan.stage != 3:
+        raise ValueError("build='zero_init' needs stage 3 (deepspeed.zero.Init partitions only stage-3 parameters)")
+    n = cluster.gpus
+    g = cluster.gpus_in_node
+    psi = model.params
+    p = bytes_per_param(training.precision)
+    s = -(-psi // n)
+    largest = max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
+    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    pinned_on = pin_memory and device == "cuda"
+
+    def pin(nbytes: int) -> int:
+        return pinned_bytes(nbytes) if pinned_on else nbytes
+
+    baseline = PROCESS_BASELINE_BYTES if baseline_bytes is None else baseline_bytes
+    dev = device_bytes or {}
+
+    def with_common(name: str, items: dict[str, int]) -> dict[str, int]:
+        out = {"process_baseline": baseline}
+        out.update({k: v for k, v in items.items() if v})
+        if device == "cpu" and dev.get(name):
+            out["device_states_on_host"] = dev[name]
+        return out
+
+    # -- model build --------------------------------------------------------------------------
+    host_partition = plan.offload_param == "cpu" or device == "cpu"
+    if build == "fp32":
+        built = {"model_fp32": 4 * psi}
+    elif build == "bf16":
+        built = {"model_16bit": p * psi}
+    elif build == "zero_init":
+        built = {"layer_being_built_fp32": 4 * model.largest_layer_params}
+        if host_partition:
+            built["param_partition_16bit"] = p * s
+    else:
+        built = {"layer_being_loaded_fp32": 4 * model.largest_layer_params}
+
+    # -- engine init: offload buffers --------------------------------------------------------
+    init: dict[str, int] = {}
+    transient: dict[str, int] = {}
+    if plan.offload_optimizer in ("cpu", "nvme"):
+        if plan.stage in (1, 2):
+            init["fp32_master_partition"] = pin(4 * s)
+            init["bit16_staging_partition"] = pin(p * s)
+            init["fp32_grad_partition"] = pin(4 * s)
+            init["grad_staging_largest_param"] = pin(p * largest)
+        else:
+            sub_group = min(s, knobs["sub_group_size"])
+            n_sub = -(-s // sub_group)
+            if plan.offload_optimizer == "cpu":
+                init["fp32_master_partition"] = 4 * s
+                init["fp32_grad_per_subgroup"] = n_sub * pin(4 * sub_group) if n_sub > 1 else pin(4 * s)
+            else:
+                init["optimizer_swap_buffers"] = 4 * pin(4 * sub_group)
+            init["grad_partition_buffer"] = pin(p * s)
+            transient["init_fp32_grad_buffer"] = 4 * min(psi, knobs["sub_group_size"])
+    if plan.offload_param == "cpu":
+        init["param_partition_16bit"] = pin(p * s)
+    elif plan.offload_param == "nvme":
+        init["param_swap_buffers"] = 5 * pin(p * 100_000_000)
+    if checkpoint_bytes_on_cpu:
+        init["activation_checkpoints"] = checkpoint_bytes_on_cpu
+
+    # -- step: CPU Adam's moments appear at the first step ------------------------------------
+    step = dict(init)
+    if plan.offload_optimizer == "cpu":
+        # Moments only: the fp32 master copy is fp32_master_partition above (K − 4 in the ZeRO paper's K).
+        moments = optimizer_state_bytes_per_param(training.optimizer, "bf16") - 4
+        if moments:
+            step["optimizer_moments"] = moments * s
+
+    # -- checkpoint save ----------------------------------------------------------------------
+    save = dict(step)
+    rank0 = {"gathered_16bit_model": p * psi} if (gather_16bit_on_save and plan.stage == 3) else {}
+
+    phases = (
+        HostPhase("model_build", with_common("model_build", built), ranks=g),
+        HostPhase("engine_init", with_common("engine_init", {**init, **transient}), ranks=g),
+        HostPhase("step", with_common("step", step), ranks=g),
+        HostPhase("checkpoint_save", with_common("checkpoint_save", save), rank0_only=rank0, ranks=g),
+    )
+    return HostPhases(phases=phases, build=build, pin_memory=pin_memory)
+
