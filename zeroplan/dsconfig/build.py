@@ -35,7 +35,10 @@ def resolve_buckets(plan: Plan, model: ModelSpec | None) -> dict[str, int]:
     max reuse distance 1e9).
     """
     # One rule for the estimator and the exported config: zeroplan.spec.resolve_engine_knobs.
-    knobs = resolve_engine_knobs(plan, model.hidden_size if model is not None else None)
+    knobs = resolve_engine_knobs(
+        plan, model.hidden_size if model is not None else None,
+        trainable_params=model.trainable_params if model is not None and model.peft else None,
+    )
     return {key: knobs[key] for key in ZERO_DEFAULTS}
 
 

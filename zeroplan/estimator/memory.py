@@ -183,7 +183,7 @@ def engine_overhead(
     # Buffers below hold gradients or optimizer partitions: trainable parameters only.
     psi = model.trainable_params
     p = bytes_per_param(training.precision)
-    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     shard = -(-psi // n)
     always: dict[str, int] = {}
     backward: dict[str, int] = {}
@@ -311,7 +311,7 @@ def host_memory(
     g = cluster.gpus_in_node
     psi = model.trainable_params  # offloaded gradients and optimizer partitions: trainable only
     p = bytes_per_param(training.precision)
-    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     cpu: dict[str, int] = {}
     nvme: dict[str, int] = {}
     if plan.offload_optimizer == "cpu":

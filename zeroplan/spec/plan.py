@@ -129,20 +129,26 @@ DEEPSPEED_DEFAULT_KNOBS = {
 }
 
 
-def resolve_engine_knobs(plan: Plan, hidden_size: int | None = None) -> dict[str, int]:
+def resolve_engine_knobs(plan: Plan, hidden_size: int | None = None, *, trainable_params: int | None = None) -> dict[str, int]:
     """Bucket and ZeRO-3 sizes (elements) a run of ``plan`` will use.
 
     Plan fields that are set win. Otherwise, when the model's hidden size h is known, the rule
     of Hugging Face's DeepSpeed integration (transformers/integrations/deepspeed.py,
     ``trainer_config_finalize``: reduce_bucket_size = h², stage3_prefetch_bucket_size =
     int(0.9·h²), stage3_param_persistence_threshold = 10·h); else DeepSpeed's defaults
-    (:data:`DEEPSPEED_DEFAULT_KNOBS`).
+    (:data:`DEEPSPEED_DEFAULT_KNOBS`). With ``trainable_params`` (a parameter-efficient run), the
+    reduce and all-gather buckets are capped at that count: DeepSpeed allocates the whole
+    bucket (zero/stage_1_and_2.py, ``torch.empty(int(self.reduce_bucket_size))``) though only
+    trainable gradients ever fill it.
     """
     knobs = dict(DEEPSPEED_DEFAULT_KNOBS)
     if hidden_size:
         knobs["reduce_bucket_size"] = hidden_size * hidden_size
         knobs["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
         knobs["stage3_param_persistence_threshold"] = 10 * hidden_size
+    if trainable_params:
+        for name in ("reduce_bucket_size", "allgather_bucket_size"):
+            knobs[name] = min(knobs[name], int(trainable_params))
     for name in knobs:
         value = getattr(plan, name, None)
         if value is not None:
