@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from zeroplan.dsconfig.rules import Context, Finding, _enabled, _f, _fmt, _is_int_value, rule
+from zeroplan.dsconfig.plan import is_enabled, is_whole_number
+from zeroplan.dsconfig.rules import Context, Finding, _f, _fmt, rule
 from zeroplan.spec import bytes_per_param, optimizer_state_bytes_per_param
 
 __all__: list[str] = []
@@ -52,7 +53,7 @@ def _pointless_offload(ctx: Context) -> Iterator[Finding]:
     peft = _peft(ctx)
     if peft is None or ctx.offload("offload_optimizer") is None:
         return
-    precision = "bf16" if _enabled(ctx.cfg.get("bf16")) else "fp16" if _enabled(ctx.cfg.get("fp16")) else "fp32"
+    precision = "bf16" if is_enabled(ctx.cfg.get("bf16")) else "fp16" if is_enabled(ctx.cfg.get("fp16")) else "fp32"
     optimizer = ctx.training.optimizer if ctx.training is not None else "adamw"
     n = ctx.world_size or 1
     shard = -(-peft.trainable_params // n) if (ctx.stage or 0) >= 1 else peft.trainable_params
@@ -73,7 +74,7 @@ def _pointless_offload(ctx: Context) -> Iterator[Finding]:
 )
 def _fp16_quantized(ctx: Context) -> Iterator[Finding]:
     peft = _peft(ctx)
-    if peft is None or peft.base_quant == "none" or not _enabled(ctx.cfg.get("fp16")):
+    if peft is None or peft.base_quant == "none" or not is_enabled(ctx.cfg.get("fp16")):
         return
     yield _f("ZP803", "fp16.enabled",
              f"fp16 training with a {peft.base_quant} base whose compute dtype is usually bfloat16",
@@ -90,7 +91,7 @@ def _bucket_vs_trainable(ctx: Context) -> Iterator[Finding]:
     if peft is None or ctx.stage not in (1, 2):
         return
     value = ctx.zero.get("reduce_bucket_size", 500_000_000)
-    if not _is_int_value(value) or int(value) <= peft.trainable_params or ctx.model is None:
+    if not is_whole_number(value) or int(value) <= peft.trainable_params or ctx.model is None:
         return
     if int(value) > ctx.model.params:
         return  # ZP701 already says it exceeds the whole model
