@@ -182,11 +182,16 @@ def host_phases(
         raise ValueError("build='zero_init' needs stage 3 (deepspeed.zero.Init partitions only stage-3 parameters)")
     n = cluster.gpus
     g = cluster.gpus_in_node
-    psi = model.params
+    psi = model.total_params
     p = bytes_per_param(training.precision)
     s = -(-psi // n)
+    # Offloaded optimizer buffers hold trainable parameters only (a LoRA adapter, not the frozen
+    # base: zeroplan.estimator.peft); without peft s_t = s.
+    s_t = -(-model.trainable_params // n)
     largest = max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
-    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    if model.peft is not None and model.peft.adapted:
+        largest = max(m.rank * max(m.in_features, m.out_features) for m in model.peft.adapted)
+    knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     pinned_on = pin_memory and device == "cuda"
 
     def pin(nbytes: int) -> int:
@@ -220,20 +225,20 @@ def host_phases(
     transient: dict[str, int] = {}
     if plan.offload_optimizer in ("cpu", "nvme"):
         if plan.stage in (1, 2):
-            init["fp32_master_partition"] = pin(4 * s)
-            init["bit16_staging_partition"] = pin(p * s)
-            init["fp32_grad_partition"] = pin(4 * s)
+            init["fp32_master_partition"] = pin(4 * s_t)
+            init["bit16_staging_partition"] = pin(p * s_t)
+            init["fp32_grad_partition"] = pin(4 * s_t)
             init["grad_staging_largest_param"] = pin(p * largest)
         else:
-            sub_group = min(s, knobs["sub_group_size"])
-            n_sub = -(-s // sub_group)
+            sub_group = min(s_t, knobs["sub_group_size"])
+            n_sub = -(-s_t // sub_group)
             if plan.offload_optimizer == "cpu":
-                init["fp32_master_partition"] = 4 * s
-                init["fp32_grad_per_subgroup"] = n_sub * pin(4 * sub_group) if n_sub > 1 else pin(4 * s)
+                init["fp32_master_partition"] = 4 * s_t
+                init["fp32_grad_per_subgroup"] = n_sub * pin(4 * sub_group) if n_sub > 1 else pin(4 * s_t)
             else:
                 init["optimizer_swap_buffers"] = 4 * pin(4 * sub_group)
-            init["grad_partition_buffer"] = pin(p * s)
-            transient["init_fp32_grad_buffer"] = 4 * min(psi, knobs["sub_group_size"])
+            init["grad_partition_buffer"] = pin(p * s_t)
+            transient["init_fp32_grad_buffer"] = 4 * min(model.trainable_params, knobs["sub_group_size"])
     if plan.offload_param == "cpu":
         init["param_partition_16bit"] = pin(p * s)
     elif plan.offload_param == "nvme":
@@ -247,7 +252,7 @@ def host_phases(
         # Moments only: the fp32 master copy is fp32_master_partition above (K − 4 in the ZeRO paper's K).
         moments = optimizer_state_bytes_per_param(training.optimizer, "bf16") - 4
         if moments:
-            step["optimizer_moments"] = moments * s
+            step["optimizer_moments"] = moments * s_t
 
     # -- checkpoint save ----------------------------------------------------------------------
     save = dict(step)
