@@ -133,6 +133,7 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
             f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
             f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
             f"{training.precision}, {training.optimizer}, seq {training.seq_len}"
+            + (f", engine {estimates[0].engine}" if estimates and estimates[0].engine != "deepspeed" else "")
         ),
         title_justify="left",
     )
@@ -241,6 +242,7 @@ def estimate(
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
     no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
@@ -254,6 +256,11 @@ def estimate(
     """
     check_choice_option("--format", fmt, ("table", "json", "csv"))
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    from zeroplan.estimator.plans import ENGINES
+
+    check_choice_option("--engine", engine, ENGINES)
+    if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
+        raise SpecError("--engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
     from dataclasses import replace
@@ -296,9 +303,9 @@ def estimate(
         trace_note = traced.describe() + "; plus the loss's backward gradients (8·s·b·V)"
     plans = enumerate_plans(
         model_spec, cluster, training,
-        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
+        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
     )
-    estimates = estimate_all(model_spec, cluster, training, plans, activation_bytes=activation_bytes)
+    estimates = estimate_all(model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine)
 
     if fmt == "json":
         doc = estimates_to_json(model_spec, cluster, training, estimates)

@@ -181,6 +181,7 @@ def tune(
         checkpointing=ckpts,
         bucket_sizes=buckets,
         device="cuda" if on_cuda else "cpu",
+        engine=backend,
     )
 
     from rich.console import Console

@@ -10,6 +10,7 @@ from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.host import HostPhases, host_phases
 from zeroplan.estimator.memory import (
     ALLOCATOR_FRAGMENTATION,
+    CUDA_CONTEXT_BYTES,
     EngineOverhead,
     HostMemory,
     ModelStates,
@@ -21,6 +22,7 @@ from zeroplan.estimator.timing import StepTime, step_time
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
 
 __all__ = [
+    "ENGINES",
     "GpuMemory",
     "PlanEstimate",
     "estimate_plan",
@@ -29,6 +31,8 @@ __all__ = [
     "DEFAULT_MICRO_BATCHES",
 ]
 
+#: Engines the estimator models: DeepSpeed's ZeRO, or PyTorch's DDP/FSDP2 (``--engine``).
+ENGINES = ("deepspeed", "fsdp")
 #: Micro-batches tried when the user gives none.
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -82,6 +86,8 @@ class PlanEstimate:
     """When the GPU peak happens: ``backward`` (activations alive) or ``step`` (optimizer step)."""
     host_phases: Optional[HostPhases] = None
     """Host RAM per rank and per node by phase (model build, engine init, step, checkpoint save)."""
+    engine: str = "deepspeed"
+    """The engine modelled: ``deepspeed`` or ``fsdp`` (PyTorch's DDP/FSDP2)."""
 
     @property
     def cpu_per_node(self) -> int:
@@ -120,6 +126,7 @@ class PlanEstimate:
                 },
                 "overhead_items": dict(self.overhead_items),
                 "peak_phase": self.peak_phase,
+                "engine": self.engine,
                 "cpu_per_node": self.cpu_per_node,
                 "cpu_worst_phase": self.cpu_worst_phase,
                 "cpu_phases": self.host_phases.as_dict() if self.host_phases is not None else {},
@@ -156,8 +163,16 @@ def estimate_plan(
     *,
     device: str = "cuda",
     activation_bytes: Optional[Callable[[Plan], int]] = None,
+    engine: str = "deepspeed",
+    optimizer_impl: Optional[str] = None,
 ) -> PlanEstimate:
     """Memory, traffic, time and fit of ``plan`` on ``cluster``.
+
+    ``engine`` is ``deepspeed`` (ZeRO as DeepSpeed 0.19 runs it) or ``fsdp`` (PyTorch's engines:
+    DDP, ZeroRedundancyOptimizer, FSDP2 ``fully_shard``; :mod:`zeroplan.estimator.fsdp`).
+    ``optimizer_impl`` (one of :data:`~zeroplan.estimator.fsdp.OPTIMIZER_IMPLS`) sets the
+    optimizer step's temporaries; None: the engine's default (DeepSpeed's own optimizers,
+    torch's AdamW under fsdp).
 
     Peak GPU bytes = model states + always-resident engine extras + max(activations + buffers
     alive in backward, buffers alive only in the optimizer step), plus on CUDA the context and
@@ -167,6 +182,10 @@ def estimate_plan(
     """
     if device not in ("cuda", "cpu"):
         raise SpecError(f"device={device!r} is not valid; choose cuda or cpu")
+    if engine not in ENGINES:
+        raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
+    if engine == "fsdp":
+        return _estimate_fsdp(model, cluster, training, plan, device=device, activation_bytes=activation_bytes, optimizer_impl=optimizer_impl or "torch")
     notes: list[str] = []
     states = model_states(model, cluster, training, plan)
     extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device)
@@ -278,8 +297,110 @@ def estimate_plan(
     )
 
 
-def _combos(stage: int) -> Iterable[tuple[str, str]]:
-    """(offload_optimizer, offload_param) pairs DeepSpeed accepts at ``stage``."""
+def _fit_notes(total: int, host: HostMemory, cluster: ClusterSpec) -> tuple[bool, list[str]]:
+    """(fits, reasons) for GPU, host RAM and NVMe needs against ``cluster``."""
+    notes: list[str] = []
+    if total > cluster.gpu_memory_bytes:
+        notes.append(f"GPU needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
+    if host.cpu_per_node > cluster.cpu_memory_per_node_bytes > 0:
+        notes.append(f"CPU needs {_gib(host.cpu_per_node)}/node > {_gib(cluster.cpu_memory_per_node_bytes)}")
+    return not notes, notes
+
+
+def _estimate_fsdp(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    *,
+    device: str,
+    activation_bytes: Optional[Callable[[Plan], int]],
+    optimizer_impl: str,
+) -> PlanEstimate:
+    """:func:`estimate_plan` for PyTorch's engines (memory from :func:`zeroplan.estimator.fsdp.fsdp_memory`).
+
+    Traffic and time use the ZeRO model of the same stage (FSDP2 moves the same 3Ψ per step in
+    stage 3 and 2Ψ in stage 2, ZeRO §7).
+    """
+    from zeroplan.estimator.fsdp import fsdp_memory
+
+    acts = activation_memory(model, training, plan)
+    act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
+    mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total)
+    notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
+    phase = mem.peak_phase
+    items = dict(mem.phases[phase])
+    allocated = mem.peak_allocated
+    overhead_items = {f"{k}@{name}": v for name, ph in mem.phases.items() for k, v in ph.items() if k not in ("activations", "sharded_gradients", "gradients") and v}
+    reserve = 0
+    if device == "cuda":
+        fragmentation = int(ALLOCATOR_FRAGMENTATION * allocated)
+        overhead_items["allocator_fragmentation"] = fragmentation
+        overhead_items["cuda_context"] = CUDA_CONTEXT_BYTES
+        reserve = fragmentation + CUDA_CONTEXT_BYTES
+    act_at_peak = items.pop("activations", 0)
+    grads_at_peak = items.pop("sharded_gradients", 0) + items.pop("gradients", 0)
+    gpu = GpuMemory(
+        params=mem.states.params,
+        gradients=grads_at_peak,
+        optimizer_states=mem.states.optimizer_states,
+        activations=act_at_peak,
+        overhead=sum(items.values()) + reserve,
+        total=allocated + reserve,
+        peak_allocated=allocated,
+    )
+    notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {_FSDP_KIND[plan.stage]})")
+    g = cluster.gpus_in_node
+    host = HostMemory(
+        cpu_items={k: g * v for k, v in mem.host_items.items()},
+        nvme_items={},
+        # Each rank builds the whole model in fp32 before fully_shard shards it (the runtime does).
+        startup_cpu=g * 4 * model.params,
+    )
+    comm = comm_volume(model, cluster, training, plan)
+    timing = step_time(model, cluster, training, plan, comm)
+    tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
+    fits, reasons = _fit_notes(gpu.total, host, cluster)
+    return PlanEstimate(
+        plan=plan,
+        gpu=gpu,
+        overhead_items=overhead_items,
+        states=mem.states,
+        activation_breakdown=acts if act_total is None else None,
+        host=host,
+        comm=comm,
+        time=timing,
+        tokens_per_second=tokens / timing.total if timing.total > 0 else 0.0,
+        fits=fits,
+        notes=tuple(reasons + notes),
+        peak_phase="step" if phase == "optimizer_step" else "backward",
+        engine="fsdp",
+    )
+
+
+#: What each stage runs as under ``engine="fsdp"`` (zeroplan/runtime/backends/fsdp.py).
+_FSDP_KIND = {
+    0: "DDP",
+    1: "DDP + ZeroRedundancyOptimizer",
+    2: "FSDP2 reshard_after_forward=False",
+    3: "FSDP2 reshard_after_forward=True",
+}
+
+
+def _combos(stage: int, engine: str = "deepspeed") -> Iterable[tuple[str, str]]:
+    """(offload_optimizer, offload_param) pairs the engine accepts at ``stage``.
+
+    PyTorch's engines offload only with FSDP2's CPUOffloadPolicy, which moves parameters,
+    gradients and the optimizer step together: (cpu, cpu) at stages 2 and 3, stored as the plan's
+    offload_optimizer (and offload_param in stage 3).
+    """
+    if engine == "fsdp":
+        yield ("none", "none")
+        if stage == 2:
+            yield ("cpu", "none")
+        elif stage == 3:
+            yield ("cpu", "cpu")
+        return
     if stage == 0:
         yield ("none", "none")
     elif stage in (1, 2):
@@ -301,6 +422,7 @@ def enumerate_plans(
     offload_param: Optional[str] = None,
     checkpointing: Optional[str] = None,
     micro_batches: Optional[Iterable[int]] = None,
+    engine: str = "deepspeed",
 ) -> list[Plan]:
     """Every valid plan, optionally filtered; accumulation derived from the training spec.
 
@@ -332,7 +454,7 @@ def enumerate_plans(
         ckpts = ("none", "selective", "full")
     plans = []
     for st in stages:
-        for opt, param in _combos(st):
+        for opt, param in _combos(st, engine):
             if offload_optimizer is not None and opt != offload_optimizer:
                 continue
             if offload_param is not None and param != offload_param:
@@ -349,6 +471,12 @@ def enumerate_plans(
                             gradient_accumulation_steps=gas,
                         )
                     )
+    if not plans and engine == "fsdp":
+        raise SpecError(
+            f"no valid plan for engine fsdp with --stage {stage} --offload-optimizer {offload_optimizer} "
+            f"--offload-param {offload_param}: FSDP2's CPUOffloadPolicy offloads parameters, gradients and the optimizer "
+            "together (stage 2: --offload-optimizer cpu; stage 3: --offload-optimizer cpu --offload-param cpu), and there is no NVMe offload"
+        )
     if not plans:
         raise SpecError(
             f"no valid plan for --stage {stage} --offload-optimizer {offload_optimizer} "
@@ -365,9 +493,14 @@ def estimate_all(
     *,
     device: str = "cuda",
     activation_bytes: Optional[Callable[[Plan], int]] = None,
+    engine: str = "deepspeed",
+    optimizer_impl: Optional[str] = None,
 ) -> list[PlanEstimate]:
     """Estimate ``plans`` and sort best-first: plans that fit, fastest first, then the rest by memory."""
     estimates = [
-        estimate_plan(model, cluster, training, p, device=device, activation_bytes=activation_bytes) for p in plans
+        estimate_plan(
+            model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl
+        )
+        for p in plans
     ]
     return sorted(estimates, key=lambda e: (not e.fits, -e.tokens_per_second if e.fits else e.gpu.total))

@@ -304,7 +304,7 @@ def _estimate(
         gpu, _ = profiles.default_gpu()
         cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
         on_cpu = summary.get("memory_kind") == "cpu-storage"
-        est = estimator.estimate_plan(model, cluster, training, plan, device="cpu" if on_cpu else "cuda")
+        est = estimator.estimate_plan(model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend)
         return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), None
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"

@@ -232,6 +232,7 @@ def build_space(
     bucket_sizes: Sequence[int] = (),
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     device: str = "cuda",
+    engine: str = "deepspeed",
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -240,7 +241,7 @@ def build_space(
     ``bucket_sizes`` (elements) adds the reduce-bucket size as a parameter. Gradient accumulation
     is set so that ``--global-batch`` is met exactly; micro-batches that cannot meet it are left
     out of the space. ``device="cpu"`` estimates memory as measured on CPU probes (no CUDA
-    context or allocator reserve).
+    context or allocator reserve). ``engine`` is the estimator's (``deepspeed`` or ``fsdp``).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
 
@@ -257,7 +258,7 @@ def build_space(
     wanted_stages = tuple(stages) if stages is not None else (0, 1, 2, 3)
     plans: list[Plan] = []
     seen: set[str] = set()
-    for plan in enumerate_plans(model, cluster, training, micro_batches=mbs):
+    for plan in enumerate_plans(model, cluster, training, micro_batches=mbs, engine=engine):
         if (
             plan.stage not in wanted_stages
             or plan.offload_optimizer not in offload_optimizer
@@ -274,7 +275,7 @@ def build_space(
     if not plans:
         raise SpecError("the estimator enumerated no plan for these options; widen --stage/--micro-batch")
 
-    estimates = estimate_all(model, cluster, training, plans, device=device)
+    estimates = estimate_all(model, cluster, training, plans, device=device, engine=engine)
     fitting: list[Candidate] = []
     pruned: list[Candidate] = []
     for est in estimates:

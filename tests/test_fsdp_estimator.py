@@ -1,0 +1,137 @@
+"""The PyTorch-engine memory model (zeroplan/estimator/fsdp.py) against real runs.
+
+Truth: torch.optim's own step (live tensor storage measured around ``optimizer.step()``) and
+FSDP2 probes of the example GPT on 2 CPU ranks (the probe runtime's fsdp backend).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.estimator import estimate_plan
+from zeroplan.estimator.fsdp import OPTIMIZER_IMPLS, fsdp_groups, optimizer_step_temporaries
+from zeroplan.spec import ClusterSpec, Plan, SpecError, TrainingSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+
+def _gpt(layers=4, hidden=256, heads=4, vocab=8192, seq_len=128):
+    import gpt_task
+
+    cfg = gpt_task.GPTConfig(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len)
+    return cfg, gpt_task.model_spec(cfg)
+
+
+def _cluster(n=2):
+    from zeroplan import profiles
+
+    return ClusterSpec(gpus=n, gpus_per_node=n, gpu=profiles.default_gpu()[0])
+
+
+def _step_temporary_bytes(**adamw_kwargs) -> tuple[int, int, int]:
+    """(measured step temporary, parameters, largest parameter) of torch AdamW on a small MLP, steady state."""
+    import torch
+
+    from zeroplan.runtime.memory import StorageTracker
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **adamw_kwargs)
+    x = torch.randn(4, 256)
+    with StorageTracker() as tracker:
+        tracker.track(list(model.parameters()))
+        for _ in range(2):
+            model(x).sum().backward()
+            tracker.track([p.grad for p in model.parameters()], opt.state_dict()["state"])
+            tracker.reset_peak()
+            before = tracker.current_bytes
+            opt.step()
+            temp = tracker.peak_bytes - before
+            opt.zero_grad(set_to_none=True)
+    params = sum(p.numel() for p in model.parameters())
+    largest = max(p.numel() for p in model.parameters())
+    return temp, params, largest
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "impl", "on_gpu"),
+    [
+        (dict(foreach=False), "torch", False),  # the for-loop: torch's default on CPU
+        (dict(foreach=True), "torch", True),  # foreach: torch's default on CUDA
+        (dict(fused=True), "torch-fused", True),
+    ],
+)
+def test_optimizer_step_temporaries_match_torch(kwargs, impl, on_gpu):
+    measured, params, largest = _step_temporary_bytes(**kwargs)
+    predicted = optimizer_step_temporaries(impl=impl, optimizer="adamw", partition_params=params, largest_param=largest, on_gpu=on_gpu)
+    assert sum(predicted.values()) == measured
+
+
+def test_optimizer_impl_bad_value():
+    with pytest.raises(SpecError, match="optimizer_impl='apex'"):
+        optimizer_step_temporaries(impl="apex", optimizer="adamw", partition_params=1, largest_param=1)
+    assert "deepspeed-cpu" in OPTIMIZER_IMPLS
+
+
+def test_groups_split_the_model():
+    _, model = _gpt()
+    g = fsdp_groups(model)
+    # Root: the tied embedding (V·h) and the final norm's h; the blocks share the rest.
+    assert g.root == 8192 * 256 + 256
+    assert g.root + g.blocks * g.block >= model.params > g.root + g.blocks * (g.block - 1)
+
+
+def test_fsdp_rejects_nvme_and_low_stage_offload():
+    _, model = _gpt()
+    for plan in (Plan(stage=3, offload_optimizer="nvme"), Plan(stage=1, offload_optimizer="cpu")):
+        with pytest.raises(SpecError, match="engine fsdp"):
+            estimate_plan(model, _cluster(), TrainingSpec(seq_len=128), plan, engine="fsdp")
+    with pytest.raises(SpecError, match="engine='megatron'"):
+        estimate_plan(model, _cluster(), TrainingSpec(seq_len=128), Plan(stage=3), engine="megatron")
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+def test_cli_engine_bad_input_exits_2():
+    r = _cli("estimate", "--params", "1e9", "--gpus", "2", "--engine", "fsdp", "--offload-optimizer", "nvme")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "no NVMe offload" in r.stderr
+    r = _cli("estimate", "--params", "1e9", "--gpus", "2", "--engine", "ddp")
+    assert r.returncode == 2 and "--engine" in r.stderr and "fsdp" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("plan_kwargs", "measured"),
+    [
+        # Measured on this project's machine (benchmarks/results/fsdp_memory.txt); the probe
+        # below re-measures and must agree with the estimate, not with these numbers.
+        (dict(stage=3, checkpointing="full"), 59_364_068),
+    ],
+)
+def test_fsdp_estimate_matches_probe(plan_kwargs, measured):
+    from zeroplan.runtime import ProbeRequest, run_probe
+
+    cfg, model = _gpt()
+    training = TrainingSpec(seq_len=cfg.seq_len)
+    plan = Plan(micro_batch=2, **plan_kwargs)
+    args = ("--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "8192", "--seq-len", "128")
+    result = run_probe(ProbeRequest(script=ROOT / "examples" / "gpt_task.py", nproc=2, backend="fsdp", plan=plan,
+                                    training=training, script_args=args, steps=1, warmup=1, timeout_s=240))
+    assert result.status == "ok", result.error
+    peak = max(result.peak_memory_per_rank)
+    est = estimate_plan(model, _cluster(), training, plan, device="cpu", engine="fsdp").gpu.peak_allocated
+    # Measured error: +4.1 % (stage 2 without checkpointing: +6.1 %); the excess is
+    # the e·s·b·V logits a Hugging Face model returns and this task drops, and GPT-2 dropout
+    # masks the task does not have.
+    assert 0.0 <= (est - peak) / peak <= 0.07
+    assert result.estimated_peak_memory == est  # the probe itself compares with the fsdp model

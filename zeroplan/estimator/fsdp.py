@@ -1,0 +1,269 @@
+"""PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) memory per GPU for one plan. Stdlib only.
+
+The plan's stage maps onto PyTorch's engines as zeroplan's runtime runs them
+(``zeroplan/runtime/backends/fsdp.py``):
+
+* stage 0: ``DistributedDataParallel`` with ``torch.autocast`` (fp32 parameters, 16-bit compute)
+* stage 1: DDP + ``ZeroRedundancyOptimizer`` (optimizer states sharded)
+* stage 2: FSDP2 ``fully_shard(reshard_after_forward=False)`` per block and at the root
+* stage 3: FSDP2 ``fully_shard(reshard_after_forward=True)`` per block and at the root
+* offload cpu: FSDP2 ``CPUOffloadPolicy`` (parameters, gradients and the optimizer step on the host)
+
+Every byte below is read from PyTorch 2.x ``torch/distributed/fsdp/_fully_shard/``:
+
+* ``_fsdp_param.py`` (``FSDPParam._init_sharded_param``): each parameter is sharded on dim 0 in
+  its *original* dtype (fp32 when the model is built in fp32) — the sharded parameter is the
+  optimizer's parameter, so it is also the fp32 master copy: m·Ψ/N, no separate 4Ψ master.
+* ``_fsdp_collectives.py`` ``foreach_all_gather``/``foreach_all_gather_copy_out``: a group is
+  all-gathered in ``MixedPrecisionPolicy.param_dtype`` (p bytes) into unsharded parameters that
+  live until the group reshards: after forward (``reshard_after_forward=True``) or after its
+  backward. The root group (embeddings, final norm, head) is gathered again in its pre-backward
+  (when the gradient reaches its output) and held until the root's post-backward at the very
+  end of backward. ``_fsdp_state.py``: backward prefetches one group ahead.
+* ``foreach_reduce``: the group's unsharded gradients (p bytes) are copied into a reduce-scatter
+  input in ``reduce_dtype`` (r bytes, fp32 in the runtime's policy) before they are freed; the
+  reduce-scatter output is the sharded gradient, kept in the parameter's dtype (m·Ψ/N) until
+  ``zero_grad(set_to_none=True)``. With ``CPUOffloadPolicy`` it is copied to the host.
+
+Checked against live-tensor timelines of real FSDP2 runs on 2 CPU ranks
+(``benchmarks/fsdp_memory_timeline.py``) and probes (``benchmarks/bench_fsdp_memory.py``).
+The optimizer step's temporaries come from :func:`optimizer_step_temporaries`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.estimator.activations import ActivationMemory
+from zeroplan.estimator.memory import ModelStates
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
+
+__all__ = [
+    "FsdpGroups",
+    "FsdpMemory",
+    "OPTIMIZER_IMPLS",
+    "fsdp_groups",
+    "fsdp_memory",
+    "optimizer_step_temporaries",
+    "check_fsdp_plan",
+]
+
+#: Optimizer implementations zeroplan models: torch.optim's foreach/for-loop (``torch``), its
+#: fused kernel (``torch-fused``), DeepSpeed's FusedAdam (``deepspeed-fused``) and CPU Adam
+#: (``deepspeed-cpu``).
+OPTIMIZER_IMPLS = ("torch", "torch-fused", "deepspeed-fused", "deepspeed-cpu")
+
+#: Bytes of the sharded parameter (the model's own dtype: built in fp32) and of the
+#: reduce-scatter (``MixedPrecisionPolicy(reduce_dtype=torch.float32)``, the runtime's policy
+#: and torchtitan's default ``mixed_precision_reduce = "float32"``).
+_MASTER_BYTES = 4
+_REDUCE_BYTES = 4
+
+
+def check_fsdp_plan(plan: Plan) -> None:
+    """Raise SpecError for what PyTorch's engines cannot do: NVMe offload, offload below stage 2."""
+    if plan.offload_optimizer == "nvme" or plan.offload_param == "nvme":
+        raise SpecError("engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
+    if plan.stage < 2 and (plan.offload_optimizer != "none" or plan.offload_param != "none"):
+        raise SpecError(f"engine fsdp offloads only with FSDP2 (stage 2 or 3), not stage {plan.stage}; use --stage 2 or 3")
+
+
+@dataclass(frozen=True)
+class FsdpGroups:
+    """How ``fully_shard`` per block + at the root splits the parameters into all-gather groups."""
+
+    root: int
+    """Parameters of the root group: input embedding, output projection when untied, final norm."""
+    block: int
+    """Parameters of one block group (the rest divided evenly over the blocks)."""
+    blocks: int
+    """Number of block groups (transformer layers)."""
+
+
+def fsdp_groups(model: ModelSpec) -> FsdpGroups:
+    """Root and per-block parameter counts of ``fully_shard`` applied per block and at the root.
+
+    Root: V·h (embedding; a second V·h when the head is untied) + h (final norm); the other
+    parameters (blocks, and small extras such as learned positions) spread over the L blocks.
+    """
+    root = min(model.params, model.embedding_params * (1 if model.tied_embeddings else 2) + model.hidden_size)
+    return FsdpGroups(root=root, block=-(-(model.params - root) // model.num_layers), blocks=model.num_layers)
+
+
+def optimizer_step_temporaries(
+    *, impl: str, optimizer: str, partition_params: int, largest_param: int, state_bytes: int = 4, on_gpu: bool = True
+) -> dict[str, int]:
+    """Bytes an optimizer allocates only inside ``step()``, beyond its states, by item.
+
+    ``partition_params``: parameters this rank updates; ``largest_param``: its largest tensor.
+
+    * ``torch`` Adam/AdamW (torch/optim/adam.py, the AdamW subclass): the default is the foreach
+      implementation when every parameter is on CUDA (``_default_to_fused_or_foreach``), whose
+      ``_multi_tensor_adam`` does ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``
+      — one fp32 copy of the whole partition (then divided and added in place). On CPU the
+      for-loop ``_single_tensor_adam`` does ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``
+      per tensor: two fp32 temporaries of the largest tensor. Measured on 2 CPU ranks (FSDP2
+      shards, benchmarks/fsdp_memory_timeline.py): exactly 4·partition (foreach) and
+      2·4·largest shard (for-loop).
+    * ``torch-fused`` (``fused=True``, ``_fused_adam``), ``deepspeed-fused`` (FusedAdam's
+      multi_tensor_adam kernel) and ``deepspeed-cpu`` (DeepSpeedCPUAdam, in place in C++):
+      no tensor-sized temporaries.
+    * SGD with momentum, Lion: in-place updates in torch's foreach/for-loop paths (``torch/optim/
+      sgd.py``: ``_foreach_add_`` on the momentum buffers; Lion as torch AdamW's update without
+      the sqrt): none. Adafactor (transformers' implementation): the factored update
+      ``update = exp_avg_sq_row/col`` outer product, one fp32 tensor of the largest parameter.
+    """
+    if impl not in OPTIMIZER_IMPLS:
+        raise SpecError(f"optimizer_impl={impl!r} is not valid; choose one of {', '.join(OPTIMIZER_IMPLS)}")
+    if impl != "torch":
+        return {}
+    if optimizer in ("adam", "adamw"):
+        if on_gpu:
+            return {"adam_foreach_sqrt": state_bytes * partition_params}
+        return {"adam_sqrt_and_denom": 2 * state_bytes * largest_param}
+    if optimizer == "adafactor":
+        return {"adafactor_update": state_bytes * largest_param}
+    return {}
+
+
+@dataclass(frozen=True)
+class FsdpMemory:
+    """Per-GPU bytes of one PyTorch-engine plan: the states and the items alive at each moment.
+
+    ``phases`` maps each candidate peak moment to the items alive then on top of the states'
+    parameters and optimizer states (which are alive throughout); the peak is the largest.
+    """
+
+    states: ModelStates
+    """Sharded fp32 parameters (the master copy), sharded fp32 gradients, optimizer moments."""
+    phases: dict[str, dict[str, int]]
+    """``loss_backward``, ``block_backward``, ``root_post_backward``, ``optimizer_step`` → items."""
+    host_items: dict[str, int]
+    """Per-rank host bytes under CPUOffloadPolicy (params, gradients, optimizer states)."""
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda k: sum(self.phases[k].values()))
+
+    @property
+    def peak_allocated(self) -> int:
+        """Parameters + optimizer states on the GPU + the largest phase."""
+        return self.states.params + self.states.optimizer_states + sum(self.phases[self.peak_phase].values())
+
+
+def fsdp_memory(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    acts: ActivationMemory,
+    *,
+    device: str = "cuda",
+    optimizer_impl: str = "torch",
+    activation_total: int | None = None,
+) -> FsdpMemory:
+    """Memory of ``plan`` under PyTorch's engines (module docstring: sources per term).
+
+    With Ψ parameters, N = cluster.gpus, p compute bytes (``param_dtype``: 2 in bf16/fp16, 4 in
+    fp32), m = 4 (fp32 sharded parameter and gradient), r = 4 (fp32 reduce-scatter), K' the
+    optimizer's moment bytes (8 for Adam), root/block group sizes from :func:`fsdp_groups`:
+
+    * states: params m·Ψ/N, optimizer K'·Ψ/N, gradients m·Ψ/N (created by the reduce-scatters,
+      freed by ``zero_grad(set_to_none=True)``: absent at the loss's backward).
+    * loss_backward: all activations incl. the logits' term; unsharded parameters p·Ψ when
+      nothing reshards after forward (stage 2), none in stage 3 (the root reshards too).
+    * block_backward (first block in backward): activations without the logits' term + the
+      recompute working set; root parameters and the head's gradient, both p bytes, held until
+      the root's post-backward; the block's and the prefetched block's parameters (stage 3) or
+      every block's (stage 2); the block's unsharded gradients (p) and reduce-scatter input (r).
+    * root_post_backward: every sharded gradient + the root's unsharded parameters and
+      gradients (p each) + its reduce-scatter input (r).
+    * optimizer_step: the sharded gradients + :func:`optimizer_step_temporaries`.
+
+    Stages 0–1 (DDP): fp32 parameters m·Ψ, DDP's gradient buckets m·Ψ (``Reducer``, a flat copy
+    of every gradient: ``gradient_as_bucket_view=False``), gradients m·Ψ created in backward,
+    optimizer K'·Ψ (stage 1: /N), and autocast's cached p-byte weight casts, saved for backward.
+    ``device="cpu"``: the host is the device, so CPU offload moves nothing (what a CPU-only
+    probe measures). ``activation_total`` replaces the formula's total (``--trace``).
+    """
+    check_fsdp_plan(plan)
+    n = cluster.gpus
+    psi = model.params
+    p = bytes_per_param(training.precision)
+    m, r = _MASTER_BYTES, _REDUCE_BYTES
+    moments = {"adamw": 8, "adam": 8, "sgd": 4, "lion": 4, "adafactor": 0}[training.optimizer]
+    groups = fsdp_groups(model)
+    largest = model.largest_layer_params
+    on_gpu = device == "cuda"
+    act_total = acts.total if activation_total is None else activation_total
+    logits = min(acts.logits, act_total)
+    layers_only = act_total - logits
+    loss_acts = act_total - acts.recompute_working_set
+
+    def shard(count: int) -> int:
+        return -(-count // n)
+
+    if plan.stage <= 1:
+        params, grads = m * psi, m * psi
+        optimizer = moments * (shard(psi) if plan.stage == 1 else psi)
+        # autocast casts each matmul weight once per forward (the cast cache) and the matmul's
+        # backward saves it: every weight but the untied input embedding's, p bytes.
+        cast_cache = p * (psi - (0 if model.tied_embeddings else model.embedding_params)) if p < 4 else 0
+        bucket = {"ddp_gradient_buckets": m * psi}
+        partition = shard(psi) if plan.stage == 1 else psi
+        temps = optimizer_step_temporaries(
+            impl=optimizer_impl, optimizer=training.optimizer, partition_params=partition, largest_param=largest, on_gpu=on_gpu
+        )
+        phases = {
+            "loss_backward": {**bucket, "activations": loss_acts, "autocast_weight_casts": cast_cache},
+            "block_backward": {**bucket, "activations": layers_only, "autocast_weight_casts": cast_cache, "head_gradient": m * model.embedding_params},
+            "optimizer_step": {**bucket, "gradients": grads, **temps},
+        }
+        states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
+        return FsdpMemory(states=states, phases=phases, host_items={})
+
+    offload = (plan.offload_optimizer == "cpu" or plan.offload_param == "cpu") and on_gpu
+    params, grads, optimizer = m * shard(psi), m * shard(psi), moments * shard(psi)
+    unsharded_all = p * psi
+    root_p = p * groups.root
+    head_grad = p * model.embedding_params
+    if plan.stage == 3:
+        gathered_blocks = 2 * p * groups.block  # the running block and the one prefetched
+        loss_unsharded = 0
+    else:
+        gathered_blocks = p * (psi - groups.root)
+        loss_unsharded = unsharded_all
+    temps = optimizer_step_temporaries(
+        impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi), largest_param=shard(largest), on_gpu=on_gpu
+    )
+    sharded_grads_gpu = 0 if offload else grads
+    phases = {
+        "loss_backward": {"activations": loss_acts, "unsharded_params": loss_unsharded},
+        "block_backward": {
+            "activations": layers_only,
+            "root_unsharded_params": root_p,
+            "head_gradient": head_grad,
+            "unsharded_params": gathered_blocks,
+            "block_unsharded_gradients": p * groups.block,
+            "reduce_scatter_input": r * groups.block,
+            "sharded_gradients": 0 if offload else m * shard(groups.block),
+        },
+        "root_post_backward": {
+            "sharded_gradients": sharded_grads_gpu,
+            "root_unsharded_params": root_p,
+            "root_unsharded_gradients": p * groups.root,
+            "reduce_scatter_input": r * groups.root,
+            **({"reduce_scatter_output": r * shard(groups.root)} if offload else {}),
+        },
+        "optimizer_step": {} if offload else {"sharded_gradients": grads, **temps},
+    }
+    host: dict[str, int] = {}
+    if offload:
+        host = {"params": params, "gradients": grads, "optimizer_states": optimizer, **temps}
+        states = ModelStates(
+            params=0, gradients=0, optimizer_states=0,
+            offloaded_params=params, offloaded_gradients=grads, offloaded_optimizer_states=optimizer,
+        )
+    else:
+        states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
+    return FsdpMemory(states=states, phases=phases, host_items=host)
