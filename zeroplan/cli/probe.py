@@ -39,6 +39,7 @@ from zeroplan.cli.common import (
     resolve_training,
     write_output,
 )
+from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
 from zeroplan.spec import GiB, SpecError
 
 __all__ = ["probe"]
@@ -83,10 +84,16 @@ def _render_table(result, plan, console) -> None:
     table.add_column("error", justify="right")
     err = result.memory_error
     table.add_row("peak memory / rank (max)", _mib(result.peak_memory), _mib(result.estimated_peak_memory), "—" if err is None else f"{err:+.1%}")
+    nodes = result.node_per_rank
     for rank, peak in enumerate(result.peak_memory_per_rank):
-        table.add_row(f"  rank {rank}", _mib(peak), "", "")
+        where = f" (node {nodes[rank]})" if rank < len(nodes) and nodes[rank] is not None else ""
+        table.add_row(f"  rank {rank}{where}", _mib(peak), "", "")
     table.add_row("measured steps", str(result.steps), "", "")
-    table.add_row("step time", "—" if result.step_time is None else f"{result.step_time:.4f} s", "", "")
+    table.add_row("step time (slowest rank)" if nodes else "step time", "—" if result.step_time is None else f"{result.step_time:.4f} s", "", "")
+    if nodes:
+        for rank, t in enumerate(result.step_time_per_rank):
+            where = f" (node {nodes[rank]})" if rank < len(nodes) and nodes[rank] is not None else ""
+            table.add_row(f"  rank {rank}{where}", "—" if t is None else f"{t:.4f} s", "", "")
     table.add_row("samples / s", "—" if result.samples_per_second is None else f"{result.samples_per_second:,.1f}", "", "")
     table.add_row("tokens / s", "—" if result.tokens_per_second is None else f"{result.tokens_per_second:,.0f}", "", "")
     console.print(table)
@@ -130,6 +137,11 @@ def probe(
     format: FormatOpt = "table",
     output: OutputOpt = None,
     verbose: VerboseOpt = False,
+    nnodes: NnodesOpt = 1,
+    launcher: LauncherOpt = "torchrun",
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: RdzvEndpointOpt = None,
+    rdzv_timeout: RdzvTimeoutOpt = 120.0,
 ) -> None:
     """Run SCRIPT for a few optimizer steps under torchrun and print measured vs estimated.
 
@@ -143,15 +155,23 @@ def probe(
     check_choice_option("--format", format, ("table", "json"))
     check_choice_option("--backend", backend, BACKENDS)
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
-    if gpus < 1:
-        raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
-    nproc = min(gpus, gpus_per_node) if gpus_per_node else gpus
     torchrun_args = tuple(torchrun_arg or ())
-    if gpus > nproc and not any(a.startswith("--nnodes") for a in torchrun_args):
-        raise SpecError(
-            f"--gpus {gpus} with --gpus-per-node {nproc} spans nodes: run the probe on every node with "
-            "--torchrun-arg=--nnodes=N --torchrun-arg=--node-rank=R --torchrun-arg=--rdzv-endpoint=HOST:PORT"
-        )
+    nproc, nodes = resolve_nodes(
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        nnodes=nnodes,
+        launcher=launcher,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_timeout=rdzv_timeout,
+        legacy_torchrun_args=torchrun_args,
+    )
+    if nodes is not None and workdir is None:
+        raise SpecError("a multi-node probe needs --workdir DIR: a folder every node sees at the same path (a shared file system)")
+    if nodes is not None and nodes.launcher == "slurm":
+        from zeroplan.runtime.multinode import slurm_allocation
+
+        slurm_allocation(nodes.nnodes)
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
@@ -203,6 +223,7 @@ def probe(
         workdir=workdir,
         torchrun_args=torchrun_args,
         seq_len=seq_len,
+        nodes=nodes,
     )
 
     from rich.console import Console

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zeroplan.runtime.multinode import NodeLaunch
 from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
 
 __all__ = ["BACKENDS", "STATUSES", "ProbeRequest", "ProbeResult"]
@@ -50,6 +51,13 @@ class ProbeRequest:
     """Extra environment variables for the job."""
     seq_len: int | None = None
     """Tokens per sample for tokens/s; None: the task's ``seq_len``, else ``training.seq_len`` if given."""
+    nodes: NodeLaunch | None = None
+    """Several nodes (torchrun rendezvous or a Slurm step; zeroplan.runtime.multinode); None: one node."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the whole job: processes per node × nodes."""
+        return self.nproc * (self.nodes.nnodes if self.nodes else 1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "script", Path(self.script))
@@ -111,6 +119,10 @@ class ProbeResult:
     state_memory_per_rank: list[int] = field(default_factory=list)
     """Live bytes of each rank just before its last optimizer step: activations freed; parameters,
     gradients, optimizer states and engine buffers remain (the measured "model states")."""
+    step_time_per_rank: list[float | None] = field(default_factory=list)
+    """Mean measured step seconds of each rank, rank order (None for a rank that measured none)."""
+    node_per_rank: list[int | None] = field(default_factory=list)
+    """Node rank each rank ran on (multi-node probes; the launcher's node rank), rank order."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -144,4 +156,6 @@ class ProbeResult:
             "workdir": self.workdir,
             "state_memory_per_rank": list(self.state_memory_per_rank),
             "estimate_note": self.estimate_note,
+            "step_time_per_rank": list(self.step_time_per_rank),
+            "node_per_rank": list(self.node_per_rank),
         }

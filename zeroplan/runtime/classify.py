@@ -74,6 +74,10 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["peak_memory_per_rank"] = peaks
         out["peak_memory"] = max(peaks)
         out["memory_kind"] = next((r.get("memory_kind") for r in ranks if r.get("memory_kind")), None)
+    by_rank = sorted(ranks, key=lambda r: r.get("rank", 0))
+    out["step_time_per_rank"] = [r.get("step_time") if r.get("status") == "ok" else None for r in by_rank]
+    if any(r.get("node_rank") is not None for r in by_rank):
+        out["node_per_rank"] = [r.get("node_rank") for r in by_rank]
     states = [r.get("state_memory") for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
     if states and all(isinstance(b, int) for b in states):
         out["state_memory_per_rank"] = states

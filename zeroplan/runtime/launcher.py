@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from zeroplan.runtime.api import ProbeRequest, ProbeResult
+from zeroplan.runtime import multinode
 from zeroplan.runtime.classify import classify, summarize_ranks
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
@@ -40,6 +41,9 @@ LOG_TAIL_LINES = 60
 MAX_LINE_CHARS = 2000
 #: Seconds between SIGTERM and SIGKILL when a probe is stopped.
 KILL_GRACE_S = 5.0
+#: Multi-node: seconds to wait after the local job ended for other nodes' rank results to
+#: appear in the shared probe folder (network file systems show new files late).
+RESULTS_GRACE_S = 15.0
 
 _TASK_RE = re.compile(r"^(def\s+zeroplan_task\s*\(|zeroplan_task\s*=)", re.M)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -55,12 +59,19 @@ def _local_torchrun(torchrun_args: tuple[str, ...]) -> bool:
     return not any(a.split("=")[0] in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr") for a in torchrun_args)
 
 
-def build_command(request: ProbeRequest, spec_path: Path) -> list[str]:
+def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = None) -> list[str]:
     """``python -m torch.distributed.run ... -m zeroplan.runtime.worker SPEC``.
 
     A single-node probe uses ``--standalone`` (a c10d store on a free localhost port), so
-    concurrent probes never fight over MASTER_PORT; multi-node arguments pass through unchanged.
+    concurrent probes never fight over MASTER_PORT; extra torchrun arguments pass through
+    unchanged. A multi-node request (``request.nodes``) is zeroplan.runtime.multinode's command
+    (this node's torchrun agent, or one ``srun`` step); ``info`` receives its endpoint and step.
     """
+    if request.nodes is not None and request.nodes.multinode:
+        cmd, extra = multinode.node_command(request.nodes, nproc=request.nproc, spec_path=spec_path, workdir=spec_path.parent)
+        if info is not None:
+            info.update(extra)
+        return cmd
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(request.nproc), "--max-restarts", "0"]
     if _local_torchrun(request.torchrun_args):
         cmd.append("--standalone")
@@ -120,6 +131,7 @@ class _Job:
             bufsize=1,
         )
         self.seen: dict[int, float] = {}  # pid -> create_time, for pid-reuse safety
+        self.aborted: str | None = None
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -198,14 +210,23 @@ class _Job:
         except subprocess.TimeoutExpired:
             pass
 
-    def wait(self, timeout_s: float) -> tuple[int | None, bool]:
-        """(return code, timed out); polls so descendants are remembered while they live."""
+    def wait(self, timeout_s: float, watch: Callable[[], str | None] | None = None) -> tuple[int | None, bool]:
+        """(return code, timed out); polls so descendants are remembered while they live.
+
+        ``watch`` (multi-node heartbeats) is called each round; a reason it returns stops the
+        wait early and is kept in :attr:`aborted`.
+        """
         deadline = time.monotonic() + timeout_s
+        self.aborted: str | None = None
         while True:
             self.remember_descendants()
             try:
                 return self.proc.wait(timeout=0.25), False
             except subprocess.TimeoutExpired:
+                if watch is not None:
+                    self.aborted = watch()
+                    if self.aborted:
+                        return None, False
                 if time.monotonic() >= deadline:
                     return None, True
 
@@ -236,7 +257,10 @@ def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Pa
         "result_dir": str(workdir),
     }
     path = workdir / "probe.json"
-    path.write_text(json.dumps(spec, indent=2))
+    # Atomic: with several nodes, every node's launcher writes the same file into a shared folder.
+    tmp = path.with_name(f".probe.json.{os.getpid()}")
+    tmp.write_text(json.dumps(spec, indent=2))
+    os.replace(tmp, path)
     return path
 
 
@@ -318,13 +342,24 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     Raises SpecError only for a bad request (e.g. fsdp backend on a plain DeepSpeed script).
     On KeyboardInterrupt the whole job is killed before the interrupt propagates.
     """
+    launch = request.nodes if request.nodes is not None and request.nodes.multinode else None
+    if launch is not None and request.workdir is None:
+        raise SpecError(
+            "a multi-node probe needs --workdir: a folder on a file system every node shares, at the same path "
+            "(each node's ranks write their results there)"
+        )
+    if launch is not None and launch.launcher == "slurm":
+        multinode.slurm_allocation(launch.nnodes)  # outside an allocation / too few nodes: fail before writing
+    started_unix = time.time()
     workdir = Path(request.workdir).resolve() if request.workdir else Path(tempfile.mkdtemp(prefix="zeroplan-probe-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    # One file set per node launcher in a shared folder (node 0 and a Slurm step keep the plain names).
+    tag = f"-node{launch.node_rank}" if launch is not None and launch.launcher == "torchrun" and launch.node_rank else ""
     for stale in workdir.glob("rank-*.json"):
         stale.unlink()
 
     def failed(reason: str) -> ProbeResult:
-        return ProbeResult(status="error", backend=request.backend, world_size=request.nproc, steps=0, error=reason, workdir=str(workdir))
+        return ProbeResult(status="error", backend=request.backend, world_size=request.world_size, steps=0, error=reason, workdir=str(workdir))
 
     script = request.script
     if not script.exists():
@@ -365,44 +400,61 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             plan_note = f"no estimate: {exc}"
     spec_path = _write_spec(request, workdir, kind, config_path, config is not None)
 
-    cmd = build_command(request, spec_path)
+    info: dict = {}
+    cmd = build_command(request, spec_path, info)
     env = probe_environment(request)
-    (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
+    (workdir / f"command{tag}.txt").write_text(" ".join(cmd) + "\n")
     started = time.monotonic()
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
-    job = _Job(cmd, env, Path.cwd(), workdir / "probe.log", on_line)
+    job = _Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", on_line)
+
+    def stop() -> None:
+        job.kill_all()
+        # A Slurm step's remote tasks are not our processes: srun forwarded the SIGTERM; scancel
+        # makes Slurm kill whatever is left of the step on every node.
+        if launch is not None and launch.launcher == "slurm" and info.get("step_name"):
+            multinode.cancel_slurm_step(info["step_name"], env)
+
+    watch = multinode.NodeWatch(workdir, launch) if launch is not None and launch.launcher == "torchrun" else None
     try:
-        returncode, timed_out = job.wait(request.timeout_s)
-        if timed_out:
-            job.kill_all()
+        returncode, timed_out = job.wait(request.timeout_s, watch)
+        if timed_out or returncode != 0:
+            stop()
         else:
             # torchrun has exited; make sure no worker outlived it.
             job.kill_all()
     except BaseException:
-        job.kill_all()
+        stop()
         job.close()
         raise
     job.close()
     wall_s = time.monotonic() - started
 
-    ranks = []
-    for path in sorted(workdir.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1])):
-        try:
-            ranks.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
+    ranks = _read_ranks(workdir)
+    if launch is not None and not timed_out:
+        # Other nodes' results reach a network file system late; a failed job gets a short wait.
+        deadline = time.monotonic() + (RESULTS_GRACE_S if returncode == 0 else 2.0)
+        while len(ranks) < request.world_size and time.monotonic() < deadline:
+            time.sleep(0.25)
+            ranks = _read_ranks(workdir)
     log_tail = "\n".join(job.tail)
     status, error = classify(
         returncode=returncode,
         timed_out=timed_out,
         timeout_s=request.timeout_s,
         ranks=ranks,
-        expected_ranks=request.nproc,
+        expected_ranks=request.world_size,
         log_text=log_tail,
     )
+    if job.aborted:
+        status, error = "error", job.aborted
+    elif launch is not None and status != "ok":
+        error = _nodes_reason(launch, info, workdir, ranks, log_tail, status, error, started_unix)
+        if error and error.startswith("the rendezvous"):
+            status = "error"
     summary = summarize_ranks(ranks)
-    world_size = summary.get("world_size") or request.nproc
+    world_size = summary.get("world_size") or request.world_size
     estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size)
     result = ProbeResult(
         status=status,
@@ -421,7 +473,41 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         workdir=str(workdir),
         state_memory_per_rank=summary.get("state_memory_per_rank", []),
         estimate_note=why_not,
+        step_time_per_rank=summary.get("step_time_per_rank", []),
+        node_per_rank=summary.get("node_per_rank", []),
     )
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
-    (workdir / "result.json").write_text(json.dumps(record, indent=2))
+    if launch is not None:
+        record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
+    (workdir / f"result{tag}.json").write_text(json.dumps(record, indent=2))
     return result
+
+
+def _read_ranks(workdir: Path) -> list[dict]:
+    ranks = []
+    for path in sorted(workdir.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1])):
+        try:
+            ranks.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return ranks
+
+
+def _nodes_reason(
+    launch, info: dict, workdir: Path, ranks: list[dict], log_tail: str, status: str, error: str | None, started_unix: float
+) -> str | None:
+    """A failed multi-node probe's reason, naming the nodes that never joined or sent no result."""
+    # Another node's launcher may have started up to one rendezvous timeout before this one.
+    since = started_unix - (launch.rdzv_timeout_s if launch.launcher == "torchrun" else 0.0) - 1.0
+    missing = multinode.missing_nodes(workdir, launch.nnodes, since_unix=since)
+    endpoint = info.get("endpoint", "?")
+    rdzv = multinode.rendezvous_failure(log_tail, launch=launch, endpoint=endpoint, missing=missing)
+    if rdzv:
+        return rdzv
+    if status == "timeout" and not ranks and missing:
+        return f"{error}; " + multinode.nodes_message("", launch=launch, endpoint=endpoint, missing=missing).lstrip(": ")
+    reported = {r.get("node_rank") for r in ranks}
+    silent = [k for k in range(launch.nnodes) if k not in reported]
+    if silent and ranks:
+        return f"{error}; no rank result from node rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))}"
+    return error

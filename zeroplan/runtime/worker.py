@@ -218,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes)
     state: dict = {}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
+    if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)
+        import socket
+
+        result["node_rank"] = int(os.environ["ZEROPLAN_NODE_RANK"])
+        result["host"] = socket.gethostname()
     with memory:
         try:
             if spec["kind"] == "task":

@@ -1,0 +1,252 @@
+"""Probes across nodes: two torchrun agents on this machine as two nodes (c10d rendezvous on
+localhost, gloo), and ``--launcher slurm`` through a fake srun (tests/fake_slurm: detached
+per-node tasks, signal forwarding, scancel), with timeouts, kills and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from zeroplan.runtime.multinode import NodeLaunch, check_node_layout, expand_hostlist
+from zeroplan.spec import SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_SLURM = ROOT / "tests" / "fake_slurm"
+TASK = ROOT / "examples" / "gpt_task.py"
+
+# A task whose loading hangs; each "node" records its worker pid and a grandchild's pid.
+HANG_TASK = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(os.path.join(os.environ["PID_DIR"], f"pid-{os.getpid()}"), "w").write(f"{os.getpid()} {child.pid}")
+time.sleep(600)
+def zeroplan_task():
+    pass
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHONPATH=str(ROOT), COLUMNS="200", **extra)
+    return env
+
+
+def _slurm_env(tmp_path: Path, nodelist: str = "localhost,127.0.0.1", **extra: str) -> dict[str, str]:
+    return _env(
+        PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}",
+        FAKE_SLURM_DIR=str(tmp_path / "slurm"),
+        FAKE_SLURM_PYTHON=sys.executable,
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST=nodelist,
+        **extra,
+    )
+
+
+def _zeroplan(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_dead(pids: list[int], within_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+# --- host lists, layouts, bad input (fast) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        # scontrol(1): "scontrol show hostnames tux[1-3]" prints tux1 tux2 tux3.
+        ("tux[1-3]", ["tux1", "tux2", "tux3"]),
+        # Zero padding is kept, lists and ranges mix, plain names pass through (Slurm hostlist.c).
+        ("gpu[01-03,07],login1", ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("node-a,node-b", ["node-a", "node-b"]),
+    ],
+)
+def test_expand_hostlist(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+def test_expand_hostlist_rejects_broken_lists():
+    with pytest.raises(SpecError, match="unmatched"):
+        expand_hostlist("gpu[01-03")
+    with pytest.raises(SpecError, match="not valid"):
+        expand_hostlist("gpu[03-01]")
+
+
+def test_node_layout_is_checked():
+    assert check_node_layout(gpus=8, nnodes=2, gpus_per_node=4) == 4
+    assert check_node_layout(gpus=8, nnodes=2, gpus_per_node=None) == 4
+    with pytest.raises(SpecError, match=r"--gpus 6 is not --nnodes 2 × --gpus-per-node 4 = 8"):
+        check_node_layout(gpus=6, nnodes=2, gpus_per_node=4)
+    with pytest.raises(SpecError, match="does not split evenly"):
+        check_node_layout(gpus=5, nnodes=2, gpus_per_node=None)
+    with pytest.raises(SpecError, match="--node-rank 2 is not valid for --nnodes 2"):
+        NodeLaunch(nnodes=2, node_rank=2, rdzv_endpoint="h:29500")
+    with pytest.raises(SpecError, match="--rdzv-endpoint 'h' is not valid"):
+        NodeLaunch(nnodes=2, node_rank=0, rdzv_endpoint="h")
+
+
+@pytest.mark.parametrize(
+    "extra, slurm, needle",
+    [
+        (["--gpus", "6", "--gpus-per-node", "4", "--nnodes", "2"], None, "--gpus 6 is not --nnodes 2 × --gpus-per-node 4 = 8"),
+        (["--gpus", "2", "--nnodes", "2", "--rdzv-endpoint", "localhost:29500"], None, "needs --node-rank"),
+        (["--gpus", "2", "--nnodes", "2", "--node-rank", "0"], None, "needs --rdzv-endpoint"),
+        (["--gpus", "2", "--nnodes", "2", "--launcher", "slurm"], None, "SLURM_JOB_ID is not set"),
+        (["--gpus", "2", "--nnodes", "2", "--launcher", "slurm"], "localhost", "Slurm job 4242 has 1 node (localhost)"),
+        (["--gpus", "2", "--nnodes", "2", "--launcher", "mpi"], None, "--launcher mpi is not valid"),
+    ],
+)
+def test_bad_node_input_exits_2_with_one_line(tmp_path, extra, slurm, needle):
+    env = _slurm_env(tmp_path, nodelist=slurm) if slurm else _env()
+    r = _zeroplan("probe", str(TASK), "--stage", "3", "--workdir", str(tmp_path / "w"), *extra, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "w").exists()  # nothing launched, nothing written
+
+
+# --- two torchrun agents as two nodes (slow) ------------------------------------------------
+
+
+def _agent(rank: int, port: int, workdir: Path, *extra: str, env=None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "zeroplan", "probe", str(TASK), "--backend", "fsdp", "--stage", "3", "--gpus", "2",
+         "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"localhost:{port}", "--workdir", str(workdir),
+         "--format", "json", *extra],
+        cwd=ROOT, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+@pytest.mark.slow
+def test_two_agents_probe_zero3_and_both_see_every_rank(tmp_path):
+    port = _free_port()
+    agents = [_agent(k, port, tmp_path / "w") for k in (0, 1)]
+    outs = [a.communicate(timeout=240) for a in agents]
+    for a, (out, err) in zip(agents, outs):
+        assert a.returncode == 0, err[-3000:]
+    results = [json.loads(out) for out, _ in outs]
+    for r in results:
+        assert r["status"] == "ok" and r["world_size"] == 2
+        assert sorted(r["node_per_rank"]) == [0, 1]  # one rank from each node
+        assert len(r["peak_memory_per_rank"]) == 2 and all(p > 0 for p in r["peak_memory_per_rank"])
+        assert len(r["step_time_per_rank"]) == 2 and all(t > 0 for t in r["step_time_per_rank"])
+    # Both agents read the same per-rank files from the shared folder.
+    assert results[0]["peak_memory_per_rank"] == results[1]["peak_memory_per_rank"]
+    per_rank = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (tmp_path / "w").glob("rank-*.json")}
+    assert [per_rank[k]["peak_memory"] for k in (0, 1)] == results[0]["peak_memory_per_rank"]
+
+
+@pytest.mark.slow
+def test_killing_one_agent_fails_the_probe_and_leaves_nothing(tmp_path):
+    import psutil
+
+    port = _free_port()
+    # Many steps: the probe is mid-training when node 1's agent is SIGKILLed.
+    env = _env(ZEROPLAN_NODE_STALE_S="6")
+    agents = [_agent(k, port, tmp_path / "w", "--steps", "100000", "--timeout", "200", env=env) for k in (0, 1)]
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    workers = []
+    while time.monotonic() < deadline and len(workers) < 2:
+        for a in agents:
+            try:
+                for c in psutil.Process(a.pid).children(recursive=True):
+                    seen.add(c.pid)
+            except psutil.Error:
+                pass
+        workers = [p for p in seen if _alive(p) and "zeroplan.runtime.worker" in " ".join(psutil.Process(p).cmdline())]
+        time.sleep(0.2)
+    assert len(workers) == 2, "both nodes' workers should be running"
+    time.sleep(3.0)  # into the training steps
+    agents[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    out, err = agents[0].communicate(timeout=90)
+    agents[1].wait(timeout=10)
+    assert agents[0].returncode == 1, err[-3000:]
+    result = json.loads(out)
+    assert result["status"] == "error", result["error"]
+    # Either gloo saw the peer go (a rank's error, node 1 silent) or node 0's heartbeat watch did.
+    assert ("no rank result from node rank 1" in result["error"]) or result["error"].startswith("node rank 1 stopped"), result["error"]
+    assert time.monotonic() - killed < 6 + 2 + 5 + 15  # stale limit + beat + kill grace + margin, far below --timeout
+    assert _wait_dead(sorted(seen)) == []
+
+
+@pytest.mark.slow
+def test_node_that_never_joins_is_named(tmp_path):
+    port = _free_port()
+    started = time.monotonic()
+    agent = _agent(0, port, tmp_path / "w", "--rdzv-timeout", "2", "--timeout", "60")
+    out, err = agent.communicate(timeout=90)
+    result = json.loads(out)
+    assert agent.returncode == 1
+    assert result["status"] == "error"
+    assert result["error"] == f"the rendezvous at localhost:{port} timed out after 2 s: node rank 1 never joined (no launcher started there)"
+    assert time.monotonic() - started < 40
+
+
+# --- Slurm through a fake srun (slow) -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_slurm_step_probes_on_every_node(tmp_path):
+    env = _slurm_env(tmp_path)
+    r = _zeroplan("probe", str(TASK), "--backend", "fsdp", "--stage", "3", "--gpus", "2", "--nnodes", "2", "--launcher", "slurm",
+                  "--workdir", str(tmp_path / "w"), "--format", "json", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    assert result["status"] == "ok" and sorted(result["node_per_rank"]) == [0, 1]
+    assert all(p > 0 for p in result["peak_memory_per_rank"]) and all(t > 0 for t in result["step_time_per_rank"])
+    command = (tmp_path / "w" / "command.txt").read_text().split()
+    assert command[:8] == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1"]
+    assert command[command.index("--rdzv-endpoint") + 1].startswith("localhost:")  # the first node of the allocation
+    steps = [json.loads(p.read_text()) for p in (tmp_path / "slurm").glob("step-*.json")]
+    assert [s["state"] for s in steps] == ["done"]
+
+
+@pytest.mark.slow
+def test_slurm_timeout_cancels_the_step_everywhere(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    script = tmp_path / "hang_task.py"
+    script.write_text(textwrap.dedent(HANG_TASK))
+    env = _slurm_env(tmp_path, PID_DIR=str(pid_dir))
+    started = time.monotonic()
+    r = _zeroplan("probe", str(script), "--backend", "fsdp", "--stage", "3", "--gpus", "2", "--nnodes", "2", "--launcher", "slurm",
+                  "--workdir", str(tmp_path / "w"), "--timeout", "10", "--format", "json", env=env)
+    assert r.returncode == 1, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result["status"] == "timeout" and "10 s" in result["error"]
+    assert time.monotonic() - started < 10 + 30
+    pids = [int(p) for f in pid_dir.glob("pid-*") for p in f.read_text().split()]
+    step = json.loads(next((tmp_path / "slurm").glob("step-*.json")).read_text())
+    assert len(pids) == 4, pids  # a worker and its grandchild on each node
+    assert _wait_dead(pids + step["tasks"] + [step["stepd"]]) == []
