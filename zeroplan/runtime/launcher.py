@@ -382,7 +382,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     if config is None and kind == "script":
         if request.plan is None:
             raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json) or a plan")
-        config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.nproc, model=request.model, workdir=workdir)
+        config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.world_size, model=request.model, workdir=workdir)
     if config is not None:
         config_path = workdir / "ds_config.json"
         config_path.write_text(json.dumps(config, indent=2))
@@ -395,7 +395,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         from zeroplan.dsconfig import plan_from_config
 
         try:
-            plan = plan_from_config(config, request.nproc)
+            plan = plan_from_config(config, request.world_size)
         except SpecError as exc:
             plan_note = f"no estimate: {exc}"
     spec_path = _write_spec(request, workdir, kind, config_path, config is not None)
