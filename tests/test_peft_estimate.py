@@ -74,3 +74,52 @@ def test_model_spec_with_peft_round_trips_through_json():
     spec = resolve_peft(load_model_preset("mistral-7b"), model_arg="mistral-7b", precision="bf16",
                         lora_rank=8, lora_targets="all-linear", base_quant="nf4")
     assert ModelSpec.from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
+
+
+def test_quantized_base_bytes_equal_bitsandbytes_storage(tmp_path):
+    """The bytes of a real QLoRA model equal ParameterBytes.total.
+
+    Truth: transformers loads a small Llama checkpoint with BitsAndBytesConfig (NF4, double
+    quantization) — deciding itself which modules to quantize —, peft prepares it and adds LoRA,
+    and DeepSpeed's bf16 cast (engine.py ``_cast_module_mixed_precision``) is applied; we sum
+    each parameter's storage plus its quant_state's absmax constants (first and second level).
+    """
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    from dataclasses import replace
+
+    from zeroplan.estimator.peft import parameter_bytes
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+    from zeroplan.profiles.lora import base_modules, lora_spec
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    cfg = dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    data = dict(cfg)
+    hf = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    transformers.AutoModelForCausalLM.from_config(hf).to(torch.bfloat16).save_pretrained(tmp_path)
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                            bnb_4bit_compute_dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quant, dtype=torch.bfloat16, device_map="cpu")
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    measured = 0
+    for param in model.parameters():
+        if param.dtype in (torch.float16, torch.float32):  # DeepSpeed bf16 casts every float parameter
+            param.data = param.data.to(torch.bfloat16)
+        measured += param.numel() * param.element_size()
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            measured += state.absmax.numel() * state.absmax.element_size()
+            if state.nested:
+                measured += state.state2.absmax.numel() * state.state2.absmax.element_size()
+    base = model_from_hf_dict(cfg, name="tiny")
+    spec = replace(base, peft=lora_spec(base, base_modules(cfg), rank=8, targets=["q_proj", "v_proj"], base_quant="nf4"))
+    assert parameter_bytes(spec, "bf16").total == measured

@@ -9,8 +9,11 @@ Sources:
   them: 8/64 + 32/(64·256) = 0.127 bit per weight.
 * LLM.int8() (Dettmers et al. 2022, arXiv 2208.07339) §3: int8 rows with one fp32 scale per row
   (bitsandbytes ``Int8Params``: ``CB`` int8, ``SCB`` fp32 per output row).
-* peft ``prepare_model_for_kbit_training`` (peft/utils/other.py): casts every non-quantized
-  fp16/bf16 parameter of a k-bit model (embeddings, norms, biases, the LM head) to fp32.
+* peft ``prepare_model_for_kbit_training`` (peft/utils/other.py) casts every non-quantized
+  parameter of a k-bit model (embeddings, norms, biases, the LM head) and the adapters to fp32;
+  DeepSpeed with bf16/fp16 then casts every floating-point parameter back to the training dtype
+  (deepspeed/runtime/engine.py ``_cast_module_mixed_precision``: ``p.data = p.data.to(param_dtype)``
+  for float dtypes), leaving the uint8/int8 quantized storage as it is.
 * DeepSpeed 0.19: every optimizer wrapper takes only parameters with requires_grad
   (deepspeed/runtime/utils.py ``is_optimized_parameter``, used by zero/stage_1_and_2.py when it
   builds ``bit16_groups``, zero/stage3.py ``_get_trainable_parameter_groups``, bf16_optimizer.py
@@ -65,8 +68,8 @@ class ParameterBytes:
     trainable: int
     """Trainable parameters in the training precision (p·Ψ_t)."""
     frozen: int
-    """Frozen floating-point parameters: the base in the training precision, or — with a
-    quantized base — its non-quantized rest (embeddings, norms, biases, LM head) in fp32."""
+    """Frozen floating-point parameters in the training precision: the base, or — with a
+    quantized base — its non-quantized rest (embeddings, norms, biases, LM head)."""
     quantized: int
     """Quantized base weights with their constants."""
 
@@ -79,8 +82,8 @@ def parameter_bytes(model: ModelSpec, precision: str) -> ParameterBytes:
     """Parameter bytes of ``model`` (ZeRO §3.1's 2Ψ, split by trainable / frozen / quantized).
 
     Without ``peft`` this is p·Ψ, every parameter trainable. With a quantized base, the
-    quantized linear weights take :func:`quantized_weight_bytes` and the other frozen
-    parameters are fp32 (peft ``prepare_model_for_kbit_training``).
+    quantized linear weights take :func:`quantized_weight_bytes` and every floating-point
+    parameter is in the training precision, as DeepSpeed casts them (module docstring).
     """
     p = bytes_per_param(precision)
     peft = model.peft
@@ -92,7 +95,7 @@ def parameter_bytes(model: ModelSpec, precision: str) -> ParameterBytes:
     quantized = sum(quantized_weight_bytes(peft.base_quant, peft.quantized_params, peft.quantized_rows).values())
     return ParameterBytes(
         trainable=p * peft.trainable_params,
-        frozen=4 * (frozen - peft.quantized_params),
+        frozen=p * (frozen - peft.quantized_params),
         quantized=quantized,
     )
 
