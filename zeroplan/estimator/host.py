@@ -176,6 +176,10 @@ def host_phases(
         raise ValueError(f"device={device!r}: choose cuda or cpu")
     if build is None:
         build = "zero_init" if plan.stage == 3 else "fp32"
+        if model.peft is not None and model.peft.base_quant != "none":
+            # A quantized base exists only through from_pretrained(quantization_config=...), which
+            # loads and quantizes the checkpoint tensor by tensor: never the whole model in fp32.
+            build = "meta"
     if build not in BUILDS:
         raise ValueError(f"build={build!r}: choose one of {', '.join(BUILDS)}")
     if build == "zero_init" and plan.stage != 3:
