@@ -115,7 +115,8 @@ class ProbeResult:
     workdir: str | None = None
     """Folder holding the config, per-rank results and the full log."""
     estimate_note: str | None = None
-    """Why there is no estimate (model shape or sequence length unknown, ...), else None."""
+    """Why there is no estimate (model shape or sequence length unknown, ...), or what the estimate
+    assumed (e.g. the trainable count a PEFT script reported), else None."""
     state_memory_per_rank: list[int] = field(default_factory=list)
     """Live bytes of each rank just before its last optimizer step: activations freed; parameters,
     gradients, optimizer states and engine buffers remain (the measured "model states")."""
@@ -123,6 +124,10 @@ class ProbeResult:
     """Mean measured step seconds of each rank, rank order (None for a rank that measured none)."""
     node_per_rank: list[int | None] = field(default_factory=list)
     """Node rank each rank ran on (multi-node probes; the launcher's node rank), rank order."""
+    trainable_params: int | None = None
+    """Parameters with requires_grad in the engine's module (DeepSpeed runs), else None."""
+    frozen_params: int | None = None
+    """Parameters without requires_grad in the engine's module (DeepSpeed runs), else None."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -158,4 +163,6 @@ class ProbeResult:
             "estimate_note": self.estimate_note,
             "step_time_per_rank": list(self.step_time_per_rank),
             "node_per_rank": list(self.node_per_rank),
+            "trainable_params": self.trainable_params,
+            "frozen_params": self.frozen_params,
         }

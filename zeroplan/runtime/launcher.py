@@ -313,6 +313,17 @@ def _estimate(
         return None, "no estimate: no plan (give a DeepSpeed config or --stage)"
     if model is None:
         return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
+    note = None
+    trainable, frozen = summary.get("trainable_params"), summary.get("frozen_params")
+    if model.peft is None and trainable and frozen and trainable < model.params:
+        # The run froze part of the model (a PEFT script): count gradients and optimizer states
+        # for what requires grad; activations stay those of a full fine-tune (which layers carry
+        # adapters is unknown without --lora-rank/--adapter).
+        from zeroplan.spec import PeftSpec
+
+        model = dataclasses.replace(model, peft=PeftSpec(method="partial", base_params=model.params, trainable_params=trainable))
+        note = (f"the run trains {trainable:,} of {trainable + frozen:,} parameters (requires_grad); the estimate counts "
+                "gradients and optimizer states for those only (give --lora-rank/--adapter for LoRA's activations)")
     seq_len = summary.get("seq_len") or request.seq_len or (request.training.seq_len if request.training else None)
     if seq_len is None:
         return None, "no estimate: sequence length unknown (give --seq-len)"
@@ -329,7 +340,7 @@ def _estimate(
         cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
         on_cpu = summary.get("memory_kind") == "cpu-storage"
         est = estimator.estimate_plan(model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend)
-        return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), None
+        return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), note
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"
     except SpecError as exc:
@@ -475,6 +486,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         estimate_note=why_not,
         step_time_per_rank=summary.get("step_time_per_rank", []),
         node_per_rank=summary.get("node_per_rank", []),
+        trainable_params=summary.get("trainable_params"),
+        frozen_params=summary.get("frozen_params"),
     )
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:

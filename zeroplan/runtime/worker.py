@@ -110,6 +110,12 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         engine = outputs[0]
         state["initialized"] = True
         state["engine"] = engine
+        # Trainable vs frozen as the engine sees them (requires_grad; a ZeRO-3 partitioned
+        # parameter's full size is ds_numel), so a LoRA script is estimated as one.
+        counts = {True: 0, False: 0}
+        for param in engine.module.parameters():
+            counts[bool(param.requires_grad)] += int(getattr(param, "ds_numel", 0) or param.numel())
+        state["trainable_params"], state["frozen_params"] = counts[True], counts[False]
         engine_step = engine.step
 
         def step(*a, **kw):
@@ -246,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     result.update(meter.as_dict())
     result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None)
     result["peak_memory"] = memory.peak_bytes
+    if "trainable_params" in state:
+        result["trainable_params"] = state["trainable_params"]
+        result["frozen_params"] = state["frozen_params"]
     result["memory_kind"] = memory.kind
     task = state.get("task")
     if task is not None and task.model_spec is not None:
