@@ -287,7 +287,10 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, study: Any, wo
         console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")
     best = best_row(frame)
     if best is None:
-        if probed.empty:
+        if summary.failure_signature:
+            console.print(f"[bold red]every plan fails the same way[/] after {len(probed)} probes: {summary.failure_signature}")
+            console.print(f"  fix: {summary.failure_fix}; logs in {output / 'probes'}/")
+        elif probed.empty:
             console.print("[bold red]no probe ran[/]: every plan left was skipped; see report.md")
         else:
             console.print(f"[bold red]every probe failed[/] ({len(probed)}); see {output / 'report.md'} and {output / 'probes'}/")

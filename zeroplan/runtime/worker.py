@@ -24,17 +24,34 @@ import time
 import traceback
 from pathlib import Path
 
-__all__ = ["ProbeDone", "StepMeter", "main"]
+__all__ = ["PROGRESS_PREFIX", "ProbeDone", "StepMeter", "main"]
 
 
 class ProbeDone(BaseException):
     """Raised inside the training loop after the last measured step (not an ``Exception``)."""
 
 
+#: Prefix of the progress lines rank 0 prints to stderr (``zeroplan-progress engine-ready t=S``,
+#: ``zeroplan-progress step=N t=S``, S seconds since the worker started); the tuner reads them to
+#: tell a failure at start-up from one between steps (``zeroplan.tuner.failures``).
+PROGRESS_PREFIX = "zeroplan-progress"
+
+
+def _progress_printer(rank: int):
+    if rank != 0:
+        return None
+    t0 = time.monotonic()
+
+    def report(event: str) -> None:
+        print(f"{PROGRESS_PREFIX} {event} t={time.monotonic() - t0:.3f}", file=sys.stderr, flush=True)
+
+    return report
+
+
 class StepMeter:
     """Counts optimizer steps; times the ones after warm-up; ends the run after the last."""
 
-    def __init__(self, *, warmup: int, steps: int, synchronize=None, current_bytes=None) -> None:
+    def __init__(self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None) -> None:
         self.warmup = warmup
         self.steps = steps
         self.count = 0
@@ -45,12 +62,14 @@ class StepMeter:
         self.started = False
         self._current_bytes = current_bytes
         self.state_bytes: int | None = None
+        self._report = report or (lambda event: None)
         """Live bytes just before the last optimizer step: after backward, so activations are freed
         and parameters, gradients, optimizer states and engine buffers remain."""
 
     def start(self) -> None:
         """Called when the engine exists (timing of step 1 starts here when warmup is 0)."""
         self.started = True
+        self._report("engine-ready")
         if self.warmup == 0:
             self._synchronize()
             self._last = time.perf_counter()
@@ -63,12 +82,14 @@ class StepMeter:
     def optimizer_step_done(self) -> None:
         self.count += 1
         if self.count < self.warmup:
+            self._report(f"step={self.count}")
             return
         self._synchronize()
         now = time.perf_counter()
         if self.count > self.warmup and self._last is not None:
             self.step_times.append(now - self._last)
-        self._last = now
+        self._report(f"step={self.count}")
+        self._last = time.perf_counter()  # the report's own time is not the next step's
         if self.count >= self.warmup + self.steps:
             raise ProbeDone()
 
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         synchronize = None
     memory = PeakMemory(track_cpu=os.environ.get("ZEROPLAN_TRACK_CPU_MEMORY", "1") != "0")
-    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes)
+    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank))
     state: dict = {}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)

@@ -8,17 +8,22 @@ Rules, in order:
 2. the estimator says it does not fit → PRUNED with the estimator's reason and a ``memory``
    constraint equal to the predicted overshoot (so TPE learns where the infeasible region is);
 3. a plan needing no more memory already ran out of memory → PRUNED (``oom`` constraint);
-4. another trial holds a claim on the plan → FAIL ``duplicate`` (ignored by TPE).
+4. a hang at a micro-batch no larger at the same stage/offload, or a region two failures with one
+   signature rule out (:mod:`zeroplan.tuner.failures`) → PRUNED (``failure`` constraint);
+5. another trial holds a claim on the plan → FAIL ``duplicate`` (ignored by TPE);
+6. the plan shares a factor with a single failure while plans sharing none are left → FAIL
+   ``deferred`` (not claimed: it may be proposed again once those are probed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from zeroplan.tuner.space import CHECKPOINTING_MEMORY_RANK, Candidate, zero_choice
+from zeroplan.tuner.failures import FAILURE_KINDS, Failure, Region, hang_rule, learned_regions, suspect_rank
+from zeroplan.tuner.space import CHECKPOINTING_MEMORY_RANK, Candidate, SearchSpace, zero_choice
 
-__all__ = ["Rejection", "admit", "duplicate", "memory_overshoot", "not_enumerated", "oom_rule"]
+__all__ = ["Knowledge", "Rejection", "admit", "duplicate", "knowledge_from_trials", "memory_overshoot", "not_enumerated", "oom_rule"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class Rejection:
     """Optuna state the trial ends in: ``PRUNED`` (an infeasible plan, TPE learns from it) or
     ``FAIL`` (a duplicate proposal, TPE ignores it)."""
     status: str
-    """zeroplan status: ``pruned`` | ``duplicate``."""
+    """zeroplan status: ``pruned`` | ``duplicate`` | ``deferred``."""
     reason: str
     """One line for trials.csv and the report."""
     constraint: Optional[tuple[str, float]] = None
@@ -78,22 +83,79 @@ def duplicate(reason: str) -> Rejection:
     return Rejection(state="FAIL", status="duplicate", reason=reason, with_prediction=False)
 
 
+@dataclass(frozen=True)
+class Knowledge:
+    """What the study's finished probes teach admission."""
+
+    ooms: tuple[tuple[int, Candidate], ...] = ()
+    """(trial number, plan) of every probe that ran out of memory."""
+    failures: tuple[tuple[int, Candidate, Failure], ...] = ()
+    """(trial number, plan, classified failure) of every failed probe."""
+    successes: tuple[Candidate, ...] = ()
+    """Plans whose probe worked."""
+
+    @property
+    def regions(self) -> list[Region]:
+        return learned_regions(self.failures, self.successes)
+
+
+def knowledge_from_trials(trials: Sequence[Any], space: SearchSpace) -> Knowledge:
+    """Read :class:`Knowledge` from the study's trials (their ``status``, ``plan_key`` and
+    ``failure_*`` user attrs; plans no longer in ``space`` are ignored)."""
+    ooms, failures, successes = [], [], []
+    for t in trials:
+        attrs = t.user_attrs
+        status = attrs.get("status")
+        cand = space.get(attrs.get("plan_key", "")) if status in ("ok", "oom", "error", "timeout") else None
+        if cand is None:
+            continue
+        if status == "ok":
+            successes.append(cand)
+            continue
+        if status == "oom":
+            ooms.append((t.number, cand))
+        if attrs.get("failure_kind") in FAILURE_KINDS:
+            failure = Failure(kind=attrs["failure_kind"], phase=attrs.get("failure_phase") or None, signature=str(attrs.get("signature", "")))
+            failures.append((t.number, cand, failure))
+    return Knowledge(ooms=tuple(ooms), failures=tuple(failures), successes=tuple(successes))
+
+
 def admit(
     cand: Candidate,
     *,
     gpu_memory_bytes: int,
-    ooms: Sequence[tuple[int, Candidate]],
-    holder: Optional[int],
+    ooms: Sequence[tuple[int, Candidate]] = (),
+    holder: Optional[int] = None,
+    knowledge: Optional[Knowledge] = None,
+    regions: Optional[Sequence[Region]] = None,
+    unsuspected_left: bool = False,
 ) -> Optional[Rejection]:
     """None if ``cand`` may be probed, else the :class:`Rejection` to record.
 
     ``holder`` is the number of a trial that already holds a claim on the plan (None: nobody).
+    ``knowledge``: the study's failed and working probes (its OOMs are added to ``ooms``);
+    ``regions``: the regions it teaches, when the caller computed them already;
+    ``unsuspected_left``: some plan left shares no factor with a failure, so a suspect one waits.
     """
     if not cand.fits:
         return Rejection(state="PRUNED", status="pruned", reason=cand.reason, constraint=("memory", memory_overshoot(cand, gpu_memory_bytes)))
-    reason = oom_rule(cand, ooms)
+    knowledge = knowledge or Knowledge()
+    reason = oom_rule(cand, tuple(ooms) + knowledge.ooms)
     if reason is not None:
         return Rejection(state="PRUNED", status="pruned", reason=reason, constraint=("oom", 1.0))
+    reason = hang_rule(cand, knowledge.failures)
+    if reason is not None:
+        return Rejection(state="PRUNED", status="pruned", reason=reason, constraint=("failure", 1.0))
+    for region in regions if regions is not None else knowledge.regions:
+        if region.contains(cand):
+            return Rejection(state="PRUNED", status="pruned", reason=region.reason, constraint=("failure", 1.0))
     if holder is not None:
         return duplicate(f"plan already claimed by trial #{holder}")
+    if unsuspected_left and suspect_rank(cand, knowledge.failures) > 0:
+        return Rejection(
+            state="FAIL",
+            status="deferred",
+            reason="shares a factor with a failed probe; plans that share none go first",
+            with_prediction=False,
+        )
     return None

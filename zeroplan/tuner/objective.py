@@ -48,6 +48,12 @@ class ProbeOutcome:
     """Wall time of the probe including launch, seconds."""
     ds_config: dict = field(default_factory=dict)
     """The DeepSpeed JSON the probe ran with."""
+    engine_ready: Optional[bool] = None
+    """The engine was built (``deepspeed.initialize`` returned); None: unknown (no progress lines)."""
+    optimizer_steps: int = 0
+    """Optimizer steps done, warm-up included (from the worker's progress lines)."""
+    startup_s: Optional[float] = None
+    """Seconds from the worker's start to a built engine (imports, engine build, op compilation)."""
 
     @property
     def ok(self) -> bool:
@@ -124,12 +130,27 @@ class ProbeRunner:
             torchrun_args=tuple(self.torchrun_args),
             env=tuple(self.env.items()),
         )
-        result = run_probe(request, on_line=on_line)
-        return outcome_from_result(result, cfg=cfg, wall_s=time.monotonic() - start)
+        progress: list[str] = []
+
+        def seen(line: str) -> None:
+            if "zeroplan-progress" in line:
+                progress.append(line)
+            if on_line is not None:
+                on_line(line)
+
+        result = run_probe(request, on_line=seen)
+        return outcome_from_result(result, cfg=cfg, wall_s=time.monotonic() - start, progress=progress)
 
 
-def outcome_from_result(result: Any, *, cfg: dict, wall_s: float) -> ProbeOutcome:
-    """Convert the runtime's ProbeResult into a ProbeOutcome (missing numbers become 0)."""
+def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Optional[list[str]] = None) -> ProbeOutcome:
+    """Convert the runtime's ProbeResult into a ProbeOutcome (missing numbers become 0).
+
+    ``progress``: the worker's progress lines (``zeroplan.runtime.worker.PROGRESS_PREFIX``); None
+    when they were not collected, so the failure phase stays unknown.
+    """
+    from zeroplan.tuner.failures import progress_from_lines
+
+    ready_s, steps, _ = progress_from_lines(progress or [])
     per_rank = tuple(int(x or 0) for x in (getattr(result, "peak_memory_per_rank", None) or ()))
     error = getattr(result, "error", None) or ""
     return ProbeOutcome(
@@ -143,4 +164,7 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float) -> ProbeOutcom
         log_tail=str(getattr(result, "log_tail", "") or ""),
         wall_s=wall_s,
         ds_config=cfg,
+        engine_ready=None if progress is None else ready_s is not None,
+        optimizer_steps=steps,
+        startup_s=ready_s,
     )

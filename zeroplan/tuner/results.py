@@ -67,6 +67,8 @@ CSV_COLUMNS = [
     "probe_wall_s",
     "worker",
     "reason",
+    "startup_s",
+    "failure",
 ]
 
 
@@ -118,6 +120,8 @@ def trials_frame(trials: list[Any]) -> Any:
                 "probe_wall_s": attrs.get("probe_wall_s"),
                 "worker": attrs.get("worker", ""),
                 "reason": trial_reason(t),
+                "startup_s": attrs.get("startup_s"),
+                "failure": attrs.get("signature", ""),
             }
         )
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
@@ -193,9 +197,10 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
         lines.append("")
     failed = probed[probed["status"] != "ok"]
     if not failed.empty:
-        lines += ["## Failed probes", "", "| trial | plan | status | reason |", "|---:|---|---|---|"]
+        lines += ["## Failed probes", "", "| trial | plan | status | signature | reason |", "|---:|---|---|---|---|"]
         for _, r in failed.iterrows():
-            lines.append(f"| {r['trial']} | `{r['plan']}` | {r['status']} | {str(r['reason']).replace('|', '/')[:200]} |")
+            sig = str(r["failure"] or "").replace("|", "/")[:120]
+            lines.append(f"| {r['trial']} | `{r['plan']}` | {r['status']} | {sig} | {str(r['reason']).replace('|', '/')[:200]} |")
         lines.append("")
     if not pruned.empty:
         lines += ["## Pruned without a probe", "", "| plan | reason |", "|---|---|"]

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from zeroplan.spec import SpecError
-from zeroplan.tuner.admission import Rejection, admit, duplicate, memory_overshoot, not_enumerated
+from zeroplan.tuner.admission import Knowledge, Rejection, admit, duplicate, knowledge_from_trials, memory_overshoot, not_enumerated
+from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspect_rank
 from zeroplan.tuner.ledger import ClaimsLedger, first_line, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
 from zeroplan.tuner.space import Candidate, SearchSpace, zero_choice
@@ -82,12 +83,16 @@ class TuneSummary:
     probes_this_run: int
     """Probes this process ran."""
     stopped_because: str
-    """trials reached | time budget | space exhausted | interrupted."""
+    """trials reached | time budget | space exhausted | every plan fails."""
     best_number: Optional[int] = None
     best_value: Optional[float] = None
     best_plan_key: Optional[str] = None
     wall_s: float = 0.0
     events: list[str] = field(default_factory=list)
+    failure_signature: Optional[str] = None
+    """When every plan fails the same way: the failure's signature."""
+    failure_fix: Optional[str] = None
+    """... and what to fix."""
 
 
 def make_sampler(name: str = "tpe", *, seed: Optional[int] = None, n_startup_trials: int = 3) -> Any:
@@ -180,24 +185,24 @@ class Tuner:
         """Probed trials plus live claimed ones (so workers together stop at --trials)."""
         return self.ledger.probes_in_study(trials)
 
-    def _ooms(self, trials: list[Any]) -> list[tuple[int, Candidate]]:
-        out = []
-        for t in trials:
-            if t.user_attrs.get("status") == "oom":
-                cand = self.space.get(t.user_attrs.get("plan_key", ""))
-                if cand is not None:
-                    out.append((t.number, cand))
-        return out
+    def knowledge(self, trials: Optional[list[Any]] = None) -> Knowledge:
+        """What the study's probes so far teach (OOMs, classified failures, working plans)."""
+        return knowledge_from_trials(trials if trials is not None else self.ledger.trials(), self.space)
 
-    def remaining(self, trials: Optional[list[Any]] = None) -> list[Candidate]:
-        """Fitting candidates nobody has claimed and admission does not refuse, best predicted first."""
+    def remaining(self, trials: Optional[list[Any]] = None, knowledge: Optional[Knowledge] = None) -> list[Candidate]:
+        """Fitting candidates nobody has claimed and admission does not refuse, in the order they
+        should go: plans sharing no factor with a failure first, then by prediction."""
         trials = trials if trials is not None else self.ledger.trials()
+        knowledge = knowledge or self.knowledge(trials)
+        regions = knowledge.regions
         claimed = self.ledger.claimed_keys(trials)
-        ooms = self._ooms(trials)
         gpu = self.space.cluster.gpu_memory_bytes
-        return [
-            c for c in self.space.fitting if c.key not in claimed and admit(c, gpu_memory_bytes=gpu, ooms=ooms, holder=None) is None
+        left = [
+            c
+            for c in self.space.fitting
+            if c.key not in claimed and admit(c, gpu_memory_bytes=gpu, knowledge=knowledge, regions=regions) is None
         ]
+        return sorted(left, key=lambda c: suspect_rank(c, knowledge.failures))  # stable: prediction order within
 
     def best(self) -> Any:
         """The COMPLETE trial with the highest measured throughput, or None."""
@@ -301,14 +306,24 @@ class Tuner:
         self.ledger.tell(trial, state=TrialState[rejection.state])
         self.on_event("skip", number=trial.number, key=attrs["plan_key"], status=rejection.status, reason=rejection.reason)
 
-    def _stop_reason(self, trials: list[Any], start: float) -> Optional[str]:
+    def _stop_reason(self, trials: list[Any], start: float, knowledge: Knowledge, remaining: list[Candidate]) -> Optional[str]:
         if self.probes_in_study(trials) >= self.settings.trials:
             return "trials reached"
         if self.settings.time_budget_s is not None and time.monotonic() - start >= self.settings.time_budget_s:
             return "time budget"
-        if not self.remaining(trials):
+        if self.script_failure(trials, knowledge) is not None:
+            return "every plan fails"
+        if not remaining:
             return "space exhausted"
         return None
+
+    def script_failure(self, trials: Optional[list[Any]] = None, knowledge: Optional[Knowledge] = None) -> Optional[tuple[str, str]]:
+        """(signature, fix) when no probe worked and one failure region covers every plan not yet probed."""
+        trials = trials if trials is not None else self.ledger.trials()
+        knowledge = knowledge or self.knowledge(trials)
+        claimed = self.ledger.claimed_keys(trials)
+        open_plans = [c for c in self.space.fitting if c.key not in claimed]
+        return script_wide_failure(knowledge.regions, open_plans, knowledge.successes)
 
     def run(self) -> TuneSummary:
         """Probe until the study holds ``trials`` probes, the time budget ends or no plan is left."""
@@ -317,13 +332,15 @@ class Tuner:
         rejections = 0
         while True:
             trials = self.ledger.trials()
-            stopped = self._stop_reason(trials, start)
+            knowledge = self.knowledge(trials)
+            remaining = self.remaining(trials, knowledge)
+            stopped = self._stop_reason(trials, start, knowledge, remaining)
             if stopped is not None:
                 break
             if rejections >= self.settings.max_rejections:
-                # The sampler keeps proposing taken plans: take the best-predicted untried one.
+                # The sampler keeps proposing taken plans: take the best untried one.
                 rejections = 0
-                self.ledger.enqueue_first_free([c.params for c in self.remaining(trials)], trials, source="fallback")
+                self.ledger.enqueue_first_free([c.params for c in remaining], trials, source="fallback")
 
             trial = self.ledger.ask()
             params, source = self._propose(trial)
@@ -334,8 +351,9 @@ class Tuner:
                 rejection = admit(
                     cand,
                     gpu_memory_bytes=self.space.cluster.gpu_memory_bytes,
-                    ooms=self._ooms(trials),
                     holder=self.ledger.holder_of(cand.key, trials),
+                    knowledge=knowledge,
+                    unsuspected_left=bool(remaining) and suspect_rank(remaining[0], knowledge.failures) == 0,
                 )
             if rejection is not None:
                 rejections += 1
@@ -360,7 +378,10 @@ class Tuner:
             probes_this_run += self._probe(trial, cand, source=source)
 
         best = self.best()
+        failure = self.script_failure() if stopped == "every plan fails" else None
         return TuneSummary(
+            failure_signature=failure[0] if failure else None,
+            failure_fix=failure[1] if failure else None,
             probes_in_study=self.probes_in_study(),
             probes_this_run=probes_this_run,
             stopped_because=stopped,
@@ -403,6 +424,11 @@ class Tuner:
             measured["ds_config"] = outcome.ds_config
         if outcome.ok and outcome.samples_per_second <= 0:
             measured["reason"] = "probe reported no throughput"
+        failure = classify_failure(outcome.status, outcome.error, engine_ready=outcome.engine_ready, optimizer_steps=outcome.optimizer_steps)
+        if failure is not None:
+            measured |= {"failure_kind": failure.kind, "failure_phase": failure.phase or "", "signature": failure.signature}
+        if outcome.startup_s is not None:
+            measured["startup_s"] = round(outcome.startup_s, 3)
         self.ledger.set_attrs(trial, measured)
         if outcome.ok and outcome.samples_per_second > 0:
             self.ledger.tell(trial, outcome.samples_per_second)
