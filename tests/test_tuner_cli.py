@@ -205,6 +205,7 @@ def test_tune_cli_surface_is_frozen():
         "--seq-len", "--micro-batch", "--global-batch", "--grad-accum", "--precision", "--optimizer", "--stage",
         "--offload-optimizer", "--offload-param", "--checkpointing", "--trials", "--time-budget", "--timeout",
         "--backend", "--output", "--storage", "--resume", "--config-arg", "--nvme-path", "--bucket-sizes",
-        "--sampler", "--initial", "--seed", "--steps", "--warmup",
+        "--sampler", "--initial", "--seed", "--steps", "--warmup", "--node",
+        "--lora-rank", "--lora-targets", "--lora-alpha", "--adapter", "--trainable-params", "--base-quant",
     ])
     assert [p.name for p in command.params if p.param_type_name == "argument"] == ["script", "script_args"]

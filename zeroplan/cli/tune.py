@@ -11,6 +11,12 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import (
+    AdapterOpt,
+    BaseQuantOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    TrainableParamsOpt,
     CheckpointingOpt,
     CpuMemoryOpt,
     GlobalBatchOpt,
@@ -33,6 +39,7 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_model,
+    with_peft,
     resolve_training,
 )
 from zeroplan.spec import SpecError
@@ -85,6 +92,12 @@ def tune(
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_param: OffloadParamOpt = None,
     checkpointing: CheckpointingOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    adapter: AdapterOpt = None,
+    trainable_params: TrainableParamsOpt = None,
+    base_quant: BaseQuantOpt = None,
     trials: Annotated[int, typer.Option("--trials", help="Probes the study should hold (pruned plans do not count).", rich_help_panel=_TUNE)] = 8,
     time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Seconds after which no new probe starts.", rich_help_panel=_TUNE)] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per probe before it is killed (status timeout).", rich_help_panel=_TUNE)] = 300.0,
@@ -145,7 +158,11 @@ def tune(
         if model_spec is None:
             raise SpecError(f"the task in {script} declares no model_spec; give --params or --model")
     else:
-        model_spec = resolve_model(params, model)
+        # A LoRA/QLoRA run: the space and its pruning see the trainable count (docs/peft.md).
+        model_spec = with_peft(
+            resolve_model(params, model), model, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
+            lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
+        )
         if kind == "task":
             _, task_seq_len = task_model_spec(script, args)
     if seq_len is not None and task_seq_len is not None and seq_len != task_seq_len:
