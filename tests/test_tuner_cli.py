@@ -209,3 +209,21 @@ def test_tune_cli_surface_is_frozen():
         "--lora-rank", "--lora-targets", "--lora-alpha", "--adapter", "--trainable-params", "--base-quant",
     ])
     assert [p.name for p in command.params if p.param_type_name == "argument"] == ["script", "script_args"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_script_failing_every_plan_stops_after_two_probes_with_its_signature(tmp_path):
+    """A real DeepSpeed script that raises the same ImportError at start-up under every plan:
+    tune stops after two probes (not after --trials), names the signature and the fix, exit 1."""
+    out = tmp_path / "out"
+    r = run_tune(
+        "benchmarks/faulty_train.py", "--gpus", "1", "--model", "benchmarks/faulty_gpt_config.json", "--seq-len", "64",
+        "--global-batch", "8", "--trials", "8", "--timeout", "120", "--output", str(out), "--", "--crash-always",
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = probed(out)
+    assert len(rows) == 2 and set(rows["status"]) == {"error"}
+    signature = "crash/start-up: ImportError: cannot import name 'fused_rope' from 'mylib.kernels' (<path>)"
+    assert set(rows["failure"]) == {signature}
+    assert f"every plan fails the same way after 2 probes: {signature}" in " ".join(r.stdout.split())

@@ -298,7 +298,10 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, study: Any, wo
             f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
             "–" if rank is None or rank != rank or rank < 0 else str(int(rank) + 1),
         )
-    console.print(table)
+    if not ok.empty:
+        console.print(table)
+    else:
+        console.print(f"zeroplan tune: {len(probed)} probes ({summary.stopped_because}), none worked")
     failed = probed[probed["status"] != "ok"]
     for _, r in failed.iterrows():
         console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")
