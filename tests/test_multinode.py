@@ -250,3 +250,46 @@ def test_slurm_timeout_cancels_the_step_everywhere(tmp_path):
     step = json.loads(next((tmp_path / "slurm").glob("step-*.json")).read_text())
     assert len(pids) == 4, pids  # a worker and its grandchild on each node
     assert _wait_dead(pids + step["tasks"] + [step["stepd"]]) == []
+
+
+# --- tune across nodes ----------------------------------------------------------------------
+
+
+def test_tune_emit_sbatch_writes_a_runnable_batch_script(tmp_path):
+    job = tmp_path / "job.sh"
+    r = _zeroplan("tune", str(TASK), "--gpus", "16", "--nnodes", "2", "--backend", "fsdp", "--trials", "4",
+                  "-o", str(tmp_path / "out"), "--time-budget", "3600", "--emit-sbatch", str(job), "--", "--layers", "2", env=_env())
+    assert r.returncode == 0, r.stderr
+    text = job.read_text()
+    directives = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert directives == [
+        "#SBATCH --job-name=zeroplan-tune", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+        "#SBATCH --exclusive", f"#SBATCH --output={tmp_path / 'out'}/slurm-%j.out", "#SBATCH --time=01:30:00",
+    ]
+    assert (tmp_path / "out").is_dir()  # sbatch opens --output there before the script runs
+    assert subprocess.run(["bash", "-n", str(job)]).returncode == 0
+    import shlex
+
+    command = shlex.split(text.strip().splitlines()[-1])
+    assert command[1:4] == ["-m", "zeroplan", "tune"]
+    head, tail = command[: command.index("--")], command[command.index("--"):]
+    assert "--emit-sbatch" not in head and head[head.index("--launcher") + 1] == "slurm" and "--resume" in head
+    assert head[head.index("--storage") + 1] == str(tmp_path / "out" / "study.journal")
+    assert tail == ["--", "--layers", "2"]
+
+
+@pytest.mark.parametrize(
+    "extra, slurm, needle",
+    [
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:29500"], None, "tune across 2 nodes runs each probe as a Slurm step"),
+        (["--nnodes", "2", "--launcher", "slurm"], None, "SLURM_JOB_ID is not set"),
+        (["--nnodes", "3", "--launcher", "slurm"], "localhost,127.0.0.1", "--nnodes 3 but Slurm job 4242 has 2 nodes"),
+    ],
+)
+def test_tune_bad_node_input_exits_2_before_the_study_opens(tmp_path, extra, slurm, needle):
+    env = _slurm_env(tmp_path, nodelist=slurm) if slurm else _env()
+    gpus = str(2 * int(extra[1]))
+    r = _zeroplan("tune", str(TASK), "--gpus", gpus, "-o", str(tmp_path / "out"), *extra, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out").exists()

@@ -207,6 +207,7 @@ def test_tune_cli_surface_is_frozen():
         "--backend", "--output", "--storage", "--resume", "--config-arg", "--nvme-path", "--bucket-sizes",
         "--sampler", "--initial", "--seed", "--steps", "--warmup", "--node",
         "--lora-rank", "--lora-targets", "--lora-alpha", "--adapter", "--trainable-params", "--base-quant",
+        "--nnodes", "--launcher", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout", "--emit-sbatch",
     ])
     assert [p.name for p in command.params if p.param_type_name == "argument"] == ["script", "script_args"]
 

@@ -42,6 +42,7 @@ from zeroplan.cli.common import (
     with_peft,
     resolve_training,
 )
+from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
 from zeroplan.spec import SpecError
 
 __all__ = ["tune"]
@@ -113,6 +114,15 @@ def tune(
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.", rich_help_panel=_TUNE)] = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured optimizer steps per probe.", rich_help_panel=_TUNE)] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured optimizer steps before them.", rich_help_panel=_TUNE)] = 2,
+    nnodes: NnodesOpt = 1,
+    launcher: LauncherOpt = "torchrun",
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: RdzvEndpointOpt = None,
+    rdzv_timeout: RdzvTimeoutOpt = 120.0,
+    emit_sbatch: Annotated[
+        Optional[Path],
+        typer.Option("--emit-sbatch", help="Write a Slurm batch script that runs this tune with --launcher slurm, and exit.", rich_help_panel="Nodes"),
+    ] = None,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
     from zeroplan.runtime.launcher import script_kind
@@ -142,6 +152,27 @@ def tune(
     kind = script_kind(script)
     if backend == "fsdp" and kind != "task":
         raise SpecError(f"--backend fsdp runs zeroplan tasks only, and {script} defines no zeroplan_task(); use --backend deepspeed")
+    nproc, nodes = resolve_nodes(
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        nnodes=nnodes,
+        launcher="slurm" if emit_sbatch is not None else launcher,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_timeout=rdzv_timeout,
+    )
+    if emit_sbatch is not None:
+        _emit_sbatch(emit_sbatch, nnodes=nnodes, gpus_per_node=nproc, output=output, time_budget=time_budget)
+        return
+    if nodes is not None and nodes.launcher == "torchrun":
+        raise SpecError(
+            f"tune across {nnodes} nodes runs each probe as a Slurm step: --launcher slurm inside an allocation "
+            "(tune --emit-sbatch job.sh writes one); torchrun agents per node work with zeroplan probe"
+        )
+    if nodes is not None:
+        from zeroplan.runtime.multinode import slurm_allocation
+
+        slurm_allocation(nodes.nnodes)  # outside an allocation / too few nodes: before the study opens
     settings = TuneSettings(trials=trials, time_budget_s=time_budget, n_initial=initial, probe_timeout_s=timeout)
     buckets = _parse_bucket_sizes(bucket_sizes)
     # Open the study first: a corrupt, locked or refused storage fails before any slow work.
@@ -176,10 +207,8 @@ def tune(
         grad_accum=grad_accum,
     )
     cluster = resolve_cluster(
-        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node, runs_here=True
+        gpus=gpus, gpus_per_node=nproc, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node, runs_here=True
     )
-    if cluster.nodes > 1:
-        raise SpecError(f"--gpus {gpus} spans {cluster.nodes} nodes; tune probes one node (run a worker per node with --storage)")
     on_cuda = cuda_visible()
 
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -227,7 +256,8 @@ def tune(
 
     runner = ProbeRunner(
         script=script,
-        nproc=cluster.gpus,
+        nproc=nproc,
+        nodes=nodes,
         training=training,
         model=model_spec,
         workdir=output / "probes",
@@ -266,6 +296,34 @@ def tune(
         raise
     frame = write_results(study.get_trials(deepcopy=False), output, meta)
     _finish(console, frame, summary, output, study, cluster.gpus, deepspeed_parse_error)
+
+
+def _emit_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:
+    """Write the batch script (zeroplan.runtime.multinode.sbatch_script) for this command line."""
+    import os
+
+    from zeroplan.runtime.multinode import sbatch_script, tune_command_for_sbatch
+
+    argv = sys.argv[sys.argv.index("tune") + 1 :] if "tune" in sys.argv else []
+    out_dir = output.resolve()
+    text = sbatch_script(
+        tune_args=tune_command_for_sbatch(argv, storage_default=str(out_dir / "study.journal")),
+        nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        python=sys.executable,
+        cwd=os.getcwd(),
+        output_dir=str(out_dir),
+        time_limit_s=time_budget,
+    )
+    if path.is_dir():
+        raise SpecError(f"--emit-sbatch {path} is a folder; give a file name such as job.sh")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script runs
+        path.write_text(text)
+    except OSError as exc:
+        raise SpecError(f"--emit-sbatch {path}: cannot write ({exc.strerror})") from None
+    path.chmod(0o755)
+    print(f"wrote {path}: submit with sbatch {path} (several times for several workers on one study)")
 
 
 def _best_text(tuner: Any) -> str:

@@ -48,6 +48,8 @@ __all__ = [
     "rendezvous_failure",
     "cancel_slurm_step",
     "NodeWatch",
+    "sbatch_script",
+    "tune_command_for_sbatch",
 ]
 
 #: How a probe is launched.
@@ -444,3 +446,77 @@ class NodeWatch:
                     f"{now - last[1]:.0f} s (agent killed or node lost); this node's job was stopped"
                 )
         return None
+
+
+# --- batch script -----------------------------------------------------------------------------
+
+
+def tune_command_for_sbatch(argv: list[str], *, storage_default: str) -> list[str]:
+    """The ``zeroplan tune`` arguments a batch job runs: ``argv`` (after ``tune``) without
+    ``--emit-sbatch``, with ``--launcher slurm``, ``--resume`` (several jobs join one study) and,
+    when no ``--storage`` was given, a journal file beside the output (safe on NFS)."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--emit-sbatch", "--launcher"):
+            skip = True
+            continue
+        if arg.startswith(("--emit-sbatch=", "--launcher=")):
+            continue
+        out.append(arg)
+    if "--" in out:
+        cut = out.index("--")
+        head, tail = out[:cut], out[cut:]
+    else:
+        head, tail = out, []
+    head += ["--launcher", "slurm"]
+    if "--resume" not in head:
+        head.append("--resume")
+    if not any(a == "--storage" or a.startswith("--storage=") for a in head):
+        head += ["--storage", storage_default]
+    return head + tail
+
+
+def sbatch_script(
+    *,
+    tune_args: list[str],
+    nnodes: int,
+    gpus_per_node: int,
+    python: str,
+    cwd: str,
+    output_dir: str,
+    time_limit_s: float | None = None,
+    job_name: str = "zeroplan-tune",
+) -> str:
+    """A ready ``sbatch`` script: one node set, one ``zeroplan tune`` worker that runs every probe
+    as an ``srun`` step inside the allocation (submit it several times for several workers on
+    one study)."""
+    import shlex
+
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpus_per_node}",
+        "#SBATCH --exclusive",
+        f"#SBATCH --output={output_dir}/slurm-%j.out",
+    ]
+    if time_limit_s:
+        # The tuner starts no probe after its budget; leave room for the last one and the report.
+        minutes = int(time_limit_s // 60) + 30
+        lines.append(f"#SBATCH --time={minutes // 60:02d}:{minutes % 60:02d}:00")
+    lines += [
+        "# Written by zeroplan tune --emit-sbatch. The output folder must be on a file system all",
+        "# nodes share (probe results are written there); the study is shared through --storage.",
+        "set -euo pipefail",
+        f"cd {shlex.quote(cwd)}",
+        f"mkdir -p {shlex.quote(output_dir)}",
+        "export PYTHONUNBUFFERED=1",
+        shlex.join([python, "-m", "zeroplan", "tune", *tune_args]),
+        "",
+    ]
+    return "\n".join(lines)

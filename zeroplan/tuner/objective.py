@@ -91,14 +91,21 @@ class ProbeRunner:
     nvme_path: Optional[str] = None
     torchrun_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    nodes: Any = None
+    """``zeroplan.runtime.multinode.NodeLaunch`` for probes across nodes (``nproc`` is then per node)."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in each probe: ``nproc`` per node × nodes."""
+        return self.nproc * (self.nodes.nnodes if self.nodes is not None else 1)
 
     def build_config(self, plan: Plan) -> tuple[dict, list[str]]:
         """The trial's DeepSpeed JSON and the validation errors it has (empty: valid)."""
         from zeroplan.dsconfig import build_config, validate_config
 
-        cfg = build_config(plan, world_size=self.nproc, training=self.training, model=self.model, nvme_path=self.nvme_path)
+        cfg = build_config(plan, world_size=self.world_size, training=self.training, model=self.model, nvme_path=self.nvme_path)
         findings = validate_config(
-            cfg, world_size=self.nproc, model=self.model, training=self.training, checkpointing=plan.checkpointing
+            cfg, world_size=self.world_size, model=self.model, training=self.training, checkpointing=plan.checkpointing
         )
         errors = [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "error"]
         return cfg, errors
@@ -129,6 +136,7 @@ class ProbeRunner:
             workdir=trial_dir,
             torchrun_args=tuple(self.torchrun_args),
             env=tuple(self.env.items()),
+            nodes=self.nodes,
         )
         progress: list[str] = []
 
