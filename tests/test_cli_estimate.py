@@ -140,6 +140,17 @@ def test_estimate_trace_reports_both(tmp_path):
     assert traced > 0 and formula > 0 and traced != formula
     # Same order of magnitude: the formula is an approximation of what the trace counts.
     assert 0.5 < traced / formula < 2.0
+    # The Python API gives the same number as the CLI (the loss's backward term included).
+    from zeroplan.estimator import estimate_plan
+    from zeroplan.profiles import load_gpu, model_from_hf_config
+    from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
+    from zeroplan.trace import activation_override
+
+    training = TrainingSpec(seq_len=256, micro_batch=2)
+    cluster = ClusterSpec(gpus=2, gpus_per_node=2, gpu=load_gpu(doc["cluster"]["gpu"]))
+    override = activation_override(cfg, training)
+    api = estimate_plan(model_from_hf_config(cfg), cluster, training, Plan(stage=2, micro_batch=2), activation_bytes=override)
+    assert api.gpu.activations == traced
 
 
 def test_trace_needs_config_json():

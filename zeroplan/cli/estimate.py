@@ -292,15 +292,9 @@ def estimate(
         with Console(stderr=True).status(f"tracing activations of {model} under FakeTensorMode…"):
             traced = activation_override(Path(model), training)
             traced(enumerate_plans(model_spec, cluster, training, stage=0, checkpointing="none")[0])
-        # The trace counts what forward saves for backward; the loss's backward adds the fp32
-        # gradient of the log-softmax input and output (2 × 4·s·b·V) on top — checked against a
-        # traced forward+backward peak: Llama-3-8B at s 4096, b 1: 27.58 + 3.91 = 31.49 GiB, equal.
-        vocab = model_spec.vocab_size
-
-        def activation_bytes(plan, _traced=traced, _v=vocab, _s=training.seq_len):
-            return _traced(plan) + 8 * _s * plan.micro_batch * _v
-
-        trace_note = traced.describe() + "; plus the loss's backward gradients (8·s·b·V)"
+        # The override counts the loss's backward gradients itself (trace.TracedActivationOverride).
+        activation_bytes = traced
+        trace_note = traced.describe()
     plans = enumerate_plans(
         model_spec, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,

@@ -414,6 +414,18 @@ class Tracer:
         """Blocks found in the model."""
         return len(self._blocks)
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Rows of the output projection (the logits' last dimension), when the model exposes it:
+        a Hugging Face model's ``config.vocab_size``, else ``get_output_embeddings()``; else None."""
+        config_vocab = getattr(getattr(self._model, "config", None), "vocab_size", None)
+        if isinstance(config_vocab, int) and config_vocab > 0:
+            return config_vocab
+        get_head = getattr(self._model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
+        weight = getattr(head, "weight", None)
+        return int(weight.shape[0]) if weight is not None else None
+
     def _raw(self, *, micro_batch: int, seq_len: int, checkpointing: str) -> _RawTrace:
         import torch
 
