@@ -148,20 +148,19 @@ def export(
                 "give --stage and --micro-batch for an explicit plan, or a model (--params 7e9 / --model NAME) "
                 "so export picks the fastest plan that fits"
             )
-        from zeroplan.estimator import enumerate_plans, estimate_all
+        from zeroplan.estimator import best_plan
 
         cluster = resolve_cluster(
             gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
         )
-        plans = enumerate_plans(
+        choice = best_plan(
             model_spec, cluster, training,
             stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
         )
-        fitting = [e for e in estimate_all(model_spec, cluster, training, plans) if e.fits]
-        if not fitting:
+        if choice.best is None:
             _note(f"no plan fits {model_spec.name} on {gpus} × {cluster.gpu.name}; nothing written (see `zeroplan estimate`)")
             raise typer.Exit(1)
-        best = fitting[0]
+        best = choice.best
         plan = best.plan
         if cpu_checkpointing and plan.checkpointing != "none":
             from dataclasses import replace
@@ -169,7 +168,7 @@ def export(
             plan = replace(plan, cpu_checkpointing=True)
         _note(
             f"chose {plan.label}: predicted {best.gpu.total / 1024**3:.1f} GiB per GPU, "
-            f"{best.tokens_per_second:,.0f} tokens/s ({len(fitting)} of {len(plans)} plans fit)"
+            f"{best.tokens_per_second:,.0f} tokens/s ({choice.fitting} of {choice.considered} plans fit)"
         )
 
     cfg, notes = build_config_with_notes(

@@ -1,6 +1,7 @@
 """The analytic estimator: memory, traffic and time per ZeRO plan. Stdlib only — no torch."""
 
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, layer_activation_bytes
+from zeroplan.estimator.choose import PlanChoice, best_plan
 from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.host import HOST_PHASES, HostPhase, HostPhases, host_phases, pinned_bytes
 from zeroplan.estimator.memory import EngineOverhead, HostMemory, ModelStates, engine_overhead, host_memory, model_states
@@ -25,9 +26,11 @@ __all__ = [
     "HostPhases",
     "HostMemory",
     "ModelStates",
+    "PlanChoice",
     "PlanEstimate",
     "StepTime",
     "activation_memory",
+    "best_plan",
     "comm_volume",
     "engine_overhead",
     "enumerate_plans",

@@ -1,0 +1,51 @@
+"""Choosing a plan: the fastest one the estimator predicts fits (what ``zeroplan export`` writes
+when no plan is given, and what a Python user gets from one call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from zeroplan.estimator.plans import PlanEstimate, enumerate_plans, estimate_all
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
+
+__all__ = ["PlanChoice", "best_plan"]
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """The best plan among those considered, and how many fit."""
+
+    best: Optional[PlanEstimate]
+    """The fastest plan that fits (highest predicted tokens/s), or None when none fits."""
+    fitting: int
+    """Plans that fit."""
+    considered: int
+    """Plans estimated (every valid stage × offload × checkpointing × micro-batch within the filters)."""
+
+
+def best_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    *,
+    stage: Optional[int] = None,
+    offload_optimizer: Optional[str] = None,
+    offload_param: Optional[str] = None,
+    checkpointing: Optional[str] = None,
+    device: str = "cuda",
+    activation_bytes: Optional[Callable[[Plan], int]] = None,
+) -> PlanChoice:
+    """The fastest plan that fits, within the given filters (None: any value).
+
+    Enumerates plans with :func:`~zeroplan.estimator.enumerate_plans`, estimates and ranks them
+    with :func:`~zeroplan.estimator.estimate_all` (fitting plans first, fastest first) and takes
+    the first that fits.
+    """
+    plans = enumerate_plans(
+        model, cluster, training,
+        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
+    )
+    ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes)
+    fitting = [e for e in ranked if e.fits]
+    return PlanChoice(best=fitting[0] if fitting else None, fitting=len(fitting), considered=len(ranked))
