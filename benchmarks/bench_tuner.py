@@ -38,9 +38,9 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from zeroplan.cli.common import resolve_cluster  # noqa: E402
+from zeroplan.profiles import resolve_cluster  # noqa: E402
 from zeroplan.spec import TrainingSpec  # noqa: E402
-from zeroplan.tuner import ProbeRunner, TuneSettings, Tuner, build_space, make_sampler, open_study, storage_url  # noqa: E402
+from zeroplan.tuner import ProbeRunner, TuneSettings, Tuner, make_sampler, open_study, storage_url, tune_space  # noqa: E402
 from zeroplan.tuner.checks import task_model_spec  # noqa: E402
 
 console = Console(highlight=False, width=140)
@@ -120,7 +120,7 @@ def zeroplan_search(space, runner, *, trials: int, workdir: Path, seed: int) -> 
 def part1(args, tmp: Path) -> None:
     model, seq_len = task_model_spec(TASK)
     training = TrainingSpec(seq_len=seq_len, global_batch=args.global_batch)
-    space = build_space(model, cluster(2), training, device="cpu")
+    space = tune_space(model, cluster(2), training, script_kind="task", device="cpu")
     runner = ProbeRunner(script=TASK, nproc=2, training=training, model=model, workdir=tmp / "probes-2", steps=args.steps, warmup=2, timeout_s=300)
     n_fit = len(space.fitting)
     budget = max(1, math.floor(0.25 * n_fit))
@@ -213,7 +213,7 @@ def part2(args, tmp: Path) -> None:
     model, seq_len = task_model_spec(TASK)
     ds = deepspeed_autotuner(args, tmp)
     training = TrainingSpec(seq_len=seq_len)
-    space = build_space(model, cluster(1), training, checkpointing=("none",), max_micro_batch=args.max_micro_batch, device="cpu")
+    space = tune_space(model, cluster(1), training, script_kind="script", max_micro_batch=args.max_micro_batch, device="cpu")
     # The script stops after --steps optimizer steps: leave room for warm-up plus the measured ones.
     script_args = ("--steps", str(args.steps + 10))
     runner = ProbeRunner(script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", script_args=script_args, steps=args.steps, warmup=2, timeout_s=300)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zeroplan import profiles
-from zeroplan.cli.common import resolve_cluster
+from zeroplan.profiles import resolve_cluster
 from zeroplan.estimator import enumerate_plans, estimate_all
 from zeroplan.spec import GiB, ModelSpec, SpecError, TrainingSpec
 

@@ -193,25 +193,6 @@ def test_nothing_fits_exits_1(tmp_path):
     assert "nothing fits" in r.stdout
 
 
-def test_tune_cli_surface_is_frozen():
-    import typer.main
-
-    from zeroplan.cli import app
-
-    command = typer.main.get_command(app).commands["tune"]
-    options = sorted(opt for p in command.params for opt in getattr(p, "opts", []) if opt.startswith("--"))
-    assert options == sorted([
-        "--gpus", "--gpus-per-node", "--gpu", "--gpu-memory", "--cpu-memory", "--nvme", "--params", "--model",
-        "--seq-len", "--micro-batch", "--global-batch", "--grad-accum", "--precision", "--optimizer", "--stage",
-        "--offload-optimizer", "--offload-param", "--checkpointing", "--trials", "--time-budget", "--timeout",
-        "--backend", "--output", "--storage", "--resume", "--config-arg", "--nvme-path", "--bucket-sizes",
-        "--sampler", "--initial", "--seed", "--steps", "--warmup", "--node",
-        "--lora-rank", "--lora-targets", "--lora-alpha", "--adapter", "--trainable-params", "--base-quant",
-        "--nnodes", "--launcher", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout", "--emit-sbatch",
-    ])
-    assert [p.name for p in command.params if p.param_type_name == "argument"] == ["script", "script_args"]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_script_failing_every_plan_stops_after_two_probes_with_its_signature(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.cli.common import resolve_cluster
+from zeroplan.profiles import resolve_cluster
 from zeroplan.spec import ModelSpec, Plan, TrainingSpec
 from zeroplan.tuner import ProbeOutcome, StorageError, TuneSettings, Tuner, build_space, make_sampler, open_study, storage_url
 from zeroplan.tuner.ledger import trial_reason, trial_status

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.cli.common import resolve_cluster
+from zeroplan.profiles import resolve_cluster
 from zeroplan.estimator import enumerate_plans, estimate_plan
 from zeroplan.spec import GiB, ModelSpec, SpecError, TrainingSpec
 from zeroplan.tuner import build_space, initial_candidates, plan_key, zero_choice

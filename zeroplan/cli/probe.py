@@ -149,7 +149,7 @@ def probe(
     """
     from zeroplan.runtime import BACKENDS, ProbeRequest, run_probe
     from zeroplan.dsconfig import load_config, plan_from_config
-    from zeroplan.runtime.launcher import script_kind
+    from zeroplan.runtime import script_kind
     from zeroplan.spec import Plan
 
     check_choice_option("--format", format, ("table", "json"))

@@ -125,18 +125,18 @@ def tune(
     ] = None,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
-    from zeroplan.runtime.launcher import script_kind
+    from zeroplan.runtime import script_kind
     from zeroplan.tuner import (
         ProbeRunner,
         TuneSettings,
         Tuner,
-        build_space,
         make_sampler,
         open_study,
         storage_url,
+        tune_space,
         write_results,
     )
-    from zeroplan.tuner.checks import cuda_visible, deepspeed_parse_error, task_model_spec
+    from zeroplan.tuner.checks import cuda_visible, task_model_spec
 
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     check_choice_option("--backend", backend, ("deepspeed", "fsdp"))
@@ -210,21 +210,16 @@ def tune(
         gpus=gpus, gpus_per_node=nproc, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node, runs_here=True
     )
     on_cuda = cuda_visible()
-
-    searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
-    opt_targets = [offload_optimizer] if offload_optimizer else searched
-    param_targets = [offload_param] if offload_param else searched
-    if "nvme" in (*opt_targets, *param_targets) and not nvme_path:
-        raise SpecError("nvme offload needs --nvme-path DIR (a folder on the NVMe drive)")
-    ckpts = [checkpointing] if checkpointing else (["none", "full"] if kind == "task" else ["none"])
-    space = build_space(
+    space = tune_space(
         model_spec,
         cluster,
         training,
-        stages=(stage,) if stage is not None else None,
-        offload_optimizer=opt_targets,
-        offload_param=param_targets,
-        checkpointing=ckpts,
+        script_kind=kind,
+        stage=stage,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+        checkpointing=checkpointing,
+        nvme_path=nvme_path,
         bucket_sizes=buckets,
         device="cuda" if on_cuda else "cpu",
         engine=backend,
@@ -295,7 +290,7 @@ def tune(
         console.print(f"[yellow]interrupted[/]: the study in {url} is intact; run again with --resume to continue")
         raise
     frame = write_results(study.get_trials(deepcopy=False), output, meta)
-    _finish(console, frame, summary, output, study, cluster.gpus, deepspeed_parse_error)
+    _finish(console, frame, summary, output, cluster.gpus)
 
 
 def _emit_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:
@@ -333,12 +328,10 @@ def _best_text(tuner: Any) -> str:
     return f"{best.user_attrs.get('plan_key', '?')}  {best.value:.2f} samples/s (trial #{best.number})"
 
 
-def _finish(console: Any, frame: Any, summary: Any, output: Path, study: Any, world_size: int, parse_error: Any) -> None:
-    import json
-
+def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: int) -> None:
     from rich.table import Table
 
-    from zeroplan.dsconfig import validate_config
+    from zeroplan.tuner import prove_winner
     from zeroplan.tuner.results import best_row
 
     probed = frame[frame["status"].isin(["ok", "oom", "error", "timeout"])]
@@ -373,19 +366,14 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, study: Any, wo
         else:
             console.print(f"[bold red]every probe failed[/] ({len(probed)}); see {output / 'report.md'} and {output / 'probes'}/")
         raise typer.Exit(1)
-    cfg = json.loads((output / "ds_config.json").read_text())
-    errors = [f"{f.rule_id}: {f.message}" for f in validate_config(cfg, world_size=world_size) if f.severity == "error"]
-    from zeroplan.tuner.checks import deepspeed_installed
-
-    # FSDP-only installs have no DeepSpeed: its parser is skipped, and the message says so.
-    checked_by_deepspeed = deepspeed_installed()
-    ds_error = parse_error(cfg, world_size=world_size) if checked_by_deepspeed else None
-    if errors or ds_error:
-        console.print(f"[bold red]the best config does not validate[/]: {'; '.join(errors + ([ds_error] if ds_error else []))}")
+    check = prove_winner(output / "ds_config.json", world_size=world_size)
+    if not check.ok:
+        console.print(f"[bold red]the best config does not validate[/]: {'; '.join(check.errors)}")
         raise typer.Exit(1)
+    # FSDP-only installs have no DeepSpeed: its parser is skipped, and the message says so.
     validated = (
         "config validated by zeroplan and DeepSpeed's parser"
-        if checked_by_deepspeed
+        if check.checked_by_deepspeed
         else "config validated by zeroplan (DeepSpeed is not installed, so its parser did not check it)"
     )
     console.print(

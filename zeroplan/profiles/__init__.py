@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from zeroplan.profiles.hf_config import SUPPORTED_MODEL_TYPES, count_hf_params, model_from_hf_config
+from zeroplan.profiles.resolve import resolve_cluster, resolve_model
 from zeroplan.spec import GiB, GpuSpec, ModelSpec, SpecError
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "node_names",
     "load_node",
     "node_from_toml",
+    "resolve_cluster",
+    "resolve_model",
     "write_gpu_toml",
 ]
 

@@ -6,6 +6,7 @@ throughput.png and the best ds_config.json. Optuna, pandas and matplotlib are im
 """
 
 from zeroplan.tuner.objective import PROBE_STATUSES, ProbeOutcome, ProbeRunner, Runner
+from zeroplan.tuner.policy import WinnerCheck, prove_winner, tune_space
 from zeroplan.tuner.results import CSV_COLUMNS, best_row, trials_frame, write_results
 from zeroplan.tuner.search import SAMPLERS, TuneSettings, TuneSummary, Tuner, initial_candidates, make_sampler
 from zeroplan.tuner.space import Candidate, SearchSpace, build_space, plan_key, zero_choice
@@ -24,6 +25,7 @@ __all__ = [
     "StorageError",
     "TuneSettings",
     "TuneSummary",
+    "WinnerCheck",
     "Tuner",
     "best_row",
     "build_space",
@@ -32,8 +34,10 @@ __all__ = [
     "open_storage",
     "open_study",
     "plan_key",
+    "prove_winner",
     "storage_url",
     "trials_frame",
+    "tune_space",
     "write_results",
     "zero_choice",
 ]

@@ -1,0 +1,74 @@
+"""The command-line surface is frozen: every command, argument and flag users and docs rely on.
+
+A flag may be added (add it here too); one that disappears or is renamed fails this test.
+"""
+
+from __future__ import annotations
+
+import typer.main
+
+from zeroplan.cli import app
+
+#: command → (positional arguments, every option spelling).
+SURFACE = {
+    "calibrate": ((), {
+        "--deepspeed-adam", "--device", "--engine", "--gpus", "--micro-batch", "--no-engine", "--output",
+        "--precision", "--quick", "--task", "--torch-adam", "-o",
+    }),
+    "estimate": ((), {
+        "--adapter", "--all", "--base-quant", "--checkpointing", "--cpu-memory", "--format", "--global-batch",
+        "--gpu", "--gpu-memory", "--gpus", "--gpus-per-node", "--grad-accum", "--lora-alpha", "--lora-rank",
+        "--lora-targets", "--micro-batch", "--model", "--no-flash", "--node", "--nvme", "--offload-optimizer",
+        "--offload-param", "--optimizer", "--output", "--params", "--plot", "--precision", "--seq-len", "--stage",
+        "--top", "--trace", "--trainable-params", "-o",
+    }),
+    "export": ((), {
+        "--adapter", "--base-quant", "--checkpointing", "--cpu-checkpointing", "--cpu-memory", "--global-batch",
+        "--gpu", "--gpu-memory", "--gpus", "--gpus-per-node", "--grad-accum", "--lora-alpha", "--lora-rank",
+        "--lora-targets", "--lr", "--micro-batch", "--model", "--node", "--nvme", "--nvme-path",
+        "--offload-optimizer", "--offload-param", "--optimizer", "--output", "--params", "--precision", "--seq-len",
+        "--stage", "--total-steps", "--trainable-params", "--warmup-steps", "-o",
+    }),
+    "probe": (('script',), {
+        "--backend", "--checkpointing", "--config", "--config-arg", "--format", "--gpus", "--gpus-per-node",
+        "--grad-accum", "--micro-batch", "--model", "--offload-optimizer", "--offload-param", "--optimizer",
+        "--output", "--params", "--precision", "--seq-len", "--stage", "--steps", "--timeout", "--torchrun-arg",
+        "--verbose", "--warmup", "--workdir", "-o", "-v",
+    }),
+    "profiles": ((), {
+        "--format", "--output", "-o",
+    }),
+    "tune": (('script', 'script_args'), {
+        "--backend", "--bucket-sizes", "--checkpointing", "--config-arg", "--cpu-memory", "--global-batch", "--gpu",
+        "--gpu-memory", "--gpus", "--gpus-per-node", "--grad-accum", "--initial", "--micro-batch", "--model",
+        "--node", "--nvme", "--nvme-path", "--offload-optimizer", "--offload-param", "--optimizer", "--output",
+        "--params", "--precision", "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage",
+        "--time-budget", "--timeout", "--trials", "--warmup", "-o",
+    }),
+    "validate": (('config',), {
+        "--adapter", "--base-quant", "--checkpointing", "--cpu-memory", "--format", "--gpu", "--gpu-memory",
+        "--gpus", "--gpus-per-node", "--lora-alpha", "--lora-rank", "--lora-targets", "--model", "--node", "--nvme",
+        "--output", "--params", "--seq-len", "--trainable-params", "-o",
+    }),
+}
+
+
+def _surface() -> dict:
+    group = typer.main.get_command(app)
+    out = {}
+    for name, cmd in group.commands.items():
+        flags = set()
+        for param in cmd.params:
+            if param.param_type_name == "option":
+                flags |= set(param.opts) | set(param.secondary_opts)
+        out[name] = (tuple(p.name for p in cmd.params if p.param_type_name == "argument"), flags)
+    return out
+
+
+def test_no_command_argument_or_flag_disappears():
+    now = _surface()
+    assert set(SURFACE) <= set(now), f"commands gone: {set(SURFACE) - set(now)}"
+    for name, (args, flags) in SURFACE.items():
+        assert now[name][0] == args, name
+        assert flags - now[name][1] == set(), f"{name}: flags gone: {sorted(flags - now[name][1])}"
+

@@ -1,0 +1,97 @@
+"""What ``zeroplan tune`` searches and how it proves its answer — policy the CLI and the
+benchmarks share, so both tune the same space and check the winner the same way.
+
+* :func:`tune_space` — the search space for a script: offload targets ``none``/``cpu`` (``nvme``
+  only with an NVMe folder), activation checkpointing ``none``/``full`` for a zeroplan task (the
+  task's blocks are wrapped by the runtime) but only ``none`` for a plain DeepSpeed script
+  (zeroplan cannot make the script's model checkpoint), every stage; a plan flag pins its value.
+* :func:`prove_winner` — the best trial's ``ds_config.json`` must pass zeroplan's validation
+  and DeepSpeed's own parser (when DeepSpeed is installed) before ``tune`` reports success.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from zeroplan.spec import ClusterSpec, ModelSpec, SpecError, TrainingSpec
+from zeroplan.tuner.space import SearchSpace, build_space
+
+__all__ = ["tune_space", "prove_winner", "WinnerCheck", "SCRIPT_KINDS"]
+
+#: ``task`` (defines ``zeroplan_task()``) or ``script`` (a plain DeepSpeed script).
+SCRIPT_KINDS = ("task", "script")
+
+
+def tune_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    *,
+    script_kind: str,
+    stage: Optional[int] = None,
+    offload_optimizer: Optional[str] = None,
+    offload_param: Optional[str] = None,
+    checkpointing: Optional[str] = None,
+    nvme_path: Optional[str] = None,
+    bucket_sizes: Sequence[int] = (),
+    max_micro_batch: Optional[int] = None,
+    device: Optional[str] = None,
+) -> SearchSpace:
+    """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
+    sees a GPU, else ``cpu`` (memory as CPU probes measure it). SpecError for nvme without a path."""
+    if script_kind not in SCRIPT_KINDS:
+        raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
+    searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
+    opt_targets = [offload_optimizer] if offload_optimizer else searched
+    param_targets = [offload_param] if offload_param else searched
+    if "nvme" in (*opt_targets, *param_targets) and not nvme_path:
+        raise SpecError("nvme offload needs --nvme-path DIR (a folder on the NVMe drive)")
+    ckpts = [checkpointing] if checkpointing else (["none", "full"] if script_kind == "task" else ["none"])
+    if device is None:
+        from zeroplan.tuner.checks import cuda_visible
+
+        device = "cuda" if cuda_visible() else "cpu"
+    return build_space(
+        model,
+        cluster,
+        training,
+        stages=(stage,) if stage is not None else None,
+        offload_optimizer=opt_targets,
+        offload_param=param_targets,
+        checkpointing=ckpts,
+        bucket_sizes=bucket_sizes,
+        device=device,
+        **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
+    )
+
+
+@dataclass(frozen=True)
+class WinnerCheck:
+    """The final validation of the best config."""
+
+    errors: tuple[str, ...]
+    """``ZPnnn: message`` for each zeroplan error, and DeepSpeed's parser error if any."""
+    checked_by_deepspeed: bool
+    """False when DeepSpeed is not installed (its parser did not run)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def prove_winner(config_path: Path, *, world_size: int) -> WinnerCheck:
+    """Validate the winner's config with zeroplan's rules and DeepSpeed's ``DeepSpeedConfig``
+    (in a child process, :func:`zeroplan.tuner.checks.deepspeed_parse_error`)."""
+    from zeroplan.dsconfig import load_config, validate_config
+    from zeroplan.tuner.checks import deepspeed_installed, deepspeed_parse_error
+
+    cfg = load_config(config_path).config
+    errors = [f"{f.rule_id}: {f.message}" for f in validate_config(cfg, world_size=world_size) if f.severity == "error"]
+    checked = deepspeed_installed()
+    if checked:
+        ds_error = deepspeed_parse_error(cfg, world_size=world_size)
+        if ds_error:
+            errors.append(ds_error)
+    return WinnerCheck(errors=tuple(errors), checked_by_deepspeed=checked)
