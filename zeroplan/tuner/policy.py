@@ -38,9 +38,11 @@ def tune_space(
     bucket_sizes: Sequence[int] = (),
     max_micro_batch: Optional[int] = None,
     device: Optional[str] = None,
+    engine: str = "deepspeed",
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
-    sees a GPU, else ``cpu`` (memory as CPU probes measure it). SpecError for nvme without a path."""
+    sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
+    (``deepspeed`` or ``fsdp``), whose memory the estimator models. SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -63,6 +65,7 @@ def tune_space(
         checkpointing=ckpts,
         bucket_sizes=bucket_sizes,
         device=device,
+        engine=engine,
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
     )
 
