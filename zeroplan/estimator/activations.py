@@ -137,6 +137,10 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
         on_cpu, layers = layers, per_layer
     dropout = not model.gated_mlp
     embeddings = (s * b * h if dropout else 0) + e * s * b * h
+    if model.peft is not None and model.peft.method == "lora" and model.gated_mlp:
+        # Frozen final RMSNorm and LM head save neither the normalized tensor nor the head's input
+        # (zeroplan.estimator.peft.frozen_base_activation_terms).
+        embeddings -= e * s * b * h
     # At the loss's backward: log-softmax's saved fp32 output, the fp32 gradient arriving at it
     # and the fp32 gradient it produces (12·sbV, measured on probes: docs/notes/memory-gaps.md),
     # plus the e-byte logits themselves, which Hugging Face models return in their output and

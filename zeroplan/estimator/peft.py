@@ -153,8 +153,14 @@ def frozen_base_activation_terms(
     * ``lora_intermediate``: e·s·b·r per adapted module; ``lora_dropout``: (e + 1)·s·b·in per
       adapted module when lora_dropout > 0.
 
-    Norm inputs, Q/K/V, the attention core and dropout masks do not depend on the weights
-    training and are unchanged. A partial fine-tune (``--trainable-params``) keeps every term:
+    * ``norm_inputs`` of RMSNorm models (the gated-MLP Llama family): Hugging Face's RMSNorm
+      returns ``weight * x_normed``, and the product saves ``x_normed`` only for the weight's
+      gradient: with frozen norms it is not saved (measured on the small Llama of
+      examples/lora_task.py with saved-tensor hooks: 9 such tensors of s·b·h fewer, 8 block norms
+      and the final one). LayerNorm (GPT-2 style) saves its input either way.
+
+    Q/K/V, the attention core and dropout masks do not depend on the weights training and are
+    unchanged. A partial fine-tune (``--trainable-params``) keeps every term:
     which parameters train is unknown, so the full fine-tune's activations stand.
     """
     peft = model.peft
@@ -170,6 +176,8 @@ def frozen_base_activation_terms(
         out.pop("output_projection_input", None)
     if "mlp_input" not in roles:
         out.pop("mlp_input", None)
+    if model.gated_mlp:
+        out.pop("norm_inputs", None)
     if "mlp_output_input" not in roles and "mlp_hidden" in out:
         out["mlp_hidden"] -= e * s * b * model.ffn_size
     per_layer = [m for m in peft.adapted if m.count == model.num_layers]
