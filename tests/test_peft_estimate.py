@@ -123,3 +123,17 @@ def test_quantized_base_bytes_equal_bitsandbytes_storage(tmp_path):
     base = model_from_hf_dict(cfg, name="tiny")
     spec = replace(base, peft=lora_spec(base, base_modules(cfg), rank=8, targets=["q_proj", "v_proj"], base_quant="nf4"))
     assert parameter_bytes(spec, "bf16").total == measured
+
+
+def test_peft_estimate_imports_no_torch_or_peft():
+    code = (
+        "import sys; from zeroplan.cli import main; "
+        "sys.argv = ['zeroplan', 'estimate', '--model', 'llama-3-8b', '--gpus', '2', '--cpu-memory', '64', "
+        "'--lora-rank', '8', '--base-quant', 'nf4', '--format', 'json', '-o', '/dev/null']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print([m for m in ('torch', 'deepspeed', 'transformers', 'peft', 'bitsandbytes') if m in sys.modules])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

@@ -7,9 +7,9 @@ scripts/finetune_guanaco_65b.sh and _33b.sh): NF4 with double quantization, bf16
 accumulation 4, sequences of at most 16 + 512 tokens, and a paged 32-bit AdamW. Paged optimizer
 states move to host memory under pressure; the DeepSpeed equivalent is ZeRO-Offload of the
 optimizer (stage 2, offload_optimizer cpu), which is the plan we estimate. Margins (this
-estimator): 65B 41.5 of 45.0 GiB (L40S, 48 GB) — 3.5 GiB spare; 33B 22.8 of 24.0 GiB (RTX 4090,
-24 GB) — 1.2 GiB spare. Without offload, DeepSpeed's fp32 master copy and fp32 gradient
-partition of the 0.8B adapter parameters push 65B to 52.4 GiB: it does not fit, which is why
+estimator): 65B 41.4 of 45.0 GiB (L40S, 48 GB) — 3.6 GiB spare; 33B 22.7 of 24.0 GiB (RTX 4090,
+24 GB) — 1.3 GiB spare. Without offload, DeepSpeed's fp32 master copy and fp32 gradient
+partition of the 0.8B adapter parameters push 65B to 52.3 GiB: it does not fit, which is why
 the paper needs paged optimizers.
 """
 
