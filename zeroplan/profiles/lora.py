@@ -397,7 +397,8 @@ def read_adapter_config(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def _base_name(model_arg: Optional[str], hf: Optional[dict[str, Any]]) -> Optional[str]:
+def _base_name(hf: Optional[dict[str, Any]]) -> Optional[str]:
+    """The checkpoint a config.json was saved from (``_name_or_path``), when it says."""
     if hf and isinstance(hf.get("_name_or_path"), str) and hf["_name_or_path"]:
         return hf["_name_or_path"]
     return None
@@ -448,7 +449,7 @@ def resolve_peft(
     if adapter is not None:
         cfg = read_adapter_config(adapter)
         base = cfg.get("base_model_name_or_path")
-        ours = _base_name(model_arg, hf)
+        ours = _base_name(hf)
         if isinstance(base, str) and base and ours and Path(base).name.lower() != Path(ours).name.lower():
             raise SpecError(
                 f"--adapter {adapter} was made for {base}, but the model is {ours}; give that model's config"
