@@ -156,3 +156,33 @@ def test_estimate_trace_reports_both(tmp_path):
 def test_trace_needs_config_json():
     r = run("estimate", "--params", "7e9", "--trace")
     assert r.returncode == 2 and "--trace needs --model" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("width", [100, 200])
+def test_table_fits_the_terminal_leaving_out_the_least_important_columns(width):
+    import io
+
+    from rich.console import Console
+
+    from zeroplan.cli.estimate import _COLUMNS, _render_table
+    from zeroplan.estimator import enumerate_plans, estimate_all
+    from zeroplan.profiles import load_gpu
+    from zeroplan.spec import ClusterSpec, GiB, ModelSpec, TrainingSpec
+
+    model, training = ModelSpec.from_params(70e9), TrainingSpec()
+    cluster = ClusterSpec(gpus=8, gpus_per_node=8, gpu=load_gpu("a100-80gb"), cpu_memory_per_node_bytes=512 * GiB)
+    estimates = estimate_all(model, cluster, training, enumerate_plans(model, cluster, training))
+    assert any(not e.fits for e in estimates[:40])  # rows with long "no: GPU …" reasons too
+    console = Console(file=io.StringIO(), width=width, no_color=True)
+    _render_table(model, cluster, training, estimates, estimates[:40], total_plans=len(estimates), extra_notes=[],
+                  console=console)
+    text = console.file.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    header = next(line for line in text.splitlines() if "tokens/s" in line)
+    shown = {c for c in _COLUMNS if f" {c} " in header}
+    assert {"stage", "offload opt/param", "ckpt", "mb×ga", "GPU", "tokens/s", "fits"} <= shown
+    assert "…" not in header  # a column is left out whole, never cut to an ellipsis
+    if width == 200:
+        assert shown == set(_COLUMNS) and "left out" not in text
+    else:
+        assert "params" not in shown and "left out to fit 100 columns: params" in " ".join(text.split())

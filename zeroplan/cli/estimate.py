@@ -115,11 +115,31 @@ def _short_reason(est: "PlanEstimate", cluster) -> str:
     return " ".join(reasons)
 
 
-def _render_table(model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str]) -> None:
+#: The table's columns, and the order in which they are left out when the terminal is narrower
+#: than the table: first the per-state breakdown (``--format json`` itemizes it), then host and
+#: traffic figures; the plan, GPU total, speed and fit always stay.
+_COLUMNS = (
+    "#", "stage", "offload opt/param", "ckpt", "mb×ga", "params", "grads", "optim", "activ",
+    "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "fits",
+)
+_DROP_ORDER = ("params", "grads", "optim", "extra", "activ", "comm GB", "#", "step s", "CPU/node")
+
+
+def _table_console():
+    """The terminal's width; 170 columns when output is piped and COLUMNS is not set."""
+    import os
+
     from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 170)
+
+
+def _render_table(
+    model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str], console=None
+) -> None:
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 170)
+    console = console or _table_console()
     name = model.name if model.source != "derived" else "model"
     if model.peft is not None:
         counts = (
@@ -128,45 +148,63 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
         )
     else:
         counts = f"{model.params / 1e9:.3g}B params"
-    t = Table(
-        title=(
-            f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
-            f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
-            f"{training.precision}, {training.optimizer}, seq {training.seq_len}"
-            + (f", engine {estimates[0].engine}" if estimates and estimates[0].engine != "deepspeed" else "")
-        ),
-        title_justify="left",
+    title = (
+        f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
+        f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
+        f"{training.precision}, {training.optimizer}, seq {training.seq_len}"
+        + (f", engine {estimates[0].engine}" if estimates and estimates[0].engine != "deepspeed" else "")
     )
-    for col in (
-        "#", "stage", "offload opt/param", "ckpt", "mb×ga", "params", "grads", "optim", "activ",
-        "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "fits",
-    ):
-        t.add_column(col, justify="left" if col in ("offload opt/param", "ckpt", "fits") else "right", no_wrap=True)
 
     def g(n: int) -> str:
         return f"{n / GiB:.1f}"
 
+    rows = []
     for i, est in enumerate(shown, 1):
         p = est.plan
-        t.add_row(
-            str(i),
-            str(p.stage),
-            f"{p.offload_optimizer}/{p.offload_param}",
-            p.checkpointing,
-            f"{p.micro_batch}×{p.gradient_accumulation_steps}",
-            g(est.gpu.params),
-            g(est.gpu.gradients),
-            g(est.gpu.optimizer_states),
-            g(est.gpu.activations),
-            g(est.gpu.overhead),
-            g(est.gpu.total),
-            g(est.cpu_per_node),
-            f"{est.comm_per_step / 1e9:.0f}",
-            f"{est.step_time:.2f}",
-            f"{est.tokens_per_second:,.0f}",
-            "yes" if est.fits else "no: " + _short_reason(est, cluster),
-            style=None if est.fits else "dim",
-        )
+        rows.append((
+            {
+                "#": str(i),
+                "stage": str(p.stage),
+                "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
+                "ckpt": p.checkpointing,
+                "mb×ga": f"{p.micro_batch}×{p.gradient_accumulation_steps}",
+                "params": g(est.gpu.params),
+                "grads": g(est.gpu.gradients),
+                "optim": g(est.gpu.optimizer_states),
+                "activ": g(est.gpu.activations),
+                "extra": g(est.gpu.overhead),
+                "GPU": g(est.gpu.total),
+                "CPU/node": g(est.cpu_per_node),
+                "comm GB": f"{est.comm_per_step / 1e9:.0f}",
+                "step s": f"{est.step_time:.2f}",
+                "tokens/s": f"{est.tokens_per_second:,.0f}",
+                "fits": "yes" if est.fits else "no: " + _short_reason(est, cluster),
+            },
+            None if est.fits else "dim",
+        ))
+
+    def build(columns: list[str]) -> Table:
+        table = Table(title=title, title_justify="left")
+        for col in columns:
+            # "fits" may fold its reasons onto a second line; every other cell stays on one.
+            table.add_column(
+                col, justify="left" if col in ("offload opt/param", "ckpt", "fits") else "right",
+                no_wrap=col != "fits", min_width=10 if col == "fits" else None,
+            )
+        for cells, style in rows:
+            table.add_row(*(cells[c] for c in columns), style=style)
+        return table
+
+    # Leave out the least important columns until the table fits the terminal.
+    columns = list(_COLUMNS)
+    dropped: list[str] = []
+    t = build(columns)
+    for col in _DROP_ORDER:
+        if console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
+            break
+        columns.remove(col)
+        dropped.append(col)
+        t = build(columns)
     console.print(t)
     notes = list(model.notes) + list(cluster.notes) + extra_notes
     n_fit = sum(e.fits for e in estimates)
@@ -175,6 +213,8 @@ def _render_table(model, cluster, training, estimates, shown, *, total_plans: in
         + ("" if len(shown) == len(summarize(estimates)) else f" (top {len(shown)}; --top 0 shows all)")
         + ". Memory in GiB (per GPU, CPU per node); 'extra' = engine buffers + CUDA reserve (--format json itemizes)."
     )
+    if dropped:
+        notes.append(f"left out to fit {console.width} columns: {', '.join(dropped)} (a wider terminal or --format json shows them)")
     for note in notes:
         console.print(f"[dim]• {note}[/dim]")
 
