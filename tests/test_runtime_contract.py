@@ -78,6 +78,18 @@ def test_contract_estimate_beside_measurement(probed):
     assert abs(r.memory_error) < 0.5  # the tight numbers are in benchmarks/bench_probe_memory.py
 
 
+def test_contract_host_memory_beside_estimate(probed):
+    backend, _, r = probed
+    # RSS holds every live tensor the tracker counted (an independent measurement of the same rank).
+    assert len(r.host_peak_per_rank) == 2
+    assert all(rss >= live for rss, live in zip(r.host_peak_per_rank, r.peak_memory_per_rank))
+    assert r.host_peak_per_node >= r.host_baseline_per_node > 0
+    phases = ["model_build", "engine_init", "step"] if backend == "deepspeed" else ["model_build"]
+    assert all(list(p) == phases for p in r.host_phase_peaks_per_rank)
+    assert r.estimated_host_peak_per_node is not None
+    assert r.host_memory_error == pytest.approx((r.estimated_host_peak_per_node - r.host_peak_per_node) / r.host_peak_per_node)
+
+
 def test_contract_result_file_matches(probed):
     _, _, r = probed
     saved = json.loads((Path(r.workdir) / "result.json").read_text())

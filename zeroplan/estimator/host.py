@@ -153,7 +153,8 @@ def host_phases(
     With Ψ parameters, N ranks, partition s = ⌈Ψ/N⌉, p bytes per 16-bit parameter, L the largest
     parameter tensor:
 
-    * model_build: ``fp32`` 4Ψ, ``bf16`` 2Ψ per rank; ``zero_init`` 4·(largest layer) plus the
+    * model_build: ``fp32`` 4Ψ, ``bf16`` 2Ψ per rank (plus, for tied embeddings, the output layer's
+      own V·h matrix that exists until it is tied); ``zero_init`` 4·(largest layer) plus the
       16-bit partition p·s when it lives on the host; ``meta`` 4·(largest layer).
     * engine_init: what ``deepspeed.initialize`` allocates on the host. Stages 1-2 with CPU offload:
       fp32 master 4s, 16-bit staging p·s, fp32 gradient partition 4s, gradient staging p·L.
@@ -213,10 +214,14 @@ def host_phases(
 
     # -- model build --------------------------------------------------------------------------
     host_partition = plan.offload_param == "cpu" or device == "cpu"
+    # A tied output layer is first built as its own V×h matrix (nn.Linear in the model's __init__,
+    # GPT-2 and Hugging Face models alike), then replaced by the embedding (tie_weights): both
+    # exist for a moment while the whole model is built.
+    untied = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
     if build == "fp32":
-        built = {"model_fp32": 4 * psi}
+        built = {"model_fp32": 4 * psi, "untied_head_transient": 4 * untied}
     elif build == "bf16":
-        built = {"model_16bit": p * psi}
+        built = {"model_16bit": p * psi, "untied_head_transient": p * untied}
     elif build == "zero_init":
         built = {"layer_being_built_fp32": 4 * model.largest_layer_params}
         if host_partition:

@@ -129,6 +129,45 @@ class ProbeResult:
     frozen_params: int | None = None
     """Parameters without requires_grad in the engine's module (DeepSpeed runs), else None."""
 
+    host_peak_per_node: int | None = None
+    """Peak host RSS of the node (torchrun and every worker, shared library pages once), sampled
+    every 50 ms from the launcher with psutil."""
+    host_peak_per_rank: list[int] = field(default_factory=list)
+    """Peak RSS of each rank (the kernel's high-water mark, exact), rank order."""
+    host_phase_peaks_per_node: dict[str, int] = field(default_factory=dict)
+    """Sampled node peak within each phase the run reached (model_build, engine_init, step, checkpoint_save)."""
+    host_phase_peaks_per_rank: list[dict] = field(default_factory=list)
+    """Each rank's peak RSS per phase."""
+    estimated_host_peak_per_node: int | None = None
+    """The estimator's host peak per node for this run: its phases that ran, plus the node's measured
+    idle footprint (``host_baseline_per_node``)."""
+    estimated_host_phases_per_node: dict[str, int] = field(default_factory=dict)
+    """The estimator's host bytes per node for each phase that ran, baseline included."""
+    host_baseline_per_node: int | None = None
+    """Node RSS when the ranks start the user's code: interpreter, torch, DeepSpeed, torchrun."""
+    pinned_bytes_per_rank: list = field(default_factory=list)
+    """Host bytes DeepSpeed pinned in each rank (its pin-memory tracker), None where not exposed."""
+    memory_limit: str | None = None
+    """For ``oom``: ``host`` or ``device`` — which memory ran out."""
+
+    @property
+    def host_worst_phase(self) -> str | None:
+        """The phase with the largest measured node RSS."""
+        peaks = self.host_phase_peaks_per_node
+        return max(peaks, key=peaks.get) if peaks else None
+
+    @property
+    def estimated_host_worst_phase(self) -> str | None:
+        peaks = self.estimated_host_phases_per_node
+        return max(peaks, key=peaks.get) if peaks else None
+
+    @property
+    def host_memory_error(self) -> float | None:
+        """(estimated − measured) / measured host peak per node, for a finished probe."""
+        if self.status != "ok" or not self.host_peak_per_node or self.estimated_host_peak_per_node is None:
+            return None
+        return (self.estimated_host_peak_per_node - self.host_peak_per_node) / self.host_peak_per_node
+
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r} is not one of {STATUSES}")
@@ -165,4 +204,16 @@ class ProbeResult:
             "node_per_rank": list(self.node_per_rank),
             "trainable_params": self.trainable_params,
             "frozen_params": self.frozen_params,
+            "memory_limit": self.memory_limit,
+            "host_peak_per_node": self.host_peak_per_node,
+            "host_peak_per_rank": list(self.host_peak_per_rank),
+            "estimated_host_peak_per_node": self.estimated_host_peak_per_node,
+            "host_memory_error": self.host_memory_error,
+            "host_worst_phase": self.host_worst_phase,
+            "estimated_host_worst_phase": self.estimated_host_worst_phase,
+            "host_phase_peaks_per_node": dict(self.host_phase_peaks_per_node),
+            "estimated_host_phases_per_node": dict(self.estimated_host_phases_per_node),
+            "host_phase_peaks_per_rank": list(self.host_phase_peaks_per_rank),
+            "host_baseline_per_node": self.host_baseline_per_node,
+            "pinned_bytes_per_rank": list(self.pinned_bytes_per_rank),
         }

@@ -24,6 +24,7 @@ from typing import Callable
 from zeroplan.runtime.api import ProbeRequest, ProbeResult
 from zeroplan.runtime import multinode
 from zeroplan.runtime.classify import classify, summarize_ranks
+from zeroplan.runtime.hostmem import PHASES, NodeRssSampler, estimated_host, memory_limit, summarize_host
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
 __all__ = [
@@ -230,6 +231,10 @@ class _Job:
                 if time.monotonic() >= deadline:
                     return None, True
 
+    def pids(self) -> list[int]:
+        """torchrun and the workers seen so far (for the host-memory sampler)."""
+        return [self.proc.pid, *list(self.seen)]
+
     def close(self) -> None:
         self._reader.join(timeout=5.0)
         self.full_log.close()
@@ -293,6 +298,7 @@ def _estimate(
     config: dict | None,
     summary: dict,
     world_size: int,
+    context: dict | None = None,
 ) -> tuple[int | None, str | None]:
     """The estimator's predicted peak bytes per GPU, or (None, why not).
 
@@ -340,11 +346,27 @@ def _estimate(
         cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
         on_cpu = summary.get("memory_kind") == "cpu-storage"
         est = estimator.estimate_plan(model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend)
+        if context is not None:
+            context.update(est=est, model=model, cluster=cluster, training=training)
         return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), note
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"
     except SpecError as exc:
         return None, f"no estimate: {exc}"
+
+
+def _host_estimate(context: dict, summary: dict, host: dict) -> dict:
+    """``estimated_host_peak_per_node`` and per phase for the phases that ran, with the measured baseline."""
+    if "est" not in context:
+        return {}
+    ran = [p for p in PHASES if p in host["host_phase_peaks_per_node"]] or ["model_build", "engine_init", "step"]
+    baseline = host.get("host_baseline_per_node") or 0
+    phases = estimated_host(
+        context["est"], context["model"], context["cluster"], context["training"],
+        on_cpu=summary.get("memory_kind") != "cuda", baseline_node=baseline, build=host.get("model_build"),
+    )
+    per_phase = {ph.name: ph.per_node_bytes + baseline for ph in phases.phases if ph.name in ran}
+    return {"estimated_host_phases_per_node": per_phase, "estimated_host_peak_per_node": max(per_phase.values())}
 
 
 def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = None) -> ProbeResult:
@@ -428,14 +450,17 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             multinode.cancel_slurm_step(info["step_name"], env)
 
     watch = multinode.NodeWatch(workdir, launch) if launch is not None and launch.launcher == "torchrun" else None
+    sampler = NodeRssSampler(job.pids).start()
     try:
         returncode, timed_out = job.wait(request.timeout_s, watch)
+        sampler.stop()
         if timed_out or returncode != 0:
             stop()
         else:
             # torchrun has exited; make sure no worker outlived it.
             job.kill_all()
     except BaseException:
+        sampler.stop()
         stop()
         job.close()
         raise
@@ -466,7 +491,14 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             status = "error"
     summary = summarize_ranks(ranks)
     world_size = summary.get("world_size") or request.world_size
-    estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size)
+    context: dict = {}
+    estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size, context)
+    host = summarize_host(ranks, sampler)
+    host.update(_host_estimate(context, summary, host))
+    host.pop("model_build", None)
+    limit = memory_limit(status, error, summary.get("memory_kind"))
+    if limit == "host" and error and "SIGKILL" in error and host["host_peak_per_node"]:
+        error += f"; node RSS had reached {host['host_peak_per_node'] / 2**30:.2f} GiB"
     result = ProbeResult(
         status=status,
         backend=request.backend,
@@ -488,6 +520,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         node_per_rank=summary.get("node_per_rank", []),
         trainable_params=summary.get("trainable_params"),
         frozen_params=summary.get("frozen_params"),
+        memory_limit=limit,
+        **host,
     )
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:

@@ -126,8 +126,16 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
 
     original = deepspeed.initialize
 
+    host = state.get("host")
+
     def initialize(*args, **kwargs):
+        state["model_build"] = _build_kind(kwargs.get("model", args[1] if len(args) > 1 else None))
+        if host is not None:
+            host.enter("engine_init")
         outputs = original(*args, **kwargs)
+        if host is not None:
+            host.enter("step")
+            _wrap_saves(outputs[0], host)
         engine = outputs[0]
         state["initialized"] = True
         state["engine"] = engine
@@ -156,8 +164,44 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
     deepspeed.initialize = initialize
 
 
+def _build_kind(model) -> str | None:
+    """How the model handed to ``deepspeed.initialize`` was built (:data:`zeroplan.estimator.host.BUILDS`):
+    ``zero_init`` when its parameters are already ZeRO-3 partitioned (``ds_id``), ``meta`` on the
+    meta device, else its parameters' dtype (``fp32`` or ``bf16`` for any 16-bit type)."""
+    try:
+        params = list(model.parameters())
+    except Exception:  # noqa: BLE001 - not a module: nothing to say
+        return None
+    if not params:
+        return None
+    if any(hasattr(p, "ds_id") for p in params):
+        return "zero_init"
+    if params[0].device.type == "meta":
+        return "meta"
+    return "fp32" if params[0].element_size() >= 4 else "bf16"
+
+
+def _wrap_saves(engine, host) -> None:
+    """Checkpoint saves run in their own host-memory phase (gathered 16-bit weights, state dicts)."""
+    for name in ("save_checkpoint", "save_16bit_model"):
+        original = getattr(engine, name, None)
+        if original is None:
+            continue
+
+        def wrapped(*a, _original=original, **kw):
+            host.enter("checkpoint_save")
+            try:
+                return _original(*a, **kw)
+            finally:
+                host.enter("step")
+
+        setattr(engine, name, wrapped)
+
+
 def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
     _wrap_deepspeed(meter, state)
+    if state.get("host") is not None:
+        state["host"].start()
     script = spec["script"]
     argv = [script, *spec["script_args"]]
     if spec.get("config_path"):
@@ -183,6 +227,10 @@ def _load_task(spec: dict):
 def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
     from zeroplan.spec import Plan, TrainingSpec
 
+    if spec["backend"] == "deepspeed":
+        import deepspeed  # noqa: F401 - in the host baseline, as a script's own import would be
+    if state.get("host") is not None:
+        state["host"].start()
     task = _load_task(spec)
     state["task"] = task
     training = TrainingSpec(**spec["training"]) if spec.get("training") else TrainingSpec()
@@ -233,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from zeroplan.runtime.classify import OOM_PATTERN
+    from zeroplan.runtime.hostmem import PhaseRss
     from zeroplan.runtime.memory import PeakMemory
 
     if torch.cuda.is_available():
@@ -243,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         synchronize = None
     memory = PeakMemory(track_cpu=os.environ.get("ZEROPLAN_TRACK_CPU_MEMORY", "1") != "0")
     meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank))
-    state: dict = {}
+    state: dict = {"host": PhaseRss()}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)
         import socket
@@ -270,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
             result["status"] = "oom" if is_oom else "error"
             result["error"] = text.splitlines()[0][:500] if text else type(exc).__name__
             traceback.print_exc()
+    state["host"].finish()
     result.update(meter.as_dict())
+    result.update(state["host"].as_dict())
+    result["pid"] = os.getpid()
+    result["model_build"] = state.get("model_build")
     result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None)
     result["peak_memory"] = memory.peak_bytes
     if "trainable_params" in state:

@@ -54,6 +54,14 @@ class ProbeOutcome:
     """Optimizer steps done, warm-up included (from the worker's progress lines)."""
     startup_s: Optional[float] = None
     """Seconds from the worker's start to a built engine (imports, engine build, op compilation)."""
+    host_peak_per_node_bytes: int = 0
+    """Peak host RSS of the node during the probe (sampled), bytes; 0 when not measured."""
+    host_peak_per_rank_bytes: tuple[int, ...] = ()
+    """Peak RSS of each rank, bytes."""
+    estimated_host_peak_per_node_bytes: int = 0
+    """The estimator's host peak per node for the probe, bytes; 0 when not estimated."""
+    memory_limit: str = ""
+    """For an ``oom``: ``host`` or ``device``."""
 
     @property
     def ok(self) -> bool:
@@ -62,6 +70,7 @@ class ProbeOutcome:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["peak_memory_per_rank_bytes"] = list(self.peak_memory_per_rank_bytes)
+        d["host_peak_per_rank_bytes"] = list(self.host_peak_per_rank_bytes)
         return d
 
 
@@ -170,6 +179,10 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Opti
         peak_memory_per_rank_bytes=per_rank,
         error=str(error).strip().splitlines()[-1] if str(error).strip() else "",
         log_tail=str(getattr(result, "log_tail", "") or ""),
+        host_peak_per_node_bytes=int(getattr(result, "host_peak_per_node", 0) or 0),
+        host_peak_per_rank_bytes=tuple(int(x or 0) for x in (getattr(result, "host_peak_per_rank", None) or ())),
+        estimated_host_peak_per_node_bytes=int(getattr(result, "estimated_host_peak_per_node", 0) or 0),
+        memory_limit=str(getattr(result, "memory_limit", "") or ""),
         wall_s=wall_s,
         ds_config=cfg,
         engine_ready=None if progress is None else ready_s is not None,

@@ -417,6 +417,10 @@ class Tuner:
             "measured_step_time_s": outcome.step_time_s,
             "measured_peak_memory_bytes": outcome.peak_memory_bytes,
             "peak_memory_per_rank_bytes": list(outcome.peak_memory_per_rank_bytes),
+            "host_peak_per_node": outcome.host_peak_per_node_bytes or None,
+            "host_peak_per_rank": list(outcome.host_peak_per_rank_bytes),
+            "estimated_host_peak_per_node": outcome.estimated_host_peak_per_node_bytes or None,
+            "memory_limit": outcome.memory_limit or None,
             "probe_wall_s": round(outcome.wall_s, 3),
             "log_tail": outcome.log_tail[-_LOG_TAIL_CHARS:],
         }

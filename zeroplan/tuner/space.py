@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from zeroplan.spec import GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.tuner.hostrule import host_fit_reason
 
 __all__ = [
     "Candidate",
@@ -204,11 +205,9 @@ def _pruned_reason(estimate: Any, cluster: ClusterSpec) -> str:
         reasons.append(
             f"predicted {estimate.gpu.total / GiB:.2f} GiB per GPU > {cluster.gpu_memory_bytes / GiB:.2f} GiB"
         )
-    if cluster.cpu_memory_per_node_bytes and estimate.cpu_per_node > cluster.cpu_memory_per_node_bytes:
-        reasons.append(
-            f"predicted {estimate.cpu_per_node / GiB:.2f} GiB host memory per node > "
-            f"{cluster.cpu_memory_per_node_bytes / GiB:.2f} GiB"
-        )
+    host = host_fit_reason(estimate, cluster)
+    if host is not None:
+        reasons.append(host)
     if estimate.nvme_per_node and estimate.nvme_per_node > cluster.nvme_per_node_bytes:
         reasons.append(
             f"predicted {estimate.nvme_per_node / GiB:.2f} GiB NVMe per node > "

@@ -1,0 +1,50 @@
+"""A DeepSpeed script for the host-memory benchmark: the GPT of examples/gpt_task.py, built
+plainly in fp32 or under ``deepspeed.zero.Init`` (``--zero-init``), trained until stopped.
+
+    deepspeed benchmarks/host_memory_script.py --deepspeed_config ds.json [--zero-init]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import deepspeed
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from gpt_task import GPT, GPTConfig, lm_loss, make_batch  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=16384)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--zero-init", action="store_true")
+    p.add_argument("--local_rank", type=int, default=-1)
+    p = deepspeed.add_config_arguments(p)
+    args = p.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq_len=args.seq_len)
+    if args.zero_init:
+        with deepspeed.zero.Init(config_dict_or_path=args.deepspeed_config):
+            model = GPT(cfg)
+    else:
+        model = GPT(cfg)
+    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    rank = torch.distributed.get_rank()
+    step = 0
+    while True:
+        x, y = make_batch(cfg, engine.train_micro_batch_size_per_gpu(), step, rank)
+        loss = lm_loss(engine, (x, y))
+        engine.backward(loss)
+        engine.step()
+        step += 1
+
+
+if __name__ == "__main__":
+    main()
