@@ -452,6 +452,8 @@ class _LiveView:
                 if self._progress is not None:
                     self._progress.update(self._task, completed=min(self.done, self.total))
             self.current = "–"
+        elif kind == "recovered":
+            self.console.print(f"[yellow]{data['message']}[/]")
         elif kind == "skip":
             if data.get("status") == "pruned" and data.get("key"):
                 self.console.print(f"[dim]trial #{data['number']:<3} {data['key']:<34} pruned: {data['reason']}[/]")

@@ -232,6 +232,8 @@ class ClaimsLedger:
         trials = self.trials()
         claimed = self.claimed_keys(trials)
         retried = {t.user_attrs.get("retry_of") for t in trials if "retry_of" in t.user_attrs}
+        # Retries Optuna's heartbeat callback (RetryHeartbeatStaleTrialCallback) already enqueued.
+        retried |= {t.system_attrs.get("failed_trial") for t in trials if "failed_trial" in t.system_attrs}
         waiting = self.waiting_params(trials)
         for t in trials:
             if t.state.name != "FAIL" or trial_status(t) != "interrupted":

@@ -33,7 +33,7 @@ from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspe
 from zeroplan.tuner.ledger import ClaimsLedger, first_line, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
 from zeroplan.tuner.space import Candidate, SearchSpace, zero_choice
-from zeroplan.tuner.storage import StorageError
+from zeroplan.tuner.storage import StorageError, fail_stale_trials, heartbeat
 
 __all__ = ["TuneSettings", "TuneSummary", "Tuner", "make_sampler", "initial_candidates", "space_signature", "SAMPLERS"]
 
@@ -331,6 +331,12 @@ class Tuner:
         probes_this_run = 0
         rejections = 0
         while True:
+            # Another worker may have died mid-trial since the last round: fail its trial and
+            # enqueue the retry now (Optuna's heartbeat sweep, then the ledger's own rule).
+            with storage_call("failing stale trials"):
+                fail_stale_trials(self.study)
+            for message in self.ledger.recover():
+                self.on_event("recovered", message=message)
             trials = self.ledger.trials()
             knowledge = self.knowledge(trials)
             remaining = self.remaining(trials, knowledge)
@@ -395,7 +401,8 @@ class Tuner:
         """Run the claimed trial's probe and record it; True if a probe ran."""
         self.on_event("start", number=trial.number, candidate=cand, source=source)
         try:
-            outcome = self.runner(cand.plan, trial_number=trial.number, on_line=lambda line: self.on_event("line", text=line))
+            with heartbeat(self.study, trial):
+                outcome = self.runner(cand.plan, trial_number=trial.number, on_line=lambda line: self.on_event("line", text=line))
         except KeyboardInterrupt:
             self._finish(trial, cand, ProbeOutcome(status="interrupted", error="interrupted by the user (Ctrl-C)"))
             raise

@@ -1,5 +1,13 @@
 """Where a tuning study lives: SQLite in the output folder, any Optuna RDB URL, or a journal file.
 
+``--storage PATH`` (a plain file path) is Optuna's journal storage (``JournalFileBackend``): an
+append-only file that several workers on several nodes can share on NFS, where SQLite's locking
+is unreliable (optuna#815). ``sqlite:///...`` and other URLs are Optuna's ``RDBStorage``; those
+get Optuna's heartbeat: a trial whose worker stops beating for :data:`GRACE_PERIOD_S` is failed by
+the next worker that looks (:func:`fail_stale_trials`) and retried once
+(``RetryHeartbeatStaleTrialCallback``). The journal backend has no heartbeat in Optuna 5; there
+the claims ledger's own rule (dead pid on the same host, else the probe deadline) applies.
+
 Every way storage can fail to open (not a database, a damaged journal, a lock held past the
 timeout, an unreachable server) becomes one :class:`StorageError` line; the CLI exits 2 on it.
 """
@@ -8,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +30,16 @@ __all__ = [
     "open_study",
     "storage_url",
     "this_worker",
+    "HEARTBEAT_INTERVAL_S",
+    "GRACE_PERIOD_S",
+    "fail_stale_trials",
+    "heartbeat",
 ]
+
+#: Seconds between heartbeats of a running trial (RDB storages; Optuna's ``heartbeat_interval``).
+HEARTBEAT_INTERVAL_S = 30
+#: Seconds without a heartbeat after which a running trial counts as stale (``grace_period``).
+GRACE_PERIOD_S = 120
 
 #: Name of the study inside the storage (one study per storage unless --study-name says otherwise).
 STUDY_NAME = "zeroplan"
@@ -29,7 +47,6 @@ STUDY_NAME = "zeroplan"
 #: How long a SQLite connection waits for another process's write lock before giving up.
 DEFAULT_LOCK_TIMEOUT_S = 20.0
 
-_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 
 class StorageError(SpecError):
@@ -39,17 +56,15 @@ class StorageError(SpecError):
 def storage_url(storage: str | None, output_dir: Path) -> str:
     """The storage as given (``--storage``) or the default ``sqlite:///OUTPUT/study.db``.
 
-    A plain path ending in ``.db``/``.sqlite`` is a SQLite file; any other plain path is an Optuna
-    journal file (JournalFileBackend); anything with ``://`` is an SQLAlchemy/Optuna RDB URL.
+    A plain file path is an Optuna journal file (JournalFileBackend), whatever its suffix: a path
+    is what several workers on a shared file system give, and SQLite must not be shared there.
+    Anything with ``://`` is an SQLAlchemy/Optuna RDB URL (``sqlite:///x.db`` for SQLite).
     """
     if storage is None:
         return f"sqlite:///{(output_dir / 'study.db').resolve()}"
     if "://" in storage:
         return storage
-    path = Path(storage).expanduser()
-    if path.suffix in _SQLITE_SUFFIXES:
-        return f"sqlite:///{path.resolve()}"
-    return f"journal:{path.resolve()}"
+    return f"journal:{Path(storage).expanduser().resolve()}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -70,6 +85,11 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
             raise StorageError(f"--storage {path}: folder {path.parent} does not exist")
         if path.is_dir():
             raise StorageError(f"--storage {path} is a directory; give a journal file path or an RDB URL")
+        if path.is_file() and path.read_bytes()[:16] == b"SQLite format 3\x00":
+            raise StorageError(
+                f"--storage {path} is a SQLite database; a plain path is an Optuna journal file: "
+                f"give --storage sqlite:///{path} to use it (not on a shared file system)"
+            )
         try:
             return JournalStorage(JournalFileBackend(str(path)))
         except (ValueError, KeyError, TypeError, OSError) as exc:
@@ -86,7 +106,17 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
         engine_kwargs = {}
     for attempt in range(3):
         try:
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_compatibility_check=False)
+            with warnings.catch_warnings():  # heartbeat_interval is "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    skip_compatibility_check=False,
+                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=GRACE_PERIOD_S,
+                    # One retry of a trial whose worker died; the retry carries ``failed_trial``.
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+                )
             if url.startswith("sqlite:"):
                 _use_wal(storage.engine)
             return storage
@@ -137,9 +167,14 @@ def open_study(url: str, *, resume: bool, sampler: Any, study_name: str = STUDY_
 
     storage = open_storage(url, lock_timeout_s=lock_timeout_s)
     try:
-        study = optuna.create_study(
-            storage=storage, study_name=study_name, direction="maximize", sampler=sampler, load_if_exists=True
-        )
+        try:
+            # Loading first writes nothing: create_study(load_if_exists=True) appends a
+            # create-study record to a journal even when the study exists (then refused below).
+            study = optuna.load_study(storage=storage, study_name=study_name, sampler=sampler)
+        except KeyError:
+            study = optuna.create_study(
+                storage=storage, study_name=study_name, direction="maximize", sampler=sampler, load_if_exists=True
+            )
         n_trials = len(study.get_trials(deepcopy=False))
     except Exception as exc:  # noqa: BLE001 - storage failures of every kind become one line
         raise StorageError(_rdb_message(url, exc)) from None
@@ -155,3 +190,23 @@ def open_study(url: str, *, resume: bool, sampler: Any, study_name: str = STUDY_
 def this_worker() -> str:
     """``host:pid`` of this process, recorded on every trial it claims."""
     return f"{os.uname().nodename}:{os.getpid()}"
+
+
+def fail_stale_trials(study: Any) -> None:
+    """Optuna's stale-trial sweep: RUNNING trials of a heartbeat storage whose worker stopped
+    beating become FAIL and are retried once (a no-op for the journal storage)."""
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def heartbeat(study: Any, trial: Any) -> Any:
+    """Context manager beating ``trial``'s heartbeat while its probe runs (Optuna's own
+    heartbeat thread, as ``Study.optimize`` uses it; a null context for the journal storage)."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    return get_heartbeat_thread(trial._trial_id, study._storage)
