@@ -168,8 +168,11 @@ def open_study(url: str, *, resume: bool, sampler: Any, study_name: str = STUDY_
     storage = open_storage(url, lock_timeout_s=lock_timeout_s)
     try:
         try:
-            # Loading first writes nothing: create_study(load_if_exists=True) appends a
-            # create-study record to a journal even when the study exists (then refused below).
+            # A journal: load first, which writes nothing (create_study(load_if_exists=True) appends
+            # a create-study record even when the study exists). An RDB: create_study's failed
+            # insert is rolled back, and it is the write that finds a locked database early.
+            if not url.startswith("journal:"):
+                raise KeyError(study_name)
             study = optuna.load_study(storage=storage, study_name=study_name, sampler=sampler)
         except KeyError:
             study = optuna.create_study(
