@@ -43,6 +43,7 @@ from zeroplan.cli.common import (
     resolve_training,
 )
 from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
+from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
 from zeroplan.spec import SpecError
 
 __all__ = ["tune"]
@@ -334,7 +335,7 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: in
     from zeroplan.tuner import prove_winner
     from zeroplan.tuner.results import best_row
 
-    probed = frame[frame["status"].isin(["ok", "oom", "error", "timeout"])]
+    probed = frame[frame["status"].isin(PROBED_STATUSES)]
     ok = frame[frame["status"] == "ok"].sort_values("measured_samples_per_second", ascending=False)
     table = Table(title=f"zeroplan tune: {len(probed)} probes ({summary.stopped_because})", title_justify="left")
     for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. rank"):
@@ -447,7 +448,7 @@ class _LiveView:
             else:
                 msg = f"[red]{outcome.status}[/] {outcome.error[:120]}"
             self.console.print(f"trial #{data['number']:<3} {cand.key:<34} {msg}")
-            if outcome.status in ("ok", "oom", "error", "timeout"):
+            if outcome.status in PROBED_STATUSES:
                 self.done += 1
                 if self._progress is not None:
                     self._progress.update(self._task, completed=min(self.done, self.total))

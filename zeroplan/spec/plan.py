@@ -89,19 +89,21 @@ class Plan:
                 check_positive_int(name, value, minimum=0, maximum=10**13)
 
     @property
-    def label(self) -> str:
-        """Short human label, e.g. ``z3 off-opt:cpu off-param:cpu ckpt:full mb4``."""
-        parts = [f"z{self.stage}"]
+    def zero_label(self) -> str:
+        """Stage and offloads, e.g. ``z3+opt:cpu+param:cpu`` (the first part of :attr:`label`)."""
+        text = f"z{self.stage}"
         if self.offload_optimizer != "none":
-            parts.append(f"opt→{self.offload_optimizer}")
+            text += f"+opt:{self.offload_optimizer}"
         if self.offload_param != "none":
-            parts.append(f"param→{self.offload_param}")
-        if self.checkpointing != "none":
-            parts.append(f"ckpt:{self.checkpointing}")
-        parts.append(f"mb{self.micro_batch}")
-        if self.gradient_accumulation_steps > 1:
-            parts.append(f"ga{self.gradient_accumulation_steps}")
-        return " ".join(parts)
+            text += f"+param:{self.offload_param}"
+        return text
+
+    @property
+    def label(self) -> str:
+        """The plan's one label, used everywhere a plan is named (tables, notes, trials.csv), e.g.
+        ``z3+opt:cpu/ckpt:full/mb4/ga2``: stage and offloads, checkpointing, micro-batch,
+        gradient-accumulation steps. Bucket sizes are not part of it."""
+        return f"{self.zero_label}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
 
     def as_dict(self) -> dict:
         d = {

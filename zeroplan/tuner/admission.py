@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.failures import FAILURE_KINDS, Failure, Region, hang_rule, learned_regions, suspect_rank
 from zeroplan.tuner.space import CHECKPOINTING_MEMORY_RANK, Candidate, SearchSpace, zero_choice
 
@@ -106,7 +107,7 @@ def knowledge_from_trials(trials: Sequence[Any], space: SearchSpace) -> Knowledg
     for t in trials:
         attrs = t.user_attrs
         status = attrs.get("status")
-        cand = space.get(attrs.get("plan_key", "")) if status in ("ok", "oom", "error", "timeout") else None
+        cand = space.get(attrs.get("plan_key", "")) if status in PROBED_STATUSES else None
         if cand is None:
             continue
         if status == "ok":

@@ -13,15 +13,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from zeroplan.runtime.api import STATUSES
 from zeroplan.spec import ModelSpec, Plan, TrainingSpec
 
 __all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES"]
 
 #: Statuses a probe can end with (the runtime's, plus "invalid" for a config that fails validation).
-PROBE_STATUSES = ("ok", "oom", "error", "timeout", "invalid")
+PROBE_STATUSES = (*STATUSES, "invalid")
 
 #: Statuses of trials that ran a probe (they count against --trials).
-PROBED_STATUSES = ("ok", "oom", "error", "timeout")
+PROBED_STATUSES = STATUSES
 
 
 @dataclass(frozen=True)

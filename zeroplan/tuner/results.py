@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from zeroplan.tuner.ledger import trial_reason, trial_status
+from zeroplan.tuner.objective import PROBED_STATUSES
 
 __all__ = [
     "CSV_COLUMNS",
@@ -161,7 +162,7 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
     for key in ("script", "backend", "gpus", "model", "global_batch", "seq_len", "precision", "storage", "sampler"):
         if meta.get(key) not in (None, ""):
             lines.append(f"- **{key.replace('_', ' ')}**: {meta[key]}")
-    probed = frame[frame["status"].isin(["ok", "oom", "error", "timeout"])]
+    probed = frame[frame["status"].isin(PROBED_STATUSES)]
     ok = frame[frame["status"] == "ok"].copy()
     pruned = frame[frame["status"] == "pruned"]
     dup = frame[frame["status"] == "duplicate"]

@@ -39,13 +39,9 @@ DEFAULT_MAX_MICRO_BATCH = 64
 
 
 def zero_choice(plan: Plan) -> str:
-    """The ``zero`` parameter of a plan: stage plus offloads, e.g. ``z3+opt:cpu+param:cpu``."""
-    text = f"z{plan.stage}"
-    if plan.offload_optimizer != "none":
-        text += f"+opt:{plan.offload_optimizer}"
-    if plan.offload_param != "none":
-        text += f"+param:{plan.offload_param}"
-    return text
+    """The ``zero`` parameter of a plan: stage plus offloads, e.g. ``z3+opt:cpu+param:cpu``
+    (:attr:`Plan.zero_label <zeroplan.spec.Plan.zero_label>`)."""
+    return plan.zero_label
 
 
 def parse_zero_choice(text: str) -> dict[str, Any]:
@@ -66,8 +62,9 @@ def parse_zero_choice(text: str) -> dict[str, Any]:
 
 
 def plan_key(plan: Plan) -> str:
-    """A canonical string naming a plan: equal keys ⇔ the same probe (used for de-duplication)."""
-    key = f"{zero_choice(plan)}/ckpt:{plan.checkpointing}/mb{plan.micro_batch}/ga{plan.gradient_accumulation_steps}"
+    """A canonical string naming a plan: equal keys ⇔ the same probe (used for de-duplication):
+    :attr:`Plan.label <zeroplan.spec.Plan.label>`, plus ``/rb<elements>`` when the reduce bucket is tuned."""
+    key = plan.label
     if plan.reduce_bucket_size is not None:
         key += f"/rb{plan.reduce_bucket_size}"
     return key
