@@ -119,6 +119,9 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
                 )
             if url.startswith("sqlite:"):
                 _use_wal(storage.engine)
+            # zeroplan runs ask/tell and beats the heartbeat itself (see heartbeat()); Optuna's
+            # warning on every ask() is about callers that do not.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize", category=UserWarning)
             return storage
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors of every kind become one line
             # Two workers creating the schema at the same moment: the loser sees "table ... already
