@@ -283,6 +283,7 @@ def estimate(
     base_quant: BaseQuantOpt = None,
     no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
+    optimizer_impl: Annotated[Optional[str], typer.Option("--optimizer-impl", help="torch | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp].", rich_help_panel="Training")] = None,
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
@@ -299,6 +300,14 @@ def estimate(
     from zeroplan.estimator.plans import ENGINES
 
     check_choice_option("--engine", engine, ENGINES)
+    if optimizer_impl is not None:
+        from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS
+
+        if optimizer_impl not in ENGINE_OPTIMIZER_IMPLS[engine]:
+            raise SpecError(
+                f"--optimizer-impl {optimizer_impl!r} does not exist for --engine {engine}; "
+                f"choose one of {', '.join(ENGINE_OPTIMIZER_IMPLS[engine])}"
+            )
     if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
         raise SpecError("--engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
     if top < 0:
@@ -338,8 +347,9 @@ def estimate(
     plans = enumerate_plans(
         model_spec, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
+        optimizer_impl=optimizer_impl,
     )
-    estimates = estimate_all(model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine)
+    estimates = estimate_all(model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl)
 
     if fmt == "json":
         doc = estimates_to_json(model_spec, cluster, training, estimates)

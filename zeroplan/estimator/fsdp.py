@@ -27,7 +27,7 @@ Every byte below is read from PyTorch 2.x ``torch/distributed/fsdp/_fully_shard/
 
 Checked against live-tensor timelines of real FSDP2 runs on 2 CPU ranks
 (``benchmarks/fsdp_memory_timeline.py``) and probes (``benchmarks/bench_fsdp_memory.py``).
-The optimizer step's temporaries come from :func:`optimizer_step_temporaries`.
+The optimizer step's temporaries come from :func:`zeroplan.estimator.optimizer.optimizer_step_temporaries`.
 """
 
 from __future__ import annotations
@@ -36,22 +36,16 @@ from dataclasses import dataclass
 
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.memory import ModelStates
+from zeroplan.estimator.optimizer import optimizer_step_temporaries
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 
 __all__ = [
     "FsdpGroups",
     "FsdpMemory",
-    "OPTIMIZER_IMPLS",
     "fsdp_groups",
     "fsdp_memory",
-    "optimizer_step_temporaries",
     "check_fsdp_plan",
 ]
-
-#: Optimizer implementations zeroplan models: torch.optim's foreach/for-loop (``torch``), its
-#: fused kernel (``torch-fused``), DeepSpeed's FusedAdam (``deepspeed-fused``) and CPU Adam
-#: (``deepspeed-cpu``).
-OPTIMIZER_IMPLS = ("torch", "torch-fused", "deepspeed-fused", "deepspeed-cpu")
 
 #: Bytes of the sharded parameter (the model's own dtype: built in fp32) and of the
 #: reduce-scatter (``MixedPrecisionPolicy(reduce_dtype=torch.float32)``, the runtime's policy
@@ -88,42 +82,6 @@ def fsdp_groups(model: ModelSpec) -> FsdpGroups:
     """
     root = min(model.params, model.embedding_params * (1 if model.tied_embeddings else 2) + model.hidden_size)
     return FsdpGroups(root=root, block=-(-(model.params - root) // model.num_layers), blocks=model.num_layers)
-
-
-def optimizer_step_temporaries(
-    *, impl: str, optimizer: str, partition_params: int, largest_param: int, state_bytes: int = 4, on_gpu: bool = True
-) -> dict[str, int]:
-    """Bytes an optimizer allocates only inside ``step()``, beyond its states, by item.
-
-    ``partition_params``: parameters this rank updates; ``largest_param``: its largest tensor.
-
-    * ``torch`` Adam/AdamW (torch/optim/adam.py, the AdamW subclass): the default is the foreach
-      implementation when every parameter is on CUDA (``_default_to_fused_or_foreach``), whose
-      ``_multi_tensor_adam`` does ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``
-      — one fp32 copy of the whole partition (then divided and added in place). On CPU the
-      for-loop ``_single_tensor_adam`` does ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``
-      per tensor: two fp32 temporaries of the largest tensor. Measured on 2 CPU ranks (FSDP2
-      shards, benchmarks/fsdp_memory_timeline.py): exactly 4·partition (foreach) and
-      2·4·largest shard (for-loop).
-    * ``torch-fused`` (``fused=True``, ``_fused_adam``), ``deepspeed-fused`` (FusedAdam's
-      multi_tensor_adam kernel) and ``deepspeed-cpu`` (DeepSpeedCPUAdam, in place in C++):
-      no tensor-sized temporaries.
-    * SGD with momentum, Lion: in-place updates in torch's foreach/for-loop paths (``torch/optim/
-      sgd.py``: ``_foreach_add_`` on the momentum buffers; Lion as torch AdamW's update without
-      the sqrt): none. Adafactor (transformers' implementation): the factored update
-      ``update = exp_avg_sq_row/col`` outer product, one fp32 tensor of the largest parameter.
-    """
-    if impl not in OPTIMIZER_IMPLS:
-        raise SpecError(f"optimizer_impl={impl!r} is not valid; choose one of {', '.join(OPTIMIZER_IMPLS)}")
-    if impl != "torch":
-        return {}
-    if optimizer in ("adam", "adamw"):
-        if on_gpu:
-            return {"adam_foreach_sqrt": state_bytes * partition_params}
-        return {"adam_sqrt_and_denom": 2 * state_bytes * largest_param}
-    if optimizer == "adafactor":
-        return {"adafactor_update": state_bytes * largest_param}
-    return {}
 
 
 @dataclass(frozen=True)

@@ -173,12 +173,25 @@ def engine_overhead(
     plan: Plan,
     *,
     device: str = "cuda",
+    optimizer_impl: str = "deepspeed-fused",
 ) -> EngineOverhead:
     """DeepSpeed's extra GPU allocations for ``plan`` (DeepSpeed 0.19 source, cited per item).
 
     ``device="cpu"`` drops the CUDA-only terms (context, allocator fragmentation), for
-    comparison with probes measured on CPU.
+    comparison with probes measured on CPU. ``optimizer_impl`` adds the step temporaries of a
+    client torch optimizer (:func:`zeroplan.estimator.optimizer.optimizer_step_temporaries`)
+    where they outgrow the engine's own step buffers.
     """
+    from zeroplan.estimator.optimizer import optimizer_step_temporaries
+
+    def temporaries(flat_params: int) -> int:
+        # ZeRO hands the optimizer one flat fp32 tensor per parameter group (the partition), so
+        # the for-loop's "largest tensor" is the whole partition.
+        return sum(optimizer_step_temporaries(
+            impl=optimizer_impl, optimizer=training.optimizer, partition_params=flat_params,
+            largest_param=flat_params, on_gpu=device == "cuda",
+        ).values())
+
     n = cluster.gpus
     # Buffers below hold gradients or optimizer partitions: trainable parameters only.
     psi = model.trainable_params
@@ -198,6 +211,9 @@ def engine_overhead(
             # every per-parameter fp32 copy and the flat fp32 result at once: 8 bytes × Ψ
             # (measured: step peak = before-step bytes + 8Ψ exactly).
             step["fp32_gradient_copy"] = 8 * psi
+            # Then the optimizer runs on the flat fp32 gradient (4Ψ) with its temporaries.
+            if 4 * psi + temporaries(psi) > 8 * psi:
+                step = {"fp32_gradient_flat": 4 * psi, "optimizer_temporaries": temporaries(psi)}
         if single_step:
             # param.grad is created by backward and set to None by zero_grad after the step.
             deferred["gradients"] = p * psi
@@ -214,6 +230,13 @@ def engine_overhead(
             # at once next to the partition itself (measured: before-step + 6Ψ/N_d in bf16).
             step["flat_gradient_partition"] = p * shard
             step["fp32_gradient_partition"] = 4 * shard
+            # Then the p-byte copy and the partition itself are freed (averaged_gradients[i] =
+            # None) and _optimizer_step(i) runs on the fp32 partition: a client torch AdamW adds
+            # its temporaries there (measured on 2 CPU ranks, stages 1 and 2: for-loop
+            # before-step + 10Ψ/N_d, foreach and FusedAdam + 6Ψ/N_d, docs/estimate.md).
+            temps = temporaries(shard)
+            if temps > 2 * p * shard:
+                step = {"fp32_gradient_partition": 4 * shard, "optimizer_temporaries": temps - p * shard}
             if single_step:
                 # The partition (grads_in_partition, torch.empty at line 2192) is allocated by the
                 # first reduction in backward and dropped in step() (averaged_gradients[i] = None,
@@ -246,6 +269,12 @@ def engine_overhead(
         if plan.offload_optimizer == "none":
             # stage3.py _prepare_fp32_grad_for_sub_group: one sub-group's gradients as fp32 at a time.
             step["fp32_gradient_partition"] = 4 * min(shard, knobs["sub_group_size"])
+            # stage3.py _optimizer_step(sub_group_id) runs the optimizer on one sub-group's fp32
+            # partition at a time: a client torch AdamW's temporaries come on top (measured on 2
+            # CPU ranks: foreach +4Ψ/N_d, for-loop +8Ψ/N_d over FusedAdam's step, within 3 %).
+            temps = temporaries(min(shard, knobs["sub_group_size"]))
+            if temps:
+                step["optimizer_temporaries"] = temps
     workspace = dequant_workspace_bytes(model, training.precision)
     if workspace:
         backward["dequantized_weight"] = workspace

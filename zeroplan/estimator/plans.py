@@ -18,6 +18,7 @@ from zeroplan.estimator.memory import (
     host_memory,
     model_states,
 )
+from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.timing import StepTime, step_time
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
 
@@ -185,10 +186,14 @@ def estimate_plan(
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
     if engine == "fsdp":
-        return _estimate_fsdp(model, cluster, training, plan, device=device, activation_bytes=activation_bytes, optimizer_impl=optimizer_impl or "torch")
+        return _estimate_fsdp(
+            model, cluster, training, plan, device=device, activation_bytes=activation_bytes,
+            optimizer_impl=resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan),
+        )
     notes: list[str] = []
     states = model_states(model, cluster, training, plan)
-    extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device)
+    impl = resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan)
+    extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device, optimizer_impl=impl)
     if activation_bytes is None:
         acts: Optional[ActivationMemory] = activation_memory(model, training, plan)
         act_total = acts.total
@@ -426,11 +431,14 @@ def enumerate_plans(
     checkpointing: Optional[str] = None,
     micro_batches: Optional[Iterable[int]] = None,
     engine: str = "deepspeed",
+    optimizer_impl: Optional[str] = None,
 ) -> list[Plan]:
     """Every valid plan, optionally filtered; accumulation derived from the training spec.
 
     Checkpointing: none and full, plus selective when attention is not flash (with flash,
-    selective keeps the same bytes as none). Micro-batches: ``micro_batches``, else the training spec's, else 1, 2, 4, …, 64. With a
+    selective keeps the same bytes as none). ``optimizer_impl`` leaves out the offload choices
+    the implementation cannot run with (DeepSpeedCPUAdam needs optimizer offload, FusedAdam
+    none). Micro-batches: ``micro_batches``, else the training spec's, else 1, 2, 4, …, 64. With a
     global batch, micro-batches that cannot reach it exactly on ``cluster.gpus`` are skipped;
     if none can, SpecError says which global batches would work.
     """
@@ -447,6 +455,7 @@ def enumerate_plans(
         assert last_error is not None
         raise last_error
     stages = (stage,) if stage is not None else (0, 1, 2, 3)
+    impl_error: Optional[SpecError] = None
     if checkpointing is not None:
         ckpts: tuple[str, ...] = (checkpointing,)
     elif training.flash_attention:
@@ -462,6 +471,12 @@ def enumerate_plans(
                 continue
             if offload_param is not None and param != offload_param:
                 continue
+            if optimizer_impl is not None:
+                try:
+                    resolve_optimizer_impl(optimizer_impl, engine=engine, plan=Plan(stage=st, offload_optimizer=opt, offload_param=param))
+                except SpecError as exc:
+                    impl_error = exc
+                    continue
             for ck in ckpts:
                 for mb, gas in valid_mbs:
                     plans.append(
@@ -474,6 +489,8 @@ def enumerate_plans(
                             gradient_accumulation_steps=gas,
                         )
                     )
+    if not plans and impl_error is not None:
+        raise impl_error
     if not plans and engine == "fsdp":
         raise SpecError(
             f"no valid plan for engine fsdp with --stage {stage} --offload-optimizer {offload_optimizer} "

@@ -345,7 +345,14 @@ def _estimate(
         gpu, _ = profiles.default_gpu()
         cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
         on_cpu = summary.get("memory_kind") == "cpu-storage"
-        est = estimator.estimate_plan(model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend)
+        from zeroplan.estimator.optimizer import default_optimizer_impl
+
+        # A config without an ``optimizer`` block means the script brings its own (torch's AdamW
+        # under Hugging Face's Trainer), whose step temporaries differ from DeepSpeed's FusedAdam.
+        impl = default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
+        est = estimator.estimate_plan(
+            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl
+        )
         if context is not None:
             context.update(est=est, model=model, cluster=cluster, training=training)
         return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), note
