@@ -2,12 +2,15 @@
 plainly in fp32 or under ``deepspeed.zero.Init`` (``--zero-init``), trained until stopped.
 
     deepspeed benchmarks/host_memory_script.py --deepspeed_config ds.json [--zero-init]
+    torchrun ... benchmarks/host_memory_script.py --deepspeed_config ds.json --bare-steps 8   # times itself
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
 
 import deepspeed
@@ -25,6 +28,8 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=16384)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--zero-init", action="store_true")
+    p.add_argument("--bare-steps", type=int, default=0, help="run alone: time this many steps after --bare-warmup, print them, exit")
+    p.add_argument("--bare-warmup", type=int, default=2)
     p.add_argument("--local_rank", type=int, default=-1)
     p = deepspeed.add_config_arguments(p)
     args = p.parse_args()
@@ -38,12 +43,23 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     rank = torch.distributed.get_rank()
     step = 0
+    times: list[float] = []
+    last = None
     while True:
         x, y = make_batch(cfg, engine.train_micro_batch_size_per_gpu(), step, rank)
         loss = lm_loss(engine, (x, y))
         engine.backward(loss)
         engine.step()
         step += 1
+        if args.bare_steps:
+            # The same points a probe times: from one optimizer step's end to the next.
+            now = time.perf_counter()
+            if step > args.bare_warmup and last is not None:
+                times.append(now - last)
+            last = now
+            if len(times) >= args.bare_steps:
+                print("BARE_STEP_TIMES " + json.dumps({"rank": rank, "step_times": times}), flush=True)
+                return
 
 
 if __name__ == "__main__":

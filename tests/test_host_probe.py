@@ -85,3 +85,28 @@ def test_tuner_host_rules():
     assert host_fit_reason(est, roomy) is None
     assert host_oom_rule(10 * GiB, [(3, "z2+opt:cpu mb1", 8 * GiB)]).startswith("needs at least the host memory")
     assert host_oom_rule(7 * GiB, [(3, "z2+opt:cpu mb1", 8 * GiB)]) is None
+
+
+def test_memory_tracking_ends_with_warmup_and_keeps_its_peak():
+    """Timed steps run without the tracker; the peak of the warm-up (a known 8 MiB tensor) stays."""
+    torch = pytest.importorskip("torch")
+    from zeroplan.runtime.memory import PeakMemory
+    from zeroplan.runtime.worker import ProbeDone, StepMeter
+
+    memory = PeakMemory(torch.device("cpu"))
+    calls = []
+    meter = StepMeter(warmup=1, steps=2, current_bytes=lambda: memory.current_bytes,
+                      on_timing_start=lambda: (calls.append(meter.count), memory.stop_tracking()))
+    with memory:
+        x = torch.empty(2 * MiB, dtype=torch.float32)  # 8 MiB in the warm-up step
+        meter.before_optimizer_step()
+        del x
+        meter.optimizer_step_done()  # end of warm-up: tracking stops here
+        y = torch.empty(64 * MiB, dtype=torch.uint8)  # a timed step: not seen
+        meter.before_optimizer_step()
+        meter.optimizer_step_done()
+        with pytest.raises(ProbeDone):
+            meter.before_optimizer_step()
+            meter.optimizer_step_done()
+    assert calls == [1] and memory.peak_bytes == 8 * MiB and meter.state_bytes == 8 * MiB
+    assert len(meter.step_times) == 2 and y.numel() == 64 * MiB

@@ -128,14 +128,15 @@ class PeakMemory:
     """Peak memory of this rank: ``torch.cuda.max_memory_allocated`` on CUDA, else a StorageTracker.
 
     Use as a context manager around everything the rank does (model build included).
-    ``track_cpu=False`` measures nothing on CPU (the tracker's per-op Python hook slows small
-    CPU steps; see docs/probe.md).
+    ``track_cpu=False`` measures nothing on CPU. The tracker's per-op Python hook slows CPU steps,
+    so a probe ends it with :meth:`stop_tracking` once warm-up is over (see docs/probe.md).
     """
 
     def __init__(self, device: torch.device | None = None, *, track_cpu: bool = True) -> None:
         on_cuda = (device is not None and device.type == "cuda") or (device is None and torch.cuda.is_available())
         self.kind = "cuda" if on_cuda else "cpu-storage" if track_cpu else None
         self.tracker = StorageTracker("cpu") if self.kind == "cpu-storage" else None
+        self._stopped = False
 
     def __enter__(self) -> "PeakMemory":
         if self.tracker is not None:
@@ -145,8 +146,15 @@ class PeakMemory:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.tracker is not None:
-            self.tracker.__exit__(*exc)
+        self.stop_tracking()
+
+    def stop_tracking(self) -> None:
+        """End the CPU tracker now (idempotent): its per-op hook stops costing time, and ``peak_bytes``
+        keeps the peak seen so far. The probe calls it when warm-up ends, so timed steps run untouched
+        (CUDA's counters cost nothing and keep running)."""
+        if self.tracker is not None and not self._stopped:
+            self._stopped = True
+            self.tracker.__exit__(None, None, None)
 
     @property
     def peak_bytes(self) -> int | None:

@@ -51,7 +51,7 @@ def _progress_printer(rank: int):
 class StepMeter:
     """Counts optimizer steps; times the ones after warm-up; ends the run after the last."""
 
-    def __init__(self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None) -> None:
+    def __init__(self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None, on_timing_start=None) -> None:
         self.warmup = warmup
         self.steps = steps
         self.count = 0
@@ -62,9 +62,12 @@ class StepMeter:
         self.started = False
         self._current_bytes = current_bytes
         self.state_bytes: int | None = None
+        """Live bytes just before the last optimizer step measured for memory (the last warm-up
+        step when warm-up ends the memory tracking): after backward, so activations are freed and
+        parameters, gradients, optimizer states and engine buffers remain."""
         self._report = report or (lambda event: None)
-        """Live bytes just before the last optimizer step: after backward, so activations are freed
-        and parameters, gradients, optimizer states and engine buffers remain."""
+        self._on_timing_start = on_timing_start
+        self._tracking = True
 
     def start(self) -> None:
         """Called when the engine exists (timing of step 1 starts here when warmup is 0)."""
@@ -76,7 +79,7 @@ class StepMeter:
 
     def before_optimizer_step(self) -> None:
         """Called after the last backward of a step, before the optimizer runs."""
-        if self._current_bytes is not None:
+        if self._current_bytes is not None and self._tracking:
             self.state_bytes = self._current_bytes()
 
     def optimizer_step_done(self) -> None:
@@ -84,6 +87,11 @@ class StepMeter:
         if self.count < self.warmup:
             self._report(f"step={self.count}")
             return
+        if self.count == self.warmup and self._on_timing_start is not None:
+            # Memory has seen build, engine init and every warm-up step (the first optimizer step,
+            # where lazy optimizer states appear, included); the timed steps run untouched by it.
+            self._on_timing_start()
+            self._tracking = False
         self._synchronize()
         now = time.perf_counter()
         if self.count > self.warmup and self._last is not None:
@@ -291,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         synchronize = None
     memory = PeakMemory(track_cpu=os.environ.get("ZEROPLAN_TRACK_CPU_MEMORY", "1") != "0")
-    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank))
+    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank),
+                      on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None)
     state: dict = {"host": PhaseRss()}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)

@@ -1,0 +1,105 @@
+"""Does measuring change what is measured? Step time of the same DeepSpeed script bare vs under a probe.
+
+    PYTHONPATH=. python benchmarks/bench_probe_overhead.py [--rounds 5] [-o benchmarks/results/probe_overhead.txt]
+
+``benchmarks/host_memory_script.py`` (the example GPT) runs on 2 CPU ranks (gloo) with the same
+DeepSpeed config, alternately bare under ``torchrun`` (the script times its own steps, from one
+optimizer step's end to the next, exactly where the probe's meter times them) and under
+``zeroplan.runtime.run_probe`` (memory tracker, host RSS sampler, step meter attached). Rounds are
+interleaved so drift in the machine's load hits both alike; per run the statistic is the median
+step time of the slower rank, and the table gives the median over rounds and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SCRIPT = ROOT / "benchmarks" / "host_memory_script.py"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--stage", type=int, default=2)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("-o", "--output", type=Path)
+    args = p.parse_args(argv)
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import gpt_task
+
+    from zeroplan.dsconfig import build_config
+    from zeroplan.runtime import ProbeRequest, run_probe
+    from zeroplan.runtime.launcher import probe_environment
+    from zeroplan.spec import Plan, TrainingSpec
+
+    cfg = gpt_task.GPTConfig(layers=args.layers, hidden=args.hidden, heads=8, vocab=args.vocab, seq_len=64)
+    model = gpt_task.model_spec(cfg)
+    training = TrainingSpec(precision="bf16", seq_len=64)
+    plan = Plan(stage=args.stage, micro_batch=2)
+    ds = build_config(plan, world_size=2, training=training, model=model)
+    tmp = Path(tempfile.mkdtemp(prefix="zeroplan-overhead-"))
+    cfg_path = tmp / "ds.json"
+    cfg_path.write_text(json.dumps(ds))
+    size_args = ["--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab)]
+    request = ProbeRequest(script=SCRIPT, nproc=2, ds_config=ds, model=model, training=training, script_args=tuple(size_args),
+                           steps=args.steps, warmup=args.warmup, timeout_s=900)
+    env = probe_environment(request) | {"DS_ACCELERATOR": "cpu"}
+
+    def bare() -> float:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT), *size_args,
+               "--deepspeed_config", str(cfg_path), "--bare-steps", str(args.steps), "--bare-warmup", str(args.warmup)]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        ranks = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines() if line.startswith("BARE_STEP_TIMES ")]
+        if len(ranks) != 2:
+            raise RuntimeError(f"bare run failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        return max(statistics.median(r["step_times"]) for r in ranks)
+
+    def probed() -> float:
+        r = run_probe(request)
+        if r.status != "ok":
+            raise RuntimeError(f"probe failed: {r.error}")
+        per_rank = [json.loads(f.read_text())["step_times"] for f in sorted(Path(r.workdir).glob("rank-*.json"))]
+        return max(statistics.median(t) for t in per_rank)
+
+    rows = []
+    for i in range(args.rounds):
+        first, second = (bare, probed) if i % 2 == 0 else (probed, bare)
+        a, b = first(), second()
+        rows.append({"round": i, "bare_s": a if first is bare else b, "probe_s": b if first is bare else a})
+        print(f"round {i}: bare {rows[-1]['bare_s'] * 1e3:.1f} ms, probe {rows[-1]['probe_s'] * 1e3:.1f} ms", file=sys.stderr)
+    bare_med = statistics.median(r["bare_s"] for r in rows)
+    probe_med = statistics.median(r["probe_s"] for r in rows)
+    ratios = [r["probe_s"] / r["bare_s"] for r in rows]
+    lines = [
+        f"Step time, bare DeepSpeed script vs the same under run_probe: ZeRO-{args.stage}, 2 CPU ranks (gloo), GPT L{args.layers} "
+        f"h{args.hidden} V{args.vocab} (Ψ = {model.params:,}), bf16, micro-batch 2; {args.rounds} interleaved rounds, "
+        f"{args.warmup} warm-up + {args.steps} timed steps each; per run the slower rank's median step.",
+        f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine: treat small differences as noise)",
+        "",
+        f"{'round':>5} {'bare ms':>9} {'probe ms':>9} {'ratio':>7}",
+        *[f"{r['round']:>5} {r['bare_s'] * 1e3:>9.1f} {r['probe_s'] * 1e3:>9.1f} {r['probe_s'] / r['bare_s']:>7.3f}" for r in rows],
+        f"{'median':>5} {bare_med * 1e3:>9.1f} {probe_med * 1e3:>9.1f} {probe_med / bare_med:>7.3f}   (median of per-round ratios {statistics.median(ratios):.3f})",
+    ]
+    text = "\n".join(lines) + "\n"
+    if args.output:
+        args.output.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
