@@ -35,8 +35,10 @@ def test_phase_peaks_follow_a_known_allocation():
 
 
 def test_node_rss_counts_shared_pages_once():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline().strip() == "ready"  # started: its RSS no longer grows
         me = psutil.Process().memory_info()
         assert node_rss([os.getpid()]) == me.rss
         both = node_rss([os.getpid(), child.pid])
