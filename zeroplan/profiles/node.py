@@ -33,7 +33,8 @@ _NODE_REQUIRED = ("name", "gpu", "gpus_per_node", "cpu_memory_bytes", "nvme_byte
 
 
 def _node_from_dict(data: dict[str, Any], where: str) -> NodeSpec:
-    from zeroplan.profiles import _check_keys, load_gpu
+    from zeroplan.profiles.gpu_presets import load_gpu
+    from zeroplan.profiles.tomlio import check_keys as _check_keys
 
     _check_keys(data, _NODE_FIELDS, _NODE_REQUIRED, where)
     try:
@@ -46,7 +47,7 @@ def _node_from_dict(data: dict[str, Any], where: str) -> NodeSpec:
 
 def node_from_toml(path: Path | str) -> NodeSpec:
     """A NodeSpec from any node profile TOML."""
-    from zeroplan.profiles import _read_toml
+    from zeroplan.profiles.tomlio import read_toml as _read_toml
 
     path = Path(path)
     return _node_from_dict(_read_toml(path, "node profile"), str(path))
@@ -54,7 +55,7 @@ def node_from_toml(path: Path | str) -> NodeSpec:
 
 @lru_cache(maxsize=None)
 def _node_presets() -> dict[str, NodeSpec]:
-    from zeroplan.profiles import _read_toml
+    from zeroplan.profiles.tomlio import read_toml as _read_toml
 
     out: dict[str, NodeSpec] = {}
     for path in sorted(NODE_DIR.glob("*.toml")):
@@ -70,7 +71,7 @@ def node_names() -> list[str]:
 
 def load_node(name_or_path: str | Path) -> NodeSpec:
     """A shipped node profile by name (case-insensitive) or any node TOML by path."""
-    from zeroplan.profiles import _closest, _looks_like_path, _normalize
+    from zeroplan.profiles.tomlio import closest as _closest, looks_like_path as _looks_like_path, normalize as _normalize
 
     if isinstance(name_or_path, Path) or _looks_like_path(str(name_or_path)):
         return node_from_toml(Path(name_or_path))

@@ -1,0 +1,76 @@
+"""This machine's GPU through NVML (nvidia-ml-py, optional): which profile it is, with its real
+memory, or the default profile and a note saying why nothing was detected."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from zeroplan.profiles.gpu_presets import DEFAULT_GPU, gpu_for_device_name, load_gpu
+from zeroplan.spec import GiB, GpuSpec
+
+__all__ = ["detect_gpu", "default_gpu", "gpu_is_here"]
+
+
+def _nvml_device() -> tuple[str, int, int] | str:
+    """(device name, memory bytes, device count) of NVML device 0, or why there is none."""
+    try:
+        import pynvml
+    except ImportError:
+        return "nvidia-ml-py not installed, no detection"
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError) as exc:
+        return f"no NVIDIA driver: {exc}"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count < 1:
+            return "NVML sees no device"
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        device_name = pynvml.nvmlDeviceGetName(handle)
+        if isinstance(device_name, bytes):
+            device_name = device_name.decode(errors="replace")
+        memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except (pynvml.NVMLError, OSError) as exc:
+        return f"NVML query failed: {exc}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    return device_name, memory, count
+
+
+def detect_gpu() -> tuple[GpuSpec, str, bool]:
+    """:func:`default_gpu` plus whether NVML found a GPU on this machine (True) or one was assumed."""
+    fallback = load_gpu(DEFAULT_GPU)
+    found = _nvml_device()
+    if isinstance(found, str):
+        return fallback, f"GPU: {DEFAULT_GPU} assumed ({found}); set --gpu", False
+    device_name, memory, count = found
+    profile = gpu_for_device_name(device_name)
+    if profile is None:
+        spec = replace(fallback, memory_bytes=memory, display_name=device_name)
+        return spec, (
+            f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count}, no matching profile: "
+            f"{DEFAULT_GPU}'s speeds with the detected memory; set --gpu or run zeroplan calibrate"
+        ), True
+    spec = replace(load_gpu(profile), memory_bytes=memory)
+    return spec, f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count} via NVML: profile {profile}", True
+
+
+def default_gpu() -> tuple[GpuSpec, str]:
+    """The GPU of this machine (NVML, device 0) as a profile with its real memory, and a note.
+
+    Falls back to :data:`DEFAULT_GPU` with a note saying so when nvidia-ml-py is missing, NVML
+    cannot start (no driver) or no device is present; never raises for those.
+    """
+    spec, note, _ = detect_gpu()
+    return spec, note
+
+
+def gpu_is_here(spec: GpuSpec) -> bool:
+    """Whether NVML finds ``spec``'s GPU on this machine (its profile matches device 0's name)."""
+    found = _nvml_device()
+    if isinstance(found, str):
+        return False
+    return gpu_for_device_name(found[0]) == spec.name or (bool(spec.display_name) and spec.display_name == found[0])
