@@ -97,6 +97,9 @@ def calibrate(
         table.add_row(f"matmul {prec}", f"{gpu.peak_flops[prec] / 1e9:,.1f} GFLOP/s", f"peak_flops.{prec}")
     table.add_row("memory bandwidth (copy)", f"{gpu.memory_bandwidth / 1e9:,.2f} GB/s", "memory_bandwidth")
     table.add_row("collective bus bandwidth", f"{gpu.intra_node_bandwidth / 1e9:,.3f} GB/s", "intra_node_bandwidth")
+    table.add_row(
+        "inter-node bandwidth", f"guessed: {gpu.inter_node_bandwidth / 1e9:,.3f} GB/s", "inter_node_bandwidth"
+    )
     table.add_row("collective latency α", f"{gpu.collective_latency_s * 1e6:,.1f} µs", "collective_latency_s")
     table.add_row("host↔device copy", f"{gpu.host_bandwidth / 1e9:,.2f} GB/s", "host_bandwidth")
     table.add_row("CPU Adam", f"{gpu.cpu_adam_params_per_s / 1e6:,.1f} M params/s", "cpu_adam_params_per_s")
@@ -112,6 +115,10 @@ def calibrate(
         table.add_row("engine overhead per step", str(result.calibration.get("engine", "not measured")), "step_overhead_s")
     console = Console(stderr=output is None)
     console.print(table)
+    console.print(
+        "inter-node bandwidth: guessed, not measured (calibrate runs on one node): set to the intra-node figure; "
+        "for a multi-node estimate give --node PROFILE (its NICs) or edit inter_node_bandwidth in the written profile"
+    )
     if output is None:
         sys.stdout.write(gpu_toml_text(gpu, calibration=result.calibration))
     else:

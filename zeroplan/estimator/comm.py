@@ -12,6 +12,13 @@ Sources:
   those terms.
 * nccl-tests PERFORMANCE.md: a ring all-gather / reduce-scatter of S bytes over n ranks moves
   S·(n−1)/n bytes per rank, taking α·(n−1) + S·(n−1)/(n·B); an all-reduce moves twice that.
+* Across nodes, hierarchical (two-level) collectives: a reduce-scatter first within each node
+  over its G GPUs (S·(G−1)/G per GPU on NVLink/PCIe), then across the N nodes among the GPUs of
+  the same local rank, G rings in parallel each on a 1/G shard (S·(N−1)/(N·G) per GPU, on that
+  GPU's share of the node's NICs); an all-gather runs the same two phases in reverse. This is
+  the intra-/inter-node split ZeRO++ (arXiv 2306.10209) §3.3 builds its hierarchical
+  collectives on; the two parts add up to the flat ring's S·(n−1)/n, and a node sends the
+  minimum S·(N−1)/N across the network.
 """
 
 from __future__ import annotations
@@ -20,7 +27,33 @@ from dataclasses import dataclass
 
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param
 
-__all__ = ["CommVolume", "comm_volume", "ring_time", "bus_bandwidth"]
+__all__ = ["CommVolume", "CollectiveSplit", "comm_volume", "split_collective", "ring_time", "collective_time", "bus_bandwidth"]
+
+
+@dataclass(frozen=True)
+class CollectiveSplit:
+    """Bytes one GPU sends in one reduce-scatter or all-gather of a whole tensor, by link."""
+
+    intra_node: int
+    """Over NVLink/PCIe to GPUs of the same node: S·(G−1)/G."""
+    inter_node: int
+    """Over the network to other nodes: S·(N−1)/(N·G)."""
+
+    @property
+    def total(self) -> int:
+        return self.intra_node + self.inter_node
+
+
+def split_collective(size_bytes: float, *, gpus_per_node: int, nodes: int) -> CollectiveSplit:
+    """Per-GPU bytes of a hierarchical reduce-scatter/all-gather of ``size_bytes`` (module docstring).
+
+    One node: the plain ring, S·(G−1)/G, nothing on the network. One GPU per node: the plain
+    ring over the network, S·(N−1)/N.
+    """
+    g, n_nodes = gpus_per_node, nodes
+    intra = size_bytes * (g - 1) / g
+    inter = size_bytes * (n_nodes - 1) / (n_nodes * g)
+    return CollectiveSplit(intra_node=int(intra), inter_node=int(inter))
 
 
 @dataclass(frozen=True)
@@ -37,6 +70,15 @@ class CommVolume:
     """Host↔device bytes per GPU per step for offload (gradients down, parameters up)."""
     psi_multiple: float
     """gradient_reduce + param_allgather in units of Ψ elements, before the (n−1)/n ring factor."""
+    inter_node: int = 0
+    """Of ``total``, the bytes that cross the network (hierarchical collectives; 0 on one node)."""
+    param_allgather_inter_node: int = 0
+    """Of ``param_allgather``, the bytes that cross the network."""
+
+    @property
+    def intra_node(self) -> int:
+        """Of ``total``, the bytes over NVLink/PCIe within the node."""
+        return self.total - self.inter_node
 
     @property
     def total(self) -> int:
@@ -76,6 +118,10 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         grad_mult, gather_mult = float(g), 2.0 * g
     gradient_reduce = int(grad_mult * psi * ring * p)
     param_allgather = int(gather_mult * (psi_all if plan.stage == 3 else psi) * ring * p)
+    # The same bytes split by link for hierarchical collectives across nodes.
+    nodes, per_node = cluster.nodes, cluster.gpus_in_node
+    grad_split = split_collective(grad_mult * psi * p, gpus_per_node=per_node, nodes=nodes)
+    gather_split = split_collective(gather_mult * (psi_all if plan.stage == 3 else psi) * p, gpus_per_node=per_node, nodes=nodes)
     # One collective per bucket; stage 3 gathers per module (≈ 2 per block per pass).
     if plan.stage == 3:
         collectives = g * (4 * model.num_layers + 2) + g * model.num_layers
@@ -94,6 +140,8 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         collectives=collectives,
         pcie=pcie,
         psi_multiple=grad_mult + gather_mult,
+        inter_node=grad_split.inter_node + gather_split.inter_node if nodes > 1 else 0,
+        param_allgather_inter_node=gather_split.inter_node if nodes > 1 else 0,
     )
 
 
@@ -106,6 +154,23 @@ def bus_bandwidth(cluster: ClusterSpec) -> float:
     if cluster.nodes == 1:
         return gpu.intra_node_bandwidth
     return min(gpu.intra_node_bandwidth, gpu.inter_node_bandwidth)
+
+
+def collective_time(intra_bytes: int, inter_bytes: int, collectives: int, cluster: ClusterSpec) -> float:
+    """Seconds for hierarchical collectives: per call α·((G−1) + (N−1)) ring steps, plus each
+    link's bytes over its bandwidth (NVLink/PCIe within the node, the GPU's network share across).
+
+    One node: exactly :func:`ring_time` (α·(n−1) per call + S·(n−1)/(n·B_intra)).
+    """
+    n = cluster.gpus
+    if n == 1:
+        return 0.0
+    gpu = cluster.gpu
+    steps = (cluster.gpus_in_node - 1) + (cluster.nodes - 1)
+    t = collectives * gpu.collective_latency_s * steps + intra_bytes / gpu.intra_node_bandwidth
+    if cluster.nodes > 1:
+        t += inter_bytes / gpu.inter_node_bandwidth
+    return t
 
 
 def ring_time(bytes_sent: int, collectives: int, cluster: ClusterSpec) -> float:

@@ -134,6 +134,7 @@ class PlanEstimate:
                 "cpu_items": dict(self.host.cpu_items),
                 "nvme_per_node": self.nvme_per_node,
                 "comm_per_step": self.comm_per_step,
+                "inter_node_comm_per_step": self.comm.inter_node,
                 "pcie_per_step": self.comm.pcie,
                 "step_time": self.step_time,
                 "step_time_breakdown": {

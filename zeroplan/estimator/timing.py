@@ -6,7 +6,8 @@ Sources:
   Appendix B: 6·N for forward + backward of the weights, plus 12·L·h·s for attention scores
   (as in nanoGPT's ``estimate_mfu``); full recomputation repeats the forward (+2·N + 4·L·h·s,
   Korthikanti et al. 2022 §5), selective recomputation only the attention core (+4·L·h·s).
-* Collectives: :mod:`zeroplan.estimator.comm` (ring model of nccl-tests PERFORMANCE.md).
+* Collectives: :mod:`zeroplan.estimator.comm` (ring model of nccl-tests PERFORMANCE.md; across
+  nodes, hierarchical: intra-node bytes over NVLink/PCIe, inter-node bytes over the network).
 * DeepSpeed overlap defaults (deepspeed/runtime/zero/config.py): overlap_comm is False in
   stages 1–2 and True in stage 3, where prefetching hides gathers behind compute.
 * Optimizer step: Adam is memory-bound — it reads and writes the fp32 master, both moments and
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeroplan.estimator.comm import CommVolume, ring_time
+from zeroplan.estimator.comm import CommVolume, collective_time
 from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec
 
 __all__ = ["StepTime", "engine_overhead", "flops_per_token", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP"]
@@ -78,9 +79,11 @@ def step_time(
     flops = tokens * sum(flops_per_token(model, training, plan).values())
     compute = flops / (gpu.peak_flops[training.precision] * gpu.efficiency)
 
-    communication = ring_time(comm.total, comm.collectives, cluster)
+    # Hierarchical collectives (comm.py): each link's bytes over its own bandwidth.
+    communication = collective_time(comm.intra_node, comm.inter_node, comm.collectives, cluster)
     if plan.stage == 3:
-        gathers = ring_time(comm.param_allgather, comm.collectives, cluster)
+        gather_inter = comm.param_allgather_inter_node
+        gathers = collective_time(comm.param_allgather - gather_inter, gather_inter, comm.collectives, cluster)
         hidden = min(STAGE3_OVERLAP * gathers, compute)
         exposed = communication - hidden
     else:

@@ -97,6 +97,18 @@ def resolve_cluster(
     if nvme is None:
         nvme = host.nvme_bytes or 0
     per_node = gpus_per_node if gpus_per_node is not None else min(gpus, host.node.gpus_per_node if host.node else 8)
+    if node_spec is not None:
+        # The node's NICs together (network_gbps) shared by its GPUs: each GPU's inter-node
+        # bandwidth in the hierarchical collectives (zeroplan.estimator.comm).
+        import dataclasses
+
+        share = node_spec.network_gbps * 1e9 / 8 / node_spec.gpus_per_node
+        if share != gpu_spec.inter_node_bandwidth:
+            gpu_spec = dataclasses.replace(gpu_spec, inter_node_bandwidth=share)
+            notes.append(
+                f"inter-node bandwidth {share / 1e9:g} GB/s per GPU: node {node_spec.name}'s {node_spec.network_gbps:g} Gb/s "
+                f"of NICs over {node_spec.gpus_per_node} GPUs"
+            )
     return ClusterSpec(
         gpus=gpus,
         gpus_per_node=per_node,
