@@ -11,7 +11,8 @@ import copy
 import pytest
 
 from zeroplan.dsconfig import RULES, has_errors, validate_config
-from zeroplan.spec import ModelSpec, SpecError
+from zeroplan import profiles
+from zeroplan.spec import ClusterSpec, GiB, ModelSpec, SpecError
 
 #: A clean ZeRO-2 config for 2 GPUs: 16 = 2 × 4 × 2.
 BASE = {
@@ -131,6 +132,17 @@ CASES = [
     ("ZP701", make(zero_optimization={"stage": 2, "reduce_bucket_size": 100}),
      make(zero_optimization={"stage": 2, "reduce_bucket_size": H * H}), {"model": SMALL}, False),
     ("ZP701", make(zero_optimization={"stage": 2, "reduce_bucket_size": 10**10}), make(), {}, False),
+    # 7B on 8 × A100 with 96 GiB per node: pinned fp32 gradient (3.5 GB → 4 GiB), gradient partition
+    # and parameter partition (1.75 GB → 2 GiB each) per rank = 64 GiB of 96: over half.
+    ("ZP901", make(train_batch_size=64, zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                            "offload_param": {"device": "cpu"}}),
+     make(train_batch_size=64, zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": False},
+                                                  "offload_param": {"device": "cpu", "pin_memory": False}}),
+     {"world_size": 8, "model": ModelSpec.from_params(7e9), "cluster": ClusterSpec(
+         gpus=8, gpus_per_node=8, gpu=profiles.load_gpu("a100-80gb"), cpu_memory_per_node_bytes=96 * GiB)}, False),
+    # SMALL's largest parameter (the embedding, V·h) is 45.0M elements: 22.5M per rank on 2.
+    ("ZP902", z3(offload_param={"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": 22_000_000}),
+     z3(offload_param={"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": 23_000_000}), {"model": SMALL}, False),
 ]
 
 

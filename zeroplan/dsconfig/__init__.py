@@ -6,6 +6,7 @@ from zeroplan.dsconfig.parse import ParsedConfig, load_config, parse_config_text
 from zeroplan.dsconfig.plan import plan_from_config, precision_from_config, training_from_config
 from zeroplan.dsconfig.rules import RULES, Finding, Rule
 from zeroplan.dsconfig import peft_rules as _peft_rules  # noqa: F401,E402  (registers ZP8xx)
+from zeroplan.dsconfig import host_rules as _host_rules  # noqa: F401,E402  (registers ZP9xx)
 from zeroplan.dsconfig.validate import has_errors, validate_config
 
 __all__ = [

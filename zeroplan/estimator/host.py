@@ -113,6 +113,8 @@ class HostPhases:
     """How the model is built (:data:`BUILDS`)."""
     pin_memory: bool
     """Offload buffers pinned (DeepSpeed's default) and rounded to powers of two (CUDA only)."""
+    pinned: tuple[str, ...] = ()
+    """Names of the items DeepSpeed pins when ``pin_memory`` is on (page-locked: never swapped out)."""
 
     @property
     def worst(self) -> HostPhase:
@@ -144,6 +146,8 @@ def host_phases(
     build: str | None = None,
     pin_memory: bool = True,
     gather_16bit_on_save: bool = False,
+    param_swap_elements: int = 5 * 100_000_000,
+    optimizer_swap_buffers: int = 4,
     device_bytes: dict[str, int] | None = None,
     baseline_bytes: int | None = None,
     checkpoint_bytes_on_cpu: int = 0,
@@ -198,6 +202,7 @@ def host_phases(
         largest = max(m.rank * max(m.in_features, m.out_features) for m in model.peft.adapted)
     knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     pinned_on = pin_memory and device == "cuda"
+    pinned_names: list[str] = []
 
     def pin(nbytes: int) -> int:
         return pinned_bytes(nbytes) if pinned_on else nbytes
@@ -238,20 +243,27 @@ def host_phases(
             init["bit16_staging_partition"] = pin(p * s_t)
             init["fp32_grad_partition"] = pin(4 * s_t)
             init["grad_staging_largest_param"] = pin(p * largest)
+            pinned_names.extend(("fp32_master_partition", "bit16_staging_partition", "fp32_grad_partition", "grad_staging_largest_param"))
         else:
             sub_group = min(s_t, knobs["sub_group_size"])
             n_sub = -(-s_t // sub_group)
             if plan.offload_optimizer == "cpu":
                 init["fp32_master_partition"] = 4 * s_t
                 init["fp32_grad_per_subgroup"] = n_sub * pin(4 * sub_group) if n_sub > 1 else pin(4 * s_t)
+                pinned_names.append("fp32_grad_per_subgroup")
             else:
-                init["optimizer_swap_buffers"] = 4 * pin(4 * sub_group)
+                init["optimizer_swap_buffers"] = optimizer_swap_buffers * pin(4 * sub_group)
+                pinned_names.append("optimizer_swap_buffers")
             init["grad_partition_buffer"] = pin(p * s_t)
+            pinned_names.append("grad_partition_buffer")
             transient["init_fp32_grad_buffer"] = 4 * min(model.trainable_params, knobs["sub_group_size"])
     if plan.offload_param == "cpu":
         init["param_partition_16bit"] = pin(p * s)
+        pinned_names.append("param_partition_16bit")
     elif plan.offload_param == "nvme":
-        init["param_swap_buffers"] = 5 * pin(p * 100_000_000)
+        # partitioned_param_swapper.py: one pinned tensor of buffer_count × buffer_size elements.
+        init["param_swap_buffers"] = pin(p * param_swap_elements)
+        pinned_names.append("param_swap_buffers")
     if checkpoint_bytes_on_cpu:
         init["activation_checkpoints"] = checkpoint_bytes_on_cpu
 
@@ -273,5 +285,5 @@ def host_phases(
         HostPhase("step", with_common("step", step), ranks=g),
         HostPhase("checkpoint_save", with_common("checkpoint_save", save), rank0_only=rank0, ranks=g),
     )
-    return HostPhases(phases=phases, build=build, pin_memory=pin_memory)
+    return HostPhases(phases=phases, build=build, pin_memory=pin_memory, pinned=tuple(pinned_names))
 
