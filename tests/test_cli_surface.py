@@ -43,7 +43,7 @@ SURFACE = {
         "--gpu-memory", "--gpus", "--gpus-per-node", "--grad-accum", "--initial", "--micro-batch", "--model",
         "--node", "--nvme", "--nvme-path", "--offload-optimizer", "--offload-param", "--optimizer", "--output",
         "--params", "--precision", "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage",
-        "--time-budget", "--timeout", "--trials", "--warmup", "-o",
+        "--time-budget", "--timeout", "--trials", "--warmup", "--ci", "-o",
     }),
     "validate": (('config',), {
         "--adapter", "--base-quant", "--checkpointing", "--cpu-memory", "--format", "--gpu", "--gpu-memory",

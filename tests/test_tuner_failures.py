@@ -152,3 +152,15 @@ def test_a_script_that_fails_every_plan_stops_after_two_probes(tmp_path):
     assert len(runner.calls) == 2
     assert summary.failure_signature == "crash/start-up: ImportError: cannot import name 'foo' from <path>"
     assert "fix this error" in summary.failure_fix
+
+
+def test_a_probe_cut_short_by_a_derived_timeout_while_stepping_is_slow_not_a_hang():
+    slow = classify_failure("timeout", "no result within 41 s", engine_ready=True, optimizer_steps=3, cut_short=True)
+    assert (slow.kind, slow.signature) == ("slow", "slow/steps")
+    # At --timeout itself, or before any step, it is a hang.
+    assert classify_failure("timeout", "", engine_ready=True, optimizer_steps=3, cut_short=False).kind == "hang"
+    assert classify_failure("timeout", "", engine_ready=True, optimizer_steps=0, cut_short=True).kind == "hang"
+    space = make_space(global_batch=32)
+    a = (1, _pick(space, stage=1, micro_batch=2), slow)
+    b = (2, _pick(space, stage=2, micro_batch=2), slow)
+    assert learned_regions([a, b], successes=[]) == []  # slow plans teach nothing about others

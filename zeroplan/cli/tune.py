@@ -124,6 +124,7 @@ def tune(
         Optional[Path],
         typer.Option("--emit-sbatch", help="Write a Slurm batch script that runs this tune with --launcher slurm, and exit.", rich_help_panel="Nodes"),
     ] = None,
+    ci: Annotated[float, typer.Option("--ci", help="Stop a probe once its step time's 95% interval is within this fraction (micro-steps timed where accumulation is large); 0: time all --steps.", rich_help_panel=_TUNE)] = 0.1,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
     from zeroplan.runtime import script_kind
@@ -147,6 +148,8 @@ def tune(
         raise SpecError(f"--timeout {timeout:g} is not valid; give seconds > 0")
     if steps < 1 or warmup < 0:
         raise SpecError("--steps must be >= 1 and --warmup >= 0")
+    if not 0 <= ci < 1:
+        raise SpecError(f"--ci {ci:g} is not valid; give a fraction in [0, 1), e.g. 0.05 (0: time all --steps)")
     if output.exists() and not output.is_dir():
         raise SpecError(f"--output {output} is a file; give a folder")
     args = tuple(script_args or ())
@@ -264,6 +267,8 @@ def tune(
         warmup=warmup,
         timeout_s=timeout,
         nvme_path=nvme_path,
+        target_ci=ci or None,
+        predicted_step_time=space.predicted_step_time,
     )
     view = _LiveView(console, settings.trials)
 
@@ -354,6 +359,12 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: in
         console.print(table)
     else:
         console.print(f"zeroplan tune: {len(probed)} probes ({summary.stopped_because}), none worked")
+    startup = probed["startup_s"].dropna()
+    if not startup.empty:
+        console.print(
+            f"start-up (imports, engine build, op compilation): median {startup.median():.1f} s per probe over "
+            f"{len(startup)} probes, not part of the throughput"
+        )
     failed = probed[probed["status"] != "ok"]
     for _, r in failed.iterrows():
         console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")

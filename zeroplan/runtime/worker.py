@@ -49,9 +49,19 @@ def _progress_printer(rank: int):
 
 
 class StepMeter:
-    """Counts optimizer steps; times the ones after warm-up; ends the run after the last."""
+    """Counts optimizer steps; times the ones after warm-up; ends the run after the last.
 
-    def __init__(self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None, on_timing_start=None) -> None:
+    With ``target_ci`` (a relative 95% half-width, e.g. 0.05) the meter times micro-steps instead
+    (:mod:`zeroplan.runtime.steptime`) and ends the run at the first accumulation boundary where
+    the step time's interval is that tight on every rank (``agree`` all-reduces the decision, so
+    all ranks stop at the same step), or after ``steps`` optimizer steps' worth of micro-steps.
+    Warm-up is then one optimizer step when accumulation is 4 or more (its micro-steps already
+    warm the engine), else ``warmup`` steps.
+    """
+
+    def __init__(
+        self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None, on_timing_start=None, target_ci=None, agree=None
+    ) -> None:
         self.warmup = warmup
         self.steps = steps
         self.count = 0
@@ -68,14 +78,32 @@ class StepMeter:
         self._report = report or (lambda event: None)
         self._on_timing_start = on_timing_start
         self._tracking = True
+        self.target_ci = target_ci
+        """Relative 95% half-width at which a micro-step measurement stops (None: time whole steps)."""
+        self._agree = agree or (lambda done: done)
+        self.grad_accum = 1
+        """Micro-steps per optimizer step (set by the engine wrapper)."""
+        self.micro_times: list[float] = []
+        self.boundary_times: list[float] = []
+        self.estimate = None
 
     def start(self) -> None:
         """Called when the engine exists (timing of step 1 starts here when warmup is 0)."""
         self.started = True
         self._report("engine-ready")
-        if self.warmup == 0:
+        if self._warmup_steps == 0:
             self._synchronize()
             self._last = time.perf_counter()
+
+    @property
+    def micro_mode(self) -> bool:
+        return self.target_ci is not None
+
+    @property
+    def _warmup_steps(self) -> int:
+        if self.micro_mode and self.grad_accum >= 4:
+            return min(self.warmup, 1)
+        return self.warmup
 
     def before_optimizer_step(self) -> None:
         """Called after the last backward of a step, before the optimizer runs."""
@@ -101,12 +129,52 @@ class StepMeter:
         if self.count >= self.warmup + self.steps:
             raise ProbeDone()
 
+    def micro_step_done(self, boundary: bool) -> None:
+        """Micro-step mode: called after every micro-step (``boundary``: it ran the optimizer)."""
+        from zeroplan.runtime.steptime import estimate_step_time
+
+        if self.count >= self._warmup_steps and self._last is not None:
+            self._synchronize()
+            dt = time.perf_counter() - self._last
+            (self.boundary_times if boundary else self.micro_times).append(dt)
+        if not boundary:
+            self._last = time.perf_counter()
+            return
+        self.count += 1
+        self._report(f"step={self.count}")
+        if self.count < self._warmup_steps:
+            return
+        if self.count == self._warmup_steps and self._on_timing_start is not None:
+            self._on_timing_start()  # as in optimizer_step_done: memory tracking ends with warm-up
+            self._tracking = False
+        self.estimate = estimate_step_time(self.micro_times, self.boundary_times, self.grad_accum)
+        if self.estimate is not None:
+            self.step_times = [self.estimate.step_time_s]
+        measured = len(self.micro_times) + len(self.boundary_times)
+        done = measured >= self.steps * self.grad_accum or (
+            self.estimate is not None and self.estimate.relative_half_width <= self.target_ci
+        )
+        if self.count > self._warmup_steps or self._warmup_steps == 0:
+            done = self._agree(done)
+        else:
+            done = False  # the boundary that ends warm-up
+        self._synchronize()
+        self._last = time.perf_counter()  # the agreement's collective is not the next micro-step's
+        if done:
+            if self.estimate is not None:
+                self._report(
+                    f"measured step_time={self.estimate.step_time_s:.6f} ci={self.estimate.half_width_s:.6f} micro={self.estimate.micro_steps}"
+                )
+            raise ProbeDone()
+
     @property
     def measured(self) -> int:
+        if self.micro_mode:
+            return max(1, (len(self.micro_times) + len(self.boundary_times)) // self.grad_accum) if self.boundary_times else 0
         return len(self.step_times)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "steps": self.measured,
             "optimizer_steps": self.count,
             "step_times": self.step_times,
@@ -114,6 +182,28 @@ class StepMeter:
             "samples_per_step": self.samples_per_step,
             "state_memory": self.state_bytes,
         }
+        if self.estimate is not None:
+            out |= {"step_time_ci": self.estimate.half_width_s, "micro_steps": self.estimate.micro_steps}
+        return out
+
+
+def _agreement(world_size: int):
+    """All ranks stop together: True only if every rank is done (an all-reduce MIN of one flag)."""
+    if world_size <= 1:
+        return None
+
+    def agree(done: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return done
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        flag = torch.tensor([1 if done else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    return agree
 
 
 def _set_parent_death_signal() -> None:
@@ -160,12 +250,15 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             if boundary:
                 meter.before_optimizer_step()
             out = engine_step(*a, **kw)
-            if boundary:
+            if meter.micro_mode:
+                meter.micro_step_done(boundary)
+            elif boundary:
                 meter.optimizer_step_done()
             return out
 
         engine.step = step
         meter.samples_per_step = int(engine.train_batch_size())
+        meter.grad_accum = int(engine.gradient_accumulation_steps())
         meter.start()
         return outputs
 
@@ -300,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         synchronize = None
     memory = PeakMemory(track_cpu=os.environ.get("ZEROPLAN_TRACK_CPU_MEMORY", "1") != "0")
     meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank),
-                      on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None)
+                      on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None,
+                      target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
+                      agree=_agreement(world_size))
     state: dict = {"host": PhaseRss()}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)

@@ -40,6 +40,7 @@ __all__ = [
     "classify_failure",
     "hang_rule",
     "learned_regions",
+    "measurement_from_lines",
     "normalise_error",
     "progress_from_lines",
     "region_of",
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 #: Kinds of failure, as recorded in trials.csv (``failure`` column).
-FAILURE_KINDS = ("crash", "assertion", "oom-device", "oom-host", "hang")
+FAILURE_KINDS = ("crash", "assertion", "oom-device", "oom-host", "hang", "slow")
 
 #: What to do when every plan fails the same way (printed with the signature).
 FIXES = {
@@ -60,6 +61,7 @@ FIXES = {
     "(a rank-dependent branch, a barrier only some ranks reach) or raise --timeout if it is just slow",
     "oom-device": "every plan runs out of GPU memory: use a smaller model or sequence, or more GPUs",
     "oom-host": "every plan runs out of host memory: free host RAM, or probe with fewer ranks per node",
+    "slow": "every probe is cut short while still stepping: raise --timeout",
 }
 
 #: Phases of a probe, in order.
@@ -108,6 +110,19 @@ def progress_from_lines(lines: Iterable[str]) -> tuple[Optional[float], int, Opt
     return ready, steps, last
 
 
+_MEASURED = re.compile(r"zeroplan-progress measured step_time=([\d.]+) ci=([\d.]+) micro=(\d+)")
+
+
+def measurement_from_lines(lines: Iterable[str]) -> Optional[tuple[float, float, int]]:
+    """(step time s, 95% half-width s, micro-steps) from the worker's last ``measured`` line, if any."""
+    found = None
+    for line in lines:
+        m = _MEASURED.search(line)
+        if m:
+            found = (float(m.group(1)), float(m.group(2)), int(m.group(3)))
+    return found
+
+
 @dataclass(frozen=True)
 class Failure:
     """One failed probe, classified."""
@@ -125,11 +140,15 @@ class Failure:
         return f"{self.kind} {where[self.phase]}" if self.phase else self.kind
 
 
-def classify_failure(status: str, error: str, *, engine_ready: Optional[bool], optimizer_steps: int) -> Optional[Failure]:
+def classify_failure(
+    status: str, error: str, *, engine_ready: Optional[bool], optimizer_steps: int, cut_short: bool = False
+) -> Optional[Failure]:
     """The :class:`Failure` of a probe that ended with ``status`` (None for ``ok``/``invalid``).
 
     ``engine_ready``: the engine was built (None: unknown, the probe printed no progress);
-    ``optimizer_steps``: optimizer steps done before it failed.
+    ``optimizer_steps``: optimizer steps done before it failed; ``cut_short``: the timeout was one
+    derived from earlier probes, shorter than --timeout — a probe it stops while stepping is
+    ``slow`` (it works, more slowly than expected), not a hang, and teaches nothing about others.
     """
     if status not in ("error", "oom", "timeout"):
         return None
@@ -142,7 +161,7 @@ def classify_failure(status: str, error: str, *, engine_ready: Optional[bool], o
     else:
         phase = "start-up"
     if status == "timeout":
-        kind, message = "hang", ""
+        kind, message = ("slow" if cut_short and optimizer_steps > 0 else "hang"), ""
     elif status == "oom":
         kind, message = ("oom-device" if _DEVICE_OOM.search(error) else "oom-host"), normalise_error(error)
     else:
@@ -227,7 +246,7 @@ def learned_regions(failures: Sequence[tuple[int, Candidate, Failure]], successe
     """Every region taught by a pair of same-signature failures (OOMs excluded, see the module
     docstring) that holds no plan that worked."""
     out: list[Region] = []
-    learnable = [f for f in failures if not f[2].kind.startswith("oom")]
+    learnable = [f for f in failures if not f[2].kind.startswith("oom") and f[2].kind != "slow"]
     for i, a in enumerate(learnable):
         for b in learnable[i + 1:]:
             region = region_of(a, b)
@@ -259,7 +278,7 @@ def suspect_rank(cand: Candidate, failures: Sequence[tuple[int, Candidate, Failu
     """
     n = 0
     for _, bad, failure in failures:
-        if failure.kind.startswith("oom") or bad.key == cand.key:
+        if failure.kind.startswith("oom") or failure.kind == "slow" or bad.key == cand.key:
             continue
         if failure.phase == "start-up":
             n += cand.plan.stage == bad.plan.stage

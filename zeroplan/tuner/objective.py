@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
@@ -63,6 +63,14 @@ class ProbeOutcome:
     """The estimator's host peak per node for the probe, bytes; 0 when not estimated."""
     memory_limit: str = ""
     """For an ``oom``: ``host`` or ``device``."""
+    step_time_ci_s: Optional[float] = None
+    """Half-width of the step time's 95% confidence interval, seconds (micro-step measurement)."""
+    micro_steps: int = 0
+    """Micro-steps the step time rests on (0: whole optimizer steps were timed)."""
+    timeout_s: float = 0.0
+    """The timeout this probe ran under, seconds."""
+    timeout_derived: bool = False
+    """That timeout was derived from earlier probes (shorter than --timeout)."""
 
     @property
     def ok(self) -> bool:
@@ -96,8 +104,10 @@ class ProbeRunner:
     config_arg: str = "--deepspeed_config"
     """The flag that passes the DeepSpeed JSON to a DeepSpeed script (``--deepspeed`` for HF Trainer)."""
     steps: int = 3
+    """Measured optimizer steps (the most, with ``target_ci``)."""
     warmup: int = 1
     timeout_s: float = 300.0
+    """The ceiling of every probe's timeout (--timeout)."""
     nvme_path: Optional[str] = None
     torchrun_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -108,6 +118,23 @@ class ProbeRunner:
     def world_size(self) -> int:
         """Ranks in each probe: ``nproc`` per node × nodes."""
         return self.nproc * (self.nodes.nnodes if self.nodes is not None else 1)
+    target_ci: Optional[float] = None
+    """Stop measuring once the step time's 95% half-width is this fraction of it (micro-steps
+    timed where accumulation is large); None: time ``steps`` whole optimizer steps."""
+    predicted_step_time: Optional[Callable[[Plan], Optional[float]]] = None
+    """The estimator's step time for a plan; with it each probe's timeout is derived from the
+    probes that worked (:func:`zeroplan.tuner.probetime.probe_timeout`)."""
+    history: list = field(default_factory=list)
+    """:class:`zeroplan.tuner.probetime.ProbeTiming` of every probe that worked."""
+
+    def timeout_for(self, plan: Plan) -> tuple[float, bool]:
+        """(timeout, derived?) for a probe of ``plan``."""
+        from zeroplan.tuner.probetime import probe_timeout
+
+        predicted = self.predicted_step_time(plan) if self.predicted_step_time else None
+        if not predicted:
+            return self.timeout_s, False
+        return probe_timeout(predicted, self.history, ceiling_s=self.timeout_s, optimizer_steps=self.warmup + self.steps)
 
     def build_config(self, plan: Plan) -> tuple[dict, list[str]]:
         """The trial's DeepSpeed JSON and the validation errors it has (empty: valid)."""
@@ -127,6 +154,7 @@ class ProbeRunner:
         cfg, errors = self.build_config(plan)
         if errors:
             return ProbeOutcome(status="invalid", error="; ".join(errors), ds_config=cfg)
+        timeout_s, derived = self.timeout_for(plan)
         trial_dir = self.workdir / f"trial-{trial_number:04d}"
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "ds_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -142,10 +170,10 @@ class ProbeRunner:
             config_arg=self.config_arg,
             steps=self.steps,
             warmup=self.warmup,
-            timeout_s=self.timeout_s,
+            timeout_s=timeout_s,
             workdir=trial_dir,
             torchrun_args=tuple(self.torchrun_args),
-            env=tuple(self.env.items()),
+            env=tuple(self.env.items()) + ((("ZEROPLAN_PROBE_TARGET_CI", repr(self.target_ci)),) if self.target_ci else ()),
             nodes=self.nodes,
         )
         progress: list[str] = []
@@ -157,7 +185,25 @@ class ProbeRunner:
                 on_line(line)
 
         result = run_probe(request, on_line=seen)
-        return outcome_from_result(result, cfg=cfg, wall_s=time.monotonic() - start, progress=progress)
+        outcome = outcome_from_result(result, cfg=cfg, wall_s=time.monotonic() - start, progress=progress)
+        outcome = replace(outcome, timeout_s=timeout_s, timeout_derived=derived)
+        self._remember(plan, outcome)
+        return outcome
+
+    def _remember(self, plan: Plan, outcome: ProbeOutcome) -> None:
+        from zeroplan.tuner.probetime import ProbeTiming
+
+        predicted = self.predicted_step_time(plan) if self.predicted_step_time else None
+        if not (outcome.ok and predicted and outcome.step_time_s > 0):
+            return
+        accum = plan.gradient_accumulation_steps
+        steps = outcome.optimizer_steps or (self.warmup + self.steps)
+        if outcome.micro_steps:
+            # It stopped at a boundary: warm-up plus the measured micro-steps, in optimizer steps.
+            steps = max(steps, outcome.micro_steps / accum)
+        self.history.append(
+            ProbeTiming(predicted_step_time_s=predicted, step_time_s=outcome.step_time_s, wall_s=outcome.wall_s, optimizer_steps=steps, startup_s=outcome.startup_s)
+        )
 
 
 def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Optional[list[str]] = None) -> ProbeOutcome:
@@ -166,9 +212,10 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Opti
     ``progress``: the worker's progress lines (``zeroplan.runtime.worker.PROGRESS_PREFIX``); None
     when they were not collected, so the failure phase stays unknown.
     """
-    from zeroplan.tuner.failures import progress_from_lines
+    from zeroplan.tuner.failures import measurement_from_lines, progress_from_lines
 
     ready_s, steps, _ = progress_from_lines(progress or [])
+    measured = measurement_from_lines(progress or [])
     per_rank = tuple(int(x or 0) for x in (getattr(result, "peak_memory_per_rank", None) or ()))
     error = getattr(result, "error", None) or ""
     return ProbeOutcome(
@@ -189,4 +236,6 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Opti
         engine_ready=None if progress is None else ready_s is not None,
         optimizer_steps=steps,
         startup_s=ready_s,
+        step_time_ci_s=measured[1] if measured else None,
+        micro_steps=measured[2] if measured else 0,
     )

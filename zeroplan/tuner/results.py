@@ -73,6 +73,8 @@ CSV_COLUMNS = [
     "worker",
     "reason",
     "startup_s",
+    "measured_step_time_ci_s",
+    "timeout_s",
     "failure",
 ]
 
@@ -130,6 +132,8 @@ def trials_frame(trials: list[Any]) -> Any:
                 "worker": attrs.get("worker", ""),
                 "reason": trial_reason(t),
                 "startup_s": attrs.get("startup_s"),
+                "measured_step_time_ci_s": attrs.get("step_time_ci_s"),
+                "timeout_s": attrs.get("timeout_s"),
                 "failure": attrs.get("signature", ""),
             }
         )

@@ -435,11 +435,17 @@ class Tuner:
             measured["ds_config"] = outcome.ds_config
         if outcome.ok and outcome.samples_per_second <= 0:
             measured["reason"] = "probe reported no throughput"
-        failure = classify_failure(outcome.status, outcome.error, engine_ready=outcome.engine_ready, optimizer_steps=outcome.optimizer_steps)
+        failure = classify_failure(
+            outcome.status, outcome.error, engine_ready=outcome.engine_ready, optimizer_steps=outcome.optimizer_steps, cut_short=outcome.timeout_derived
+        )
         if failure is not None:
             measured |= {"failure_kind": failure.kind, "failure_phase": failure.phase or "", "signature": failure.signature}
         if outcome.startup_s is not None:
             measured["startup_s"] = round(outcome.startup_s, 3)
+        if outcome.step_time_ci_s is not None:
+            measured |= {"step_time_ci_s": outcome.step_time_ci_s, "micro_steps": outcome.micro_steps}
+        if outcome.timeout_s:
+            measured["timeout_s"] = round(outcome.timeout_s, 1)
         self.ledger.set_attrs(trial, measured)
         if outcome.ok and outcome.samples_per_second > 0:
             self.ledger.tell(trial, outcome.samples_per_second)

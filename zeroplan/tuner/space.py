@@ -194,6 +194,11 @@ class SearchSpace:
     def get(self, key: str) -> Candidate | None:
         return self._by_key.get(key)
 
+    def predicted_step_time(self, plan: Plan) -> float | None:
+        """The estimator's optimizer-step time for ``plan``, seconds (None: not in the space)."""
+        cand = self._by_key.get(plan_key(plan))
+        return cand.predicted_step_time_s if cand is not None else None
+
 
 def _pruned_reason(estimate: Any, cluster: ClusterSpec) -> str:
     """Why the estimator says a plan does not fit, in one line with the numbers."""

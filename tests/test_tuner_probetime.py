@@ -1,0 +1,86 @@
+"""Short probes: the step time from micro-steps with its confidence interval, the worker's
+micro-step meter, and per-probe timeouts learned from the probes that worked."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import pytest
+
+from zeroplan.runtime.steptime import estimate_step_time, t_quantile_975
+from zeroplan.runtime.worker import ProbeDone, StepMeter
+from zeroplan.tuner.probetime import TIMEOUT_MARGIN, TIMEOUT_SLACK_S, ProbeTiming, probe_timeout
+
+
+def test_t_quantiles_match_the_normal_limit_and_table_rows():
+    assert t_quantile_975(1) == 12.706 and t_quantile_975(10) == 2.228
+    assert t_quantile_975(35) == t_quantile_975(30) == 2.042  # next smaller row: conservative
+    assert t_quantile_975(10_000) == pytest.approx(statistics.NormalDist().inv_cdf(0.975), abs=1e-3)
+
+
+@pytest.mark.parametrize("grad_accum, n_steps", [(1, 4), (8, 1), (8, 2), (16, 1)])
+def test_interval_covers_the_true_step_time_95_percent_of_the_time(grad_accum, n_steps):
+    """Simulated micro-step times (normal, 8% spread; the boundary one also runs the optimizer):
+    the 95% interval of T = (G−1)·m + b must hold the true T in about 95% of repetitions."""
+    rng = random.Random(1234)
+    m, b = 0.010, 0.025
+    true_t = (grad_accum - 1) * m + b
+    runs, hits = 2000, 0
+    for _ in range(runs):
+        micro = [rng.gauss(m, 0.08 * m) for _ in range((grad_accum - 1) * n_steps)]
+        boundary = [rng.gauss(b, 0.08 * b) for _ in range(n_steps)]
+        est = estimate_step_time(micro, boundary, grad_accum)
+        hits += abs(est.step_time_s - true_t) <= est.half_width_s
+    assert 0.93 <= hits / runs <= 0.985
+
+
+def test_no_interval_before_enough_samples():
+    assert estimate_step_time([0.1], [0.2], 8) is None
+    assert estimate_step_time([], [0.2], 1) is None
+    assert estimate_step_time([0.1, 0.1], [], 8) is None
+
+
+def _drive(meter: StepMeter, accum: int, micro_s: float, boundary_s: float, limit: int = 200) -> int:
+    """Run micro-steps through the meter (sleeping their duration) until it ends the run."""
+    meter.grad_accum = accum
+    meter.start()
+    for i in range(1, limit + 1):
+        boundary = i % accum == 0
+        time.sleep(boundary_s if boundary else micro_s)
+        try:
+            meter.micro_step_done(boundary)
+        except ProbeDone:
+            return i
+    raise AssertionError("the meter never ended the run")
+
+
+def test_micro_step_meter_stops_at_a_boundary_once_the_interval_is_tight():
+    meter = StepMeter(warmup=2, steps=5, target_ci=0.25)
+    n = _drive(meter, accum=8, micro_s=0.004, boundary_s=0.012)
+    assert n % 8 == 0  # at an accumulation boundary
+    assert n < (1 + 5) * 8  # before the whole-step budget (warm-up is 1 step at accumulation 8)
+    est = meter.estimate
+    assert est.relative_half_width <= 0.25
+    assert est.step_time_s == pytest.approx(7 * 0.004 + 0.012, rel=0.5)  # sleeps overshoot on a loaded machine
+    assert meter.as_dict()["step_time"] == est.step_time_s
+
+
+def test_micro_step_meter_stops_at_the_step_budget_when_never_tight():
+    meter = StepMeter(warmup=1, steps=2, target_ci=1e-9)
+    n = _drive(meter, accum=4, micro_s=0.001, boundary_s=0.002)
+    assert n == (1 + 2) * 4  # warm-up step + 2 measured steps' worth of micro-steps
+
+
+def _timing(step, predicted=1.0, wall=30.0, steps=7):
+    return ProbeTiming(predicted_step_time_s=predicted, step_time_s=step, wall_s=wall, optimizer_steps=steps)
+
+
+def test_probe_timeout_from_the_probes_that_worked():
+    assert probe_timeout(2.0, [], ceiling_s=300, optimizer_steps=7) == (300, False)
+    # Two probes: measured step times are 0.5× the predictions; fixed part 30 − 7·0.5 = 26.5 s and 30 − 7·1.0 = 23 s.
+    history = [_timing(0.5, predicted=1.0), _timing(1.0, predicted=2.0)]
+    expected = statistics.median([26.5, 23.0]) + 7 * 0.5 * 4.0
+    assert probe_timeout(4.0, history, ceiling_s=300, optimizer_steps=7) == (pytest.approx(TIMEOUT_MARGIN * expected + TIMEOUT_SLACK_S), True)
+    assert probe_timeout(400.0, history, ceiling_s=300, optimizer_steps=7) == (300, False)  # --timeout stays the ceiling
