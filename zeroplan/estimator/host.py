@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zeroplan.estimator.memory import largest_param_numel
+
 from zeroplan.spec import (
     ClusterSpec,
     ModelSpec,
@@ -197,9 +199,7 @@ def host_phases(
     # Offloaded optimizer buffers hold trainable parameters only (a LoRA adapter, not the frozen
     # base: zeroplan.estimator.peft); without peft s_t = s.
     s_t = -(-model.trainable_params // n)
-    largest = max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
-    if model.peft is not None and model.peft.adapted:
-        largest = max(m.rank * max(m.in_features, m.out_features) for m in model.peft.adapted)
+    largest = largest_param_numel(model)
     knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     pinned_on = pin_memory and device == "cuda"
     pinned_names: list[str] = []

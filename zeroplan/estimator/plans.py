@@ -20,7 +20,7 @@ from zeroplan.estimator.memory import (
 )
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.timing import StepTime, step_time
-from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import OFFLOADS, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
 
 __all__ = [
     "ENGINES",
@@ -410,15 +410,14 @@ def _combos(stage: int, engine: str = "deepspeed") -> Iterable[tuple[str, str]]:
         elif stage == 3:
             yield ("cpu", "cpu")
         return
-    if stage == 0:
-        yield ("none", "none")
-    elif stage in (1, 2):
-        yield ("none", "none")
-        yield ("cpu", "none")
-    else:
-        for opt in ("none", "cpu", "nvme"):
-            for param in ("none", "cpu", "nvme"):
-                yield (opt, param)
+    # DeepSpeed: exactly the combinations Plan accepts (the one home of stage/offload validity).
+    for opt in OFFLOADS:
+        for param in OFFLOADS:
+            try:
+                Plan(stage=stage, offload_optimizer=opt, offload_param=param)
+            except SpecError:
+                continue
+            yield (opt, param)
 
 
 def enumerate_plans(
@@ -499,9 +498,10 @@ def enumerate_plans(
             "together (stage 2: --offload-optimizer cpu; stage 3: --offload-optimizer cpu --offload-param cpu), and there is no NVMe offload"
         )
     if not plans:
+        # The plan flags name a combination DeepSpeed does not honour: Plan says which and why.
+        Plan(stage=3 if stage is None else stage, offload_optimizer=offload_optimizer or "none", offload_param=offload_param or "none")
         raise SpecError(
-            f"no valid plan for --stage {stage} --offload-optimizer {offload_optimizer} "
-            f"--offload-param {offload_param}: offload_param needs stage 3, offload_optimizer stage >= 1, nvme optimizer offload stage 3"
+            f"no valid plan for --stage {stage} --offload-optimizer {offload_optimizer} --offload-param {offload_param}"
         )
     return plans
 
