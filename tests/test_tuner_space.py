@@ -110,3 +110,18 @@ def test_nothing_fits_is_visible():
     space = build_space(GPT_TASK, cluster(gpu_memory_gib=1e-6), TrainingSpec(seq_len=64, global_batch=16), device="cpu")
     assert not space.fitting
     assert all(c.predicted_peak_memory_bytes > 1e-6 * GiB for c in space.pruned)
+
+
+def test_opening_picks_spread_micro_batches_among_near_best_predictions():
+    """The estimator's first picks do not all share one micro-batch (one hang or OOM at that
+    micro-batch would fail them all), and each stays near the best prediction of its choice."""
+    from zeroplan.tuner.search import NEAR_BEST
+
+    space = build_space(GPT_TASK, cluster(), TrainingSpec(seq_len=64, global_batch=32), device="cpu")
+    picks = initial_candidates(space, 4)
+    assert picks[0] is space.fitting[0]
+    assert len({zero_choice(c.plan) for c in picks}) == 4
+    assert len({c.plan.micro_batch for c in picks}) >= 3
+    for c in picks:
+        best_of_choice = max(x.predicted_samples_per_second for x in space.fitting if zero_choice(x.plan) == zero_choice(c.plan))
+        assert c.predicted_samples_per_second >= NEAR_BEST * best_of_choice

@@ -112,19 +112,32 @@ def make_sampler(name: str = "tpe", *, seed: Optional[int] = None, n_startup_tri
     raise SpecError(f"--sampler {name!r} is not valid; choose one of {', '.join(SAMPLERS)}")
 
 
+#: A plan predicted at least this fraction of the best of its stage/offload choice counts as near-best.
+NEAR_BEST = 0.8
+
+
 def initial_candidates(space: SearchSpace, n: int) -> list[Candidate]:
-    """The first ``n`` plans to probe: the predicted-fastest, then the predicted-fastest of each
-    other stage/offload choice (so early probes span the space), then the rest by prediction."""
+    """The first ``n`` plans to probe, spreading the risk: the predicted-fastest, then one plan
+    of each other stage/offload choice (so early probes span the space) — the fastest predicted
+    of that choice, or, if its micro-batch is already among the picks, the fastest near-best one
+    (≥ ``NEAR_BEST`` of it) with a micro-batch not yet picked, so a failure tied to one
+    micro-batch (a hang, an OOM) cannot take out every opening probe — then the rest by prediction."""
     fitting = space.fitting
     if n <= 0 or not fitting:
         return []
     chosen: list[Candidate] = [fitting[0]]
-    seen_zero = {zero_choice(fitting[0].plan)}
-    for cand in fitting[1:]:
-        z = zero_choice(cand.plan)
-        if z not in seen_zero:
-            seen_zero.add(z)
-            chosen.append(cand)
+    micro_batches = {fitting[0].plan.micro_batch}
+    groups: dict[str, list[Candidate]] = {}
+    for cand in fitting:
+        groups.setdefault(zero_choice(cand.plan), []).append(cand)
+    for zero, group in groups.items():  # in order of each choice's best prediction
+        if zero == zero_choice(fitting[0].plan):
+            continue
+        top = group[0]
+        near = [c for c in group if c.predicted_samples_per_second >= NEAR_BEST * top.predicted_samples_per_second]
+        pick = next((c for c in near if c.plan.micro_batch not in micro_batches), top)
+        chosen.append(pick)
+        micro_batches.add(pick.plan.micro_batch)
     keys = {c.key for c in chosen}
     chosen.extend(c for c in fitting if c.key not in keys)
     return chosen[:n]
