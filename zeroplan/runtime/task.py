@@ -9,11 +9,12 @@ read its own flags (see examples/gpt_task.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from zeroplan.spec import ModelSpec, SpecError
 
-__all__ = ["Task"]
+__all__ = ["Task", "load_task"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +46,32 @@ class Task:
             raise SpecError(f"Task.seq_len={self.seq_len!r} is not valid; give a whole number >= 1 or None")
         if not self.lr > 0:
             raise SpecError(f"Task.lr={self.lr!r} is not valid; give a positive learning rate")
+
+
+def load_task(script: str | Path, args: tuple[str, ...] = (), *, restore_argv: bool = True) -> Task:
+    """Run ``script`` (``runpy``, as module ``__zeroplan_task__``, so its ``if __name__ ==
+    "__main__"`` block stays out) with ``sys.argv = [script, *args]`` — the worker's view — and
+    return what its ``zeroplan_task()`` builds. The one loader the probe worker, the tuner and the
+    tracer use. ``restore_argv=False`` leaves ``sys.argv`` set (the worker's process runs the task).
+
+    TypeError when the script has no ``zeroplan_task()`` or it returns something else than a Task;
+    anything the script raises propagates.
+    """
+    import runpy
+    import sys
+
+    script = str(script)
+    saved = sys.argv
+    sys.argv = [script, *args]
+    try:
+        namespace = runpy.run_path(script, run_name="__zeroplan_task__")
+        factory = namespace.get("zeroplan_task")
+        if not callable(factory):
+            raise TypeError(f"{script} has no top-level function zeroplan_task()")
+        task = factory()
+    finally:
+        if restore_argv:
+            sys.argv = saved
+    if not isinstance(task, Task):
+        raise TypeError(f"zeroplan_task() in {script} returned {type(task).__name__}, not zeroplan.runtime.task.Task")
+    return task

@@ -312,17 +312,9 @@ def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
 
 
 def _load_task(spec: dict):
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.task import load_task
 
-    script = spec["script"]
-    sys.argv = [script, *spec["script_args"]]
-    namespace = runpy.run_path(script, run_name="__zeroplan_task__")
-    if not callable(namespace.get("zeroplan_task")):
-        raise TypeError(f"{script} has no top-level function zeroplan_task()")
-    task = namespace["zeroplan_task"]()
-    if not isinstance(task, Task):
-        raise TypeError(f"zeroplan_task() in {script} returned {type(task).__name__}, not zeroplan.runtime.task.Task")
-    return task
+    return load_task(spec["script"], tuple(spec["script_args"]), restore_argv=False)
 
 
 def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:

@@ -65,10 +65,9 @@ def task_model_spec(script: Path, script_args: tuple[str, ...] = (), *, timeout_
     script + its arguments), so task flags such as ``--layers`` apply.
     """
     code = (
-        "import json, runpy, sys\n"
-        "sys.argv = sys.argv[1:]\n"
-        "ns = runpy.run_path(sys.argv[0], run_name='__zeroplan_task__')\n"
-        "task = ns['zeroplan_task']()\n"
+        "import json, sys\n"
+        "from zeroplan.runtime.task import load_task\n"
+        "task = load_task(sys.argv[1], tuple(sys.argv[2:]))\n"
         "spec = task.model_spec.as_dict() if task.model_spec is not None else None\n"
         "print('ZEROPLAN_TASK ' + json.dumps({'model_spec': spec, 'seq_len': task.seq_len}))\n"
     )

@@ -1,0 +1,29 @@
+"""examples/gpt_task.py stays a standalone user script, and `zeroplan calibrate` ships its own GPT
+(the examples folder is not installed): the two must stay the same model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_calibrate_gpt_is_the_example_gpt():
+    from zeroplan.calibrate.gpt import GPT, GPTShape, gpt_model_spec
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import gpt_task
+    finally:
+        sys.path.pop(0)
+    sizes = dict(layers=3, hidden=64, heads=4, vocab=512, seq_len=32)
+    example = gpt_task.GPT(gpt_task.GPTConfig(**sizes))
+    library = GPT(GPTShape(**sizes))
+    assert sorted(tuple(p.shape) for p in example.parameters()) == sorted(tuple(p.shape) for p in library.parameters())
+    counted = sum(p.numel() for p in example.parameters())
+    assert gpt_task.model_spec(gpt_task.GPTConfig(**sizes)).params == gpt_model_spec(GPTShape(**sizes)).params == counted
