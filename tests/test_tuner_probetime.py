@@ -84,3 +84,19 @@ def test_probe_timeout_from_the_probes_that_worked():
     expected = statistics.median([26.5, 23.0]) + 7 * 0.5 * 4.0
     assert probe_timeout(4.0, history, ceiling_s=300, optimizer_steps=7) == (pytest.approx(TIMEOUT_MARGIN * expected + TIMEOUT_SLACK_S), True)
     assert probe_timeout(400.0, history, ceiling_s=300, optimizer_steps=7) == (300, False)  # --timeout stays the ceiling
+
+
+def test_cpu_probes_are_ordered_by_this_machines_speeds_not_a_datasheet():
+    from zeroplan.cli.common import resolve_cluster
+    from zeroplan.tuner.cpu_profile import time_model_for_probes
+
+    cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
+    same, note = time_model_for_probes(cluster, on_cuda=False, gpu_given=True)
+    assert same is cluster and note.startswith("time model: ")
+    cpu, note = time_model_for_probes(cluster, on_cuda=False, gpu_given=False)
+    assert note.startswith("time model: this CPU measured now") and cpu.gpu.name == "cpu-quick"
+    # Memory (what the estimator prunes with) is unchanged; speeds are this CPU's: a few server
+    # cores do not reach 1% of an A100's datasheet fp32/bf16 peaks (19.5 / 312 TFLOP/s).
+    assert cpu.gpu_memory_bytes == cluster.gpu_memory_bytes and cpu.gpus == cluster.gpus
+    for prec in ("fp32", "bf16"):
+        assert 1e8 < cpu.gpu.peak_flops[prec] < 0.01 * cluster.gpu.peak_flops[prec]

@@ -214,6 +214,9 @@ def tune(
         gpus=gpus, gpus_per_node=nproc, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node, runs_here=True
     )
     on_cuda = cuda_visible()
+    from zeroplan.tuner.cpu_profile import time_model_for_probes
+
+    cluster, time_model = time_model_for_probes(cluster, on_cuda=on_cuda, gpu_given=gpu is not None or node is not None)
     space = tune_space(
         model_spec,
         cluster,
@@ -242,6 +245,7 @@ def tune(
         "precision": training.precision,
         "storage": url,
         "sampler": f"{sampler} after {settings.initial} estimator picks",
+        "time_model": time_model.removeprefix("time model: "),
         "plans": len(space.candidates),
         "pruned": len(space.pruned),
     }
@@ -276,6 +280,7 @@ def tune(
         write_results(tuner.ledger.trials(), output, meta)
 
     tuner = Tuner(study, space, runner, settings, on_event=view.event, after_trial=after_trial)
+    console.print(f"[dim]{time_model}[/]")
     for message in tuner.prepare(resume=resume):
         console.print(f"[dim]{message}[/]")
     from zeroplan.tuner.results import PLOT_MISSING, plotting_available
