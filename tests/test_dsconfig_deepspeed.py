@@ -130,18 +130,56 @@ def test_fp16_block_matches_deepspeed_dynamic_scaling(ds_config, world):
 
 DS_REJECTS = [c for c in CASES if c[4]]
 
+_BATCH_ASSERT = r"train_batch_size is not equal to micro_batch_per_gpu \* gradient_acc_step \* world_size"
+_STR_COMPARE = r"'>' not supported between instances of 'str' and 'int'"  # a string batch value reaches a comparison
+#: How DeepSpeed 0.19 rejects each case: exception type and a pattern its message must match.
+#: ``None``: a pydantic ValidationError that names the key of our finding (its path's last part).
+DS_ERRORS = {
+    "ZP101": (AssertionError, _BATCH_ASSERT),  # runtime/config.py _batch_assertion
+    "ZP102": (AssertionError, _BATCH_ASSERT),
+    "ZP106": (AssertionError, _BATCH_ASSERT),
+    "ZP103": (AssertionError, "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"),
+    "ZP201": (None, None),
+    "ZP205": (None, None),
+    "ZP206": (AssertionError, "Cannot provide deprecated parameter 'cpu_offload'"),  # config_utils.py
+    "ZP301": (AssertionError, "bfloat16 and fp16 modes cannot be simultaneously enabled"),
+    "ZP302": (None, None),
+    "ZP303": (None, None),
+    "ZP401": (None, None),
+    "ZP402": (None, None),
+    "ZP501": (None, None),
+    "ZP502": ("DeepSpeedConfigError", "has been removed"),  # _REMOVED_*_CONFIG_KEYS
+    "ZP504": (TypeError, _STR_COMPARE),
+    "ZP505": (TypeError, "argument after \\*\\* must be a mapping"),
+}
+
 
 @pytest.mark.parametrize("rule_id,bad,good,kwargs,_", DS_REJECTS, ids=[c[0] for c in DS_REJECTS])
 def test_errors_we_report_are_errors_for_deepspeed(ds_config, rule_id, bad, good, kwargs, _):
-    """For every case marked "DeepSpeed rejects": DeepSpeedConfig raises on the bad config and
-    accepts the clean one, and our finding for it is an error (or a warning for "auto", which
-    only the HF Trainer fills in)."""
+    """For every case marked "DeepSpeed rejects": DeepSpeedConfig raises on the bad config for the
+    reason our finding names (its own exception and message), accepts the clean one, and our
+    finding is an error (or a warning for "auto", which only the HF Trainer fills in)."""
+    import re
+
+    from deepspeed.runtime.config import DeepSpeedConfigError
+    from pydantic import ValidationError
+
     world = kwargs.get("world_size") or 2
-    with pytest.raises(Exception):
+    ours = [f for f in run_case(bad, kwargs, clean=False) if f.rule_id == rule_id]
+    with pytest.raises((AssertionError, TypeError, ValidationError, DeepSpeedConfigError)) as info:
         ds_config(bad, world)
+    kind, pattern = DS_ERRORS[rule_id]
+    text = str(info.value)
+    if rule_id == "ZP401" and not isinstance(info.value, ValidationError):  # a string batch value, compared
+        assert isinstance(info.value, TypeError) and re.search(_STR_COMPARE, text), text
+    elif kind is None:
+        assert isinstance(info.value, ValidationError), text
+        assert any(re.search(rf"\b{re.escape(f.path.rsplit('.', 1)[-1])}\b", text) for f in ours), (text, [f.path for f in ours])
+    else:
+        expected = DeepSpeedConfigError if kind == "DeepSpeedConfigError" else kind
+        assert isinstance(info.value, expected) and re.search(pattern, text), (type(info.value), text)
     ds_config(good, world)
-    severities = {f.severity for f in run_case(bad, kwargs, clean=False) if f.rule_id == rule_id}
-    assert severities & ({"error", "warning"} if rule_id == "ZP504" else {"error"})
+    assert {f.severity for f in ours} & ({"error", "warning"} if rule_id == "ZP504" else {"error"})
 
 
 def test_sequence_parallel_divides_the_world_like_deepspeed(ds_config):
