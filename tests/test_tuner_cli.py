@@ -209,3 +209,10 @@ def test_a_script_failing_every_plan_stops_after_two_probes_with_its_signature(t
     signature = "crash/start-up: ImportError: cannot import name 'fused_rope' from 'mylib.kernels' (<path>)"
     assert set(rows["failure"]) == {signature}
     assert f"every plan fails the same way after 2 probes: {signature}" in " ".join(r.stdout.split())
+
+
+def test_time_budget_too_small_for_one_probe_exits_2_saying_how_long_one_takes(tmp_path):
+    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--time-budget", "0.5", "--output", str(tmp_path / "o"), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and "--time-budget 0.5 s is too small for one probe: one takes at least" in line

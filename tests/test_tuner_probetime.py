@@ -100,3 +100,31 @@ def test_cpu_probes_are_ordered_by_this_machines_speeds_not_a_datasheet():
     assert cpu.gpu_memory_bytes == cluster.gpu_memory_bytes and cpu.gpus == cluster.gpus
     for prec in ("fp32", "bf16"):
         assert 1e8 < cpu.gpu.peak_flops[prec] < 0.01 * cluster.gpu.peak_flops[prec]
+
+
+def test_predicted_gap_scales_predictions_to_the_measurements():
+    from zeroplan.tuner.probetime import predicted_gap
+
+    # Measured throughput is half the prediction on this machine; the best unprobed plan is predicted
+    # 240/s, i.e. 120/s here, against 100/s measured best: 20% faster.
+    gap = predicted_gap(100.0, [(200.0, 100.0), (160.0, 80.0)], [("z2/mb8", 240.0), ("z0/mb4", 150.0)])
+    assert (gap.plan_key, gap.unprobed) == ("z2/mb8", 2) and gap.fraction == pytest.approx(0.2)
+    assert predicted_gap(100.0, [(200.0, 100.0)], []).plan_key is None
+
+
+def test_time_budget_starts_no_probe_that_would_end_past_it(tmp_path):
+    from test_tuner_search import Replay, make_space
+    from zeroplan.tuner import TuneSettings, Tuner, make_sampler, open_study, storage_url
+
+    class Slow(Replay):
+        def __call__(self, plan, **kw):
+            time.sleep(0.4)
+            return super().__call__(plan, **kw)
+
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("tpe", seed=1))
+    tuner = Tuner(study, make_space(), Slow(oom_from=None), TuneSettings(trials=50, time_budget_s=0.9), expected_probe_s=lambda plan: 0.6)
+    tuner.prepare(resume=False)
+    summary = tuner.run()
+    # The first probe fits (0 + 0.6 ≤ 0.9); after it (≥ 0.4 s) the next would end past 0.9 s.
+    assert summary.stopped_because == "time budget" and summary.probes_this_run == 1
+    assert summary.gap is not None and summary.gap.unprobed > 0

@@ -101,7 +101,7 @@ def tune(
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
     trials: Annotated[int, typer.Option("--trials", help="Probes the study should hold (pruned plans do not count).", rich_help_panel=_TUNE)] = 8,
-    time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Seconds after which no new probe starts.", rich_help_panel=_TUNE)] = None,
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Wall-clock seconds for the search: no probe starts that would end past it; at the end, the predicted gap to the best plan not probed.", rich_help_panel=_TUNE)] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per probe before it is killed (status timeout).", rich_help_panel=_TUNE)] = 300.0,
     backend: Annotated[str, typer.Option("--backend", help="deepspeed | fsdp (fsdp runs zeroplan tasks only).", rich_help_panel=_TUNE)] = "deepspeed",
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for ds_config.json, trials.csv, report.md, throughput.png and study.db.", rich_help_panel=_TUNE)] = Path("zeroplan-out"),
@@ -256,6 +256,13 @@ def tune(
             f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"
         )
         raise typer.Exit(1)
+    if time_budget is not None:
+        from zeroplan.tuner.probetime import probe_floor_s, probes_in_budget, startup_floor_s
+
+        floor = probe_floor_s(space.fitting[0].predicted_step_time_s, startup_s=startup_floor_s(), optimizer_steps=warmup + 1)
+        fit = probes_in_budget(time_budget, floor)
+        console.print(f"[dim]time budget {time_budget:g} s: one probe takes at least {floor:.0f} s here, so at most {fit} probes "
+                      f"(no probe starts that its expected duration would take past the budget)[/]")
 
     runner = ProbeRunner(
         script=script,
@@ -279,7 +286,7 @@ def tune(
     def after_trial() -> None:
         write_results(tuner.ledger.trials(), output, meta)
 
-    tuner = Tuner(study, space, runner, settings, on_event=view.event, after_trial=after_trial)
+    tuner = Tuner(study, space, runner, settings, on_event=view.event, after_trial=after_trial, expected_probe_s=runner.expected_s)
     console.print(f"[dim]{time_model}[/]")
     for message in tuner.prepare(resume=resume):
         console.print(f"[dim]{message}[/]")
@@ -397,6 +404,20 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: in
         f"[bold green]best[/]: {best['plan']} — {best['measured_samples_per_second']:.2f} samples/s "
         f"(trial #{best['trial']}); {validated}"
     )
+    gap = summary.gap
+    if gap is not None:
+        if gap.plan_key is None:
+            console.print("every admissible plan was probed: this is the best of the space as measured")
+        elif gap.fraction > 0:
+            console.print(
+                f"{gap.unprobed} admissible plans were not probed; the most promising, {gap.plan_key}, is predicted "
+                f"{gap.fraction:.0%} faster (predictions scaled to the measurements): more probes may pay"
+            )
+        else:
+            console.print(
+                f"{gap.unprobed} admissible plans were not probed; none is predicted faster (the most promising, "
+                f"{gap.plan_key}, at {-gap.fraction:.0%} below the best found, predictions scaled to the measurements)"
+            )
     for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
         if (output / name).exists():
             console.print(f"  wrote {output / name}")

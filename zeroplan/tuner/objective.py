@@ -127,6 +127,15 @@ class ProbeRunner:
     history: list = field(default_factory=list)
     """:class:`zeroplan.tuner.probetime.ProbeTiming` of every probe that worked."""
 
+    def expected_s(self, plan: Plan) -> Optional[float]:
+        """Expected wall time of a probe of ``plan`` from the probes that worked (None before any)."""
+        from zeroplan.tuner.probetime import expected_probe_s
+
+        predicted = self.predicted_step_time(plan) if self.predicted_step_time else None
+        if not predicted:
+            return None
+        return expected_probe_s(predicted, self.history, optimizer_steps=self.warmup + self.steps)
+
     def timeout_for(self, plan: Plan) -> tuple[float, bool]:
         """(timeout, derived?) for a probe of ``plan``."""
         from zeroplan.tuner.probetime import probe_timeout

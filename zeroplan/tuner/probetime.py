@@ -14,7 +14,18 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["ProbeTiming", "expected_probe_s", "probe_timeout", "TIMEOUT_MARGIN", "TIMEOUT_SLACK_S"]
+__all__ = [
+    "Gap",
+    "ProbeTiming",
+    "TIMEOUT_MARGIN",
+    "TIMEOUT_SLACK_S",
+    "expected_probe_s",
+    "predicted_gap",
+    "probe_floor_s",
+    "probe_timeout",
+    "probes_in_budget",
+    "startup_floor_s",
+]
 
 #: A probe may take this many times its expected duration before it is called a hang.
 TIMEOUT_MARGIN = 3.0
@@ -64,3 +75,60 @@ def probe_timeout(predicted_step_time_s: float, history: Sequence[ProbeTiming], 
         return ceiling_s, False
     derived = TIMEOUT_MARGIN * expected + TIMEOUT_SLACK_S
     return (derived, True) if derived < ceiling_s else (ceiling_s, False)
+
+
+def startup_floor_s(*, python: Optional[str] = None) -> float:
+    """Seconds a fresh interpreter here takes to import torch: every probe rank pays at least this
+    before its engine exists (a lower bound on a probe's start-up, measured in a subprocess)."""
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    subprocess.run([python or sys.executable, "-c", "import torch"], check=False, capture_output=True, timeout=600)
+    return time.monotonic() - start
+
+
+def probe_floor_s(predicted_step_time_s: float, *, startup_s: float, optimizer_steps: float) -> float:
+    """A lower bound on one probe's wall time: start-up plus its steps at the predicted step time."""
+    return startup_s + optimizer_steps * predicted_step_time_s
+
+
+@dataclass(frozen=True)
+class Gap:
+    """How much faster the best plan not probed is predicted to be than the best one measured."""
+
+    fraction: float
+    """(predicted throughput of the best unprobed plan, scaled by measured/predicted) / best measured − 1; ≤ 0: none predicted faster."""
+    plan_key: Optional[str]
+    """That plan (None when every admissible plan was probed)."""
+    unprobed: int
+    """Admissible plans not probed."""
+
+
+def predicted_gap(best_measured: float, probed: Sequence[tuple[float, float]], unprobed: Sequence[tuple[str, float]]) -> Gap:
+    """The :class:`Gap` from ``probed`` (predicted, measured samples/s of probes that worked) and
+    ``unprobed`` (plan key, predicted samples/s of plans still admissible).
+
+    Predictions are scaled by the median measured/predicted ratio of the probes, so a time model
+    that is off by a constant factor (a datasheet for another machine) still compares fairly.
+    """
+    if not unprobed:
+        return Gap(fraction=0.0, plan_key=None, unprobed=0)
+    ratios = [m / p for p, m in probed if p > 0 and m > 0]
+    scale = statistics.median(ratios) if ratios else 1.0
+    key, predicted = max(unprobed, key=lambda kv: kv[1])
+    return Gap(fraction=predicted * scale / best_measured - 1.0 if best_measured > 0 else float("inf"), plan_key=key, unprobed=len(unprobed))
+
+
+def probes_in_budget(time_budget_s: float, floor_s: float) -> int:
+    """How many probes of at least ``floor_s`` seconds fit in ``time_budget_s``; SpecError (a usage
+    error, exit 2) naming how long one takes when not even one fits."""
+    from zeroplan.spec import SpecError
+
+    if time_budget_s < floor_s:
+        raise SpecError(
+            f"--time-budget {time_budget_s:g} s is too small for one probe: one takes at least {floor_s:.0f} s here "
+            f"(start-up and its warm-up and measured steps); give --time-budget {max(floor_s * 3, floor_s + 30):.0f} or more"
+        )
+    return int(time_budget_s // floor_s)

@@ -32,6 +32,7 @@ from zeroplan.tuner.admission import Knowledge, Rejection, admit, duplicate, kno
 from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspect_rank
 from zeroplan.tuner.ledger import ClaimsLedger, first_line, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
+from zeroplan.tuner.probetime import Gap, predicted_gap
 from zeroplan.tuner.space import Candidate, SearchSpace, zero_choice
 from zeroplan.tuner.storage import StorageError, fail_stale_trials, heartbeat
 
@@ -49,7 +50,8 @@ class TuneSettings:
     trials: int = 8
     """Probes the study should hold (all workers together); pruned/duplicate trials do not count."""
     time_budget_s: Optional[float] = None
-    """No new probe starts after this many seconds of this process's run (None: no limit)."""
+    """Wall-clock seconds of this process's search: no probe starts after it, nor one whose expected
+    duration (``Tuner.expected_probe_s``) would take it past (None: no limit)."""
     n_initial: Optional[int] = None
     """Estimator-ranked plans enqueued before the sampler (None: ceil(trials / 2))."""
     probe_timeout_s: float = 300.0
@@ -93,6 +95,8 @@ class TuneSummary:
     """When every plan fails the same way: the failure's signature."""
     failure_fix: Optional[str] = None
     """... and what to fix."""
+    gap: Optional[Gap] = None
+    """How much faster the best admissible plan not probed is predicted to be than the best found."""
 
 
 def make_sampler(name: str = "tpe", *, seed: Optional[int] = None, n_startup_trials: int = 3) -> Any:
@@ -181,8 +185,11 @@ class Tuner:
         on_event: Optional[Callable[..., None]] = None,
         after_trial: Optional[Callable[[], None]] = None,
         clock: Callable[[], float] = time.time,
+        expected_probe_s: Optional[Callable[[Any], Optional[float]]] = None,
     ) -> None:
         self.study = study
+        self.expected_probe_s = expected_probe_s
+        """Expected seconds of a probe of a plan (None: unknown); the time budget starts no probe that would not fit."""
         self.space = space
         self.runner = runner
         self.settings = settings
@@ -322,8 +329,12 @@ class Tuner:
     def _stop_reason(self, trials: list[Any], start: float, knowledge: Knowledge, remaining: list[Candidate]) -> Optional[str]:
         if self.probes_in_study(trials) >= self.settings.trials:
             return "trials reached"
-        if self.settings.time_budget_s is not None and time.monotonic() - start >= self.settings.time_budget_s:
-            return "time budget"
+        budget = self.settings.time_budget_s
+        if budget is not None:
+            elapsed = time.monotonic() - start
+            expected = self.expected_probe_s(remaining[0].plan) if remaining and self.expected_probe_s else None
+            if elapsed >= budget or (expected is not None and elapsed + expected > budget):
+                return "time budget"
         if self.script_failure(trials, knowledge) is not None:
             return "every plan fails"
         if not remaining:
@@ -399,6 +410,7 @@ class Tuner:
         best = self.best()
         failure = self.script_failure() if stopped == "every plan fails" else None
         return TuneSummary(
+            gap=self.gap(best),
             failure_signature=failure[0] if failure else None,
             failure_fix=failure[1] if failure else None,
             probes_in_study=self.probes_in_study(),
@@ -409,6 +421,21 @@ class Tuner:
             best_plan_key=best.user_attrs.get("plan_key") if best else None,
             wall_s=time.monotonic() - start,
         )
+
+    def gap(self, best: Any = None) -> Optional[Gap]:
+        """How close the best plan found is believed to be to the best of the space: the best
+        admissible plan not yet probed, predicted (scaled to the measurements) against it."""
+        best = best if best is not None else self.best()
+        if best is None:
+            return None
+        trials = self.ledger.trials()
+        probed = []
+        for t in trials:
+            cand = self.space.get(t.user_attrs.get("plan_key", "")) if t.user_attrs.get("status") == "ok" else None
+            if cand is not None and t.value is not None:
+                probed.append((cand.predicted_samples_per_second, float(t.value)))
+        unprobed = [(c.key, c.predicted_samples_per_second) for c in self.remaining(trials)]
+        return predicted_gap(float(best.value), probed, unprobed)
 
     def _probe(self, trial: Any, cand: Candidate, *, source: str) -> bool:
         """Run the claimed trial's probe and record it; True if a probe ran."""
