@@ -53,9 +53,10 @@ _plans = st.builds(
 def test_plan_from_config_inverts_build_config(plan, world_size, training, model):
     nvme = "/nvme" if "nvme" in (plan.offload_optimizer, plan.offload_param) else None
     cfg = build_config(plan, world_size=world_size, training=training, model=model, nvme_path=nvme)
-    # The config cannot say "selective" (the model code chooses what it recomputes): the caller does.
+    # The config cannot say "attention" or "selective-op" (the model code chooses what it
+    # recomputes): the caller does.
     read = plan_from_config(json.loads(json.dumps(cfg)), world_size,
-                            checkpointing="selective" if plan.checkpointing == "selective" else None)
+                            checkpointing=plan.checkpointing if plan.checkpointing in ("attention", "selective-op") else None)
     buckets = resolve_buckets(plan, model)
     # The config spells out (resolved) only the sizes its stage uses.
     used = {"reduce_bucket_size"} if plan.stage else set()

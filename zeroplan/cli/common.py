@@ -17,6 +17,7 @@ import typer
 from zeroplan.profiles.resolve import resolve_cluster, resolve_model
 from zeroplan.spec import (
     CHECKPOINTING,
+    CHECKPOINTING_ALIASES,
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
@@ -123,7 +124,7 @@ OffloadOptimizerOpt = Annotated[
 ]
 OffloadParamOpt = Annotated[Optional[str], typer.Option("--offload-param", help="none | cpu | nvme.", rich_help_panel=_PLAN)]
 CheckpointingOpt = Annotated[
-    Optional[str], typer.Option("--checkpointing", help="none | selective | full.", rich_help_panel=_PLAN)
+    Optional[str], typer.Option("--checkpointing", help="none | attention (attention core recomputed; old name: selective) | selective-op (op-level: matmul/SDPA outputs saved) | full.", rich_help_panel=_PLAN)
 ]
 FormatOpt = Annotated[str, typer.Option("--format", help="table | json | csv.", rich_help_panel=_OUT)]
 OutputOpt = Annotated[
@@ -210,7 +211,7 @@ def check_plan_options(
         raise SpecError(f"--stage {stage} is not valid; choose 0, 1, 2 or 3")
     check_choice_option("--offload-optimizer", offload_optimizer, OFFLOADS)
     check_choice_option("--offload-param", offload_param, OFFLOADS)
-    check_choice_option("--checkpointing", checkpointing, CHECKPOINTING)
+    check_choice_option("--checkpointing", checkpointing, (*CHECKPOINTING, *CHECKPOINTING_ALIASES))
 
 
 def write_output(text: str, output: Optional[Path]) -> None:

@@ -47,7 +47,7 @@ from zeroplan.cli.common import (
     with_peft,
     write_output,
 )
-from zeroplan.spec import GiB, SpecError
+from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError
 
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
@@ -328,6 +328,17 @@ def estimate(
     )
     if no_flash:
         training = replace(training, flash_attention=False)
+    alias_note = None
+    if checkpointing in CHECKPOINTING_ALIASES:
+        alias_note = f"--checkpointing {checkpointing} is now called {CHECKPOINTING_ALIASES[checkpointing]} (Korthikanti's attention-core recomputation)"
+        checkpointing = CHECKPOINTING_ALIASES[checkpointing]
+    if checkpointing is not None:
+        from zeroplan.estimator import checkpointing_duplicate
+
+        duplicate = checkpointing_duplicate(model_spec, training, checkpointing)
+        alias_note = "; ".join(n for n in (alias_note, duplicate) if n) or None
+    if trace and checkpointing == "selective-op":
+        raise SpecError("--trace does not trace selective-op yet; drop --trace (the formula covers it) or choose none, attention or full")
     activation_bytes = None
     trace_note = None
     traced = None
@@ -370,7 +381,7 @@ def estimate(
         shown = estimates if all_plans else summarize(estimates)
         if top:
             shown = shown[:top]
-        _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates), extra_notes=[trace_note] if trace_note else [])
+        _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates), extra_notes=[n for n in (alias_note, trace_note) if n])
     if plot is not None:
         _plot(plot, summarize(estimates)[: top or None], cluster)
     if not any(e.fits for e in estimates):

@@ -1,6 +1,12 @@
 """The analytic estimator: memory, traffic and time per ZeRO plan. Stdlib only — no torch."""
 
-from zeroplan.estimator.activations import ActivationMemory, activation_memory, layer_activation_bytes
+from zeroplan.estimator.activations import (
+    ActivationMemory,
+    activation_memory,
+    checkpointing_duplicate,
+    layer_activation_bytes,
+    selective_op_layer_bytes,
+)
 from zeroplan.estimator.choose import PlanChoice, best_plan
 from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.host import HOST_PHASES, HostPhase, HostPhases, host_phases, pinned_bytes
@@ -30,6 +36,7 @@ __all__ = [
     "PlanEstimate",
     "StepTime",
     "activation_memory",
+    "checkpointing_duplicate",
     "best_plan",
     "comm_volume",
     "engine_overhead",
@@ -40,6 +47,7 @@ __all__ = [
     "host_memory",
     "host_phases",
     "layer_activation_bytes",
+    "selective_op_layer_bytes",
     "model_states",
     "pinned_bytes",
     "step_time",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from zeroplan.spec import ModelSpec, Plan, TrainingSpec, bytes_per_param
 
-__all__ = ["ActivationMemory", "layer_activation_bytes", "activation_memory"]
+__all__ = ["ActivationMemory", "layer_activation_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate"]
 
 
 def layer_activation_bytes(
@@ -68,6 +68,52 @@ def layer_activation_bytes(
     return terms
 
 
+def selective_op_layer_bytes(
+    model: ModelSpec, *, seq_len: int, micro_batch: int, precision: str, flash_attention: bool
+) -> dict[str, int]:
+    """Bytes one block keeps under op-level selective activation checkpointing, by tensor.
+
+    PyTorch's ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with torchtitan's
+    policy (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and ``_custom_policy``):
+    the block's input is kept, as with full checkpointing, and of the forward's ops only these
+    outputs are saved — ``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` (output
+    e·sbh and the fp32 log-sum-exp 4·asb) and every other ``aten.mm`` (the 1st, 3rd, ... of the
+    block); everything else is recomputed in backward. Llama-family blocks (``gated_mlp``, no
+    biases) run q, k, v, o, gate, up, down as ``aten.mm``, so q (e·sbh), v (e·sb·kv), gate (e·sbf)
+    and down (e·sbh) are saved. GPT-style blocks have biases, which run as ``aten.addmm``, not
+    in the list: only the attention output is saved. Eager attention (no SDPA kernel) saves none.
+    """
+    s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
+    kv = model.num_kv_heads * model.head_dim
+    e = bytes_per_param(precision)
+    sbh = s * b * h
+    terms = {"block_input": e * sbh}
+    if flash_attention:
+        terms["attention_output"] = e * sbh
+        terms["softmax_lse"] = 4 * a * s * b
+    if model.gated_mlp:
+        terms["query"] = e * sbh
+        terms["value"] = e * s * b * kv
+        terms["mlp_gate"] = e * s * b * model.ffn_size
+        terms["mlp_down"] = e * sbh
+    return terms
+
+
+def checkpointing_duplicate(model: ModelSpec, training: TrainingSpec, checkpointing: str) -> str | None:
+    """A sentence when ``checkpointing`` keeps exactly what another option keeps, else None.
+
+    * attention with flash attention: there is no a·s² score matrix to drop, so it equals none.
+    * selective-op with eager attention on a GPT-style (biased) block: no SDPA kernel and no
+      ``aten.mm`` to save (:func:`selective_op_layer_bytes`), so it keeps what full keeps.
+    """
+    if checkpointing == "attention" and training.flash_attention:
+        return "checkpointing attention = none here: flash attention keeps no a·s² score matrix to recompute"
+    if checkpointing == "selective-op" and not training.flash_attention and not model.gated_mlp:
+        return ("checkpointing selective-op = full here: eager attention has no SDPA kernel to save and "
+                "biased linears run as addmm, which the op-level policy recomputes")
+    return None
+
+
 @dataclass(frozen=True)
 class ActivationMemory:
     """Activation bytes on one GPU at the peak of backward, by component."""
@@ -95,7 +141,10 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     """Activations for ``plan`` (Korthikanti et al. 2022 §4.1–4.3, plus embeddings and logits).
 
     * none: every block keeps :func:`layer_activation_bytes`.
-    * selective (§4.2): the attention core is recomputed — its a·s² tensors are not kept.
+    * attention (§4.2, Megatron's "selective"): the attention core is recomputed — its a·s²
+      tensors are not kept (with flash attention there are none: the same bytes as none).
+    * selective-op (PyTorch's op-level policy as torchtitan applies it): each block keeps
+      :func:`selective_op_layer_bytes`; one block's other activations are rebuilt in backward.
     * full (§4.3): each block keeps only its input (e·sbh); during backward one block's full
       activations are rebuilt at a time.
     * cpu_checkpointing moves those block inputs to host memory.
@@ -126,8 +175,11 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     full_layer = sum(layer_terms().values())
     if plan.checkpointing == "none":
         per_layer, working = full_layer, 0
-    elif plan.checkpointing == "selective":
+    elif plan.checkpointing == "attention":
         per_layer = sum(layer_terms(recompute_attention=True).values())
+        working = full_layer - per_layer
+    elif plan.checkpointing == "selective-op":
+        per_layer = min(full_layer, sum(selective_op_layer_bytes(model, **kwargs).values()))
         working = full_layer - per_layer
     else:
         per_layer, working = e * s * b * h, full_layer

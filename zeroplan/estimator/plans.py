@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from zeroplan.estimator.activations import ActivationMemory, activation_memory
+from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
 from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.host import HostPhases, host_phases
 from zeroplan.estimator.memory import (
@@ -194,6 +194,9 @@ def estimate_plan(
     notes: list[str] = []
     states = model_states(model, cluster, training, plan)
     impl = resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan)
+    duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
+    if duplicate:
+        notes.append(duplicate)
     extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device, optimizer_impl=impl)
     if activation_bytes is None:
         acts: Optional[ActivationMemory] = activation_memory(model, training, plan)
@@ -334,6 +337,9 @@ def _estimate_fsdp(
     act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
     mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total)
     notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
+    duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
+    if duplicate:
+        notes.append(duplicate)
     phase = mem.peak_phase
     items = dict(mem.phases[phase])
     allocated = mem.peak_allocated
@@ -463,7 +469,7 @@ def enumerate_plans(
         # (Korthikanti §4.2) saves nothing over none: leave the duplicate out.
         ckpts = ("none", "full")
     else:
-        ckpts = ("none", "selective", "full")
+        ckpts = ("none", "attention", "full")
     plans = []
     for st in stages:
         for opt, param in _combos(st, engine):

@@ -42,7 +42,12 @@ def flops_per_token(model: ModelSpec, training: TrainingSpec, plan: Plan) -> dic
     terms = {"weights": 4.0 * n + 2.0 * model.trainable_params, "attention": float(attention)}
     if plan.checkpointing == "full":
         terms["recompute"] = 2.0 * n + attention / 3
-    elif plan.checkpointing == "selective" and not training.flash_attention:
+    elif plan.checkpointing == "selective-op":
+        # torchtitan's op-level policy saves every other matmul output and the SDPA outputs:
+        # backward recomputes the other half of the blocks' matmuls (2·N_blocks / 2 FLOPs per
+        # token) and, without flash attention, the attention scores (not an SDPA kernel then).
+        terms["recompute"] = float(model.num_layers * model.block_params) + (0 if training.flash_attention else attention / 3)
+    elif plan.checkpointing == "attention" and not training.flash_attention:
         terms["recompute"] = attention / 3
     return terms
 

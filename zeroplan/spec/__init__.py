@@ -5,7 +5,7 @@ from zeroplan.spec.errors import SpecError
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params
 from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
 from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
-from zeroplan.spec.plan import BUCKET_KEYS, CHECKPOINTING, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, resolve_engine_knobs
+from zeroplan.spec.plan import BUCKET_KEYS, CHECKPOINTING, CHECKPOINTING_ALIASES, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, resolve_engine_knobs
 from zeroplan.spec.training import (
     OPTIMIZERS,
     PRECISIONS,
@@ -21,6 +21,7 @@ __all__ = [
     "PeftSpec",
     "BUCKET_KEYS",
     "CHECKPOINTING",
+    "CHECKPOINTING_ALIASES",
     "ClusterSpec",
     "DEEPSPEED_DEFAULT_KNOBS",
     "GB",

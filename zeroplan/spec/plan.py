@@ -6,11 +6,17 @@ from dataclasses import dataclass
 
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
-__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "resolve_engine_knobs"]
+__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "resolve_engine_knobs"]
 
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")
-CHECKPOINTING = ("none", "selective", "full")
+#: Activation checkpointing as users name it: none; attention (Korthikanti et al. 2022 §4.2:
+#: the attention core recomputed — what Megatron calls "selective"); selective-op (PyTorch's
+#: op-level selective activation checkpointing as torchtitan applies it: matmul and SDPA outputs
+#: saved, the rest recomputed); full (each block recomputed from its input).
+CHECKPOINTING = ("none", "attention", "selective-op", "full")
+#: Old spellings still accepted: ``selective`` was zeroplan's name for ``attention``.
+CHECKPOINTING_ALIASES = {"selective": "attention"}
 #: The ZeRO bucket and threshold sizes a Plan may set (elements), named as DeepSpeed's
 #: ``zero_optimization`` keys; the one list the config builder, the config reader and the
 #: estimator share.
@@ -40,7 +46,8 @@ class Plan:
     offload_param: str = "none"
     """Where fp16 parameters live between uses: none, cpu or nvme (stage 3 only)."""
     checkpointing: str = "none"
-    """Activation checkpointing: none, selective (attention recomputed) or full (per block)."""
+    """Activation checkpointing: none, attention (attention core recomputed), selective-op (op-level,
+    matmul/SDPA outputs saved) or full (per block); ``selective`` is read as ``attention``."""
     micro_batch: int = 1
     """Samples per GPU per forward/backward (train_micro_batch_size_per_gpu)."""
     gradient_accumulation_steps: int = 1
@@ -65,6 +72,8 @@ class Plan:
             raise SpecError(f"stage={self.stage!r} is not valid; choose 0, 1, 2 or 3")
         check_choice("offload_optimizer", self.offload_optimizer, OFFLOADS)
         check_choice("offload_param", self.offload_param, OFFLOADS)
+        if self.checkpointing in CHECKPOINTING_ALIASES:
+            object.__setattr__(self, "checkpointing", CHECKPOINTING_ALIASES[self.checkpointing])
         check_choice("checkpointing", self.checkpointing, CHECKPOINTING)
         check_positive_int("micro_batch", self.micro_batch, maximum=1_000_000)
         check_positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps, maximum=1_000_000)
@@ -82,7 +91,7 @@ class Plan:
                 "offload_optimizer=nvme needs stage 3 (ZeRO-Infinity); use --stage 3 or --offload-optimizer cpu"
             )
         if self.cpu_checkpointing and self.checkpointing == "none":
-            raise SpecError("cpu_checkpointing needs checkpointing selective or full")
+            raise SpecError("cpu_checkpointing needs checkpointing attention, selective-op or full")
         for name in BUCKET_KEYS:
             value = getattr(self, name)
             if value is not None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zeroplan.spec import CHECKPOINTING, SpecError
+from zeroplan.spec import SpecError
 from zeroplan.spec.errors import check_choice, check_positive_int
-from zeroplan.trace.tracer import Tracer
+from zeroplan.trace.tracer import TRACED_CHECKPOINTING, Tracer, traced_mode
 
 __all__ = ["ActivationModel", "ActivationFit", "MEASURES", "fit_activation_model"]
 
@@ -41,7 +41,7 @@ class ActivationFit:
     """Coefficients of α·b·s + β·b·s² + γ·s + δ·s² + ε·b + ζ for each component of one checkpointing mode."""
 
     checkpointing: str
-    """none, selective or full."""
+    """none, attention or full."""
     coefficients: dict[str, tuple[float, ...]]
     """Component (embeddings, layers, logits, recompute) → (α, β, γ, δ, ε, ζ), bytes."""
     points: tuple
@@ -85,7 +85,7 @@ class ActivationModel:
 
     def fit(self, checkpointing: str) -> ActivationFit:
         """The fit for ``checkpointing`` (traced now if not yet)."""
-        check_choice("checkpointing", checkpointing, CHECKPOINTING)
+        checkpointing = traced_mode(checkpointing)
         if checkpointing not in self.fits:
             self.fits[checkpointing] = _fit_mode(self.tracer, self.seq_len, checkpointing, self.measure)
         return self.fits[checkpointing]
@@ -185,7 +185,7 @@ def fit_activation_model(
     seq_len: int,
     precision: str = "bf16",
     flash_attention: bool = True,
-    checkpointing: tuple[str, ...] = CHECKPOINTING,
+    checkpointing: tuple[str, ...] = TRACED_CHECKPOINTING,
     fake: bool = True,
     measure: str = "saved",
 ) -> ActivationModel:
@@ -194,8 +194,7 @@ def fit_activation_model(
     ``measure``: ``saved`` (saved-for-backward + logits + recompute) or ``peak`` (forward + backward).
     """
     check_positive_int("seq_len", seq_len, maximum=10_000_000)
-    for mode in checkpointing:
-        check_choice("checkpointing", mode, CHECKPOINTING)
+    checkpointing = tuple(traced_mode(mode) for mode in checkpointing)
     tracer = Tracer(source, precision=precision, flash_attention=flash_attention, fake=fake)
     model = ActivationModel(tracer=tracer, seq_len=seq_len, measure=measure)
     for mode in checkpointing:

@@ -14,7 +14,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from zeroplan.trace.tracer import Tracer, _block_regions, _device_faithful_mode, _hf_eager_attention, _Recorder
+from zeroplan.trace.tracer import Tracer, _block_regions, _device_faithful_mode, _hf_eager_attention, _Recorder, traced_mode
 
 __all__ = ["RetainedBytes", "measure_retained_bytes"]
 
@@ -54,6 +54,7 @@ def measure_retained_bytes(
         tracer = Tracer(source, precision=precision, flash_attention=flash_attention, fake=False)
     if tracer.fake:
         raise ValueError("measure_retained_bytes needs a real (fake=False) tracer")
+    checkpointing = traced_mode(checkpointing)
     model = tracer._model
     existing = {StorageWeakRef(t.untyped_storage()) for t in list(model.parameters()) + list(model.buffers())}
 
@@ -76,9 +77,9 @@ def measure_retained_bytes(
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
         stack.enter_context(_block_regions(tracer._blocks, recorder, full=checkpointing == "full"))
-        stack.enter_context(_hf_eager_attention(tracer.source, recorder, selective=checkpointing == "selective"))
+        stack.enter_context(_hf_eager_attention(tracer.source, recorder, selective=checkpointing == "attention"))
         stack.enter_context(
-            _device_faithful_mode(flash_attention=tracer.flash_attention, selective=checkpointing == "selective", recorder=recorder)
+            _device_faithful_mode(flash_attention=tracer.flash_attention, selective=checkpointing == "attention", recorder=recorder)
         )
         stack.enter_context(allocations)
         batch = tracer.source.make_batch(model, micro_batch=micro_batch, seq_len=seq_len)

@@ -13,7 +13,7 @@ Method (PyTorch's own machinery, no model-specific formulas):
   one entry per transformer block, and ``logits`` (final norm, output projection and loss);
 * checkpointing is applied for real: ``full`` wraps every block in
   :func:`torch.utils.checkpoint.checkpoint` (reentrant form, whose saved inputs pass through the
-  same hook), ``selective`` wraps only the attention core (Korthikanti et al. 2022,
+  same hook), ``attention`` (formerly ``selective``) wraps only the attention core (Korthikanti et al. 2022,
   arXiv 2205.05198, §4.2). The bytes a block's recomputation re-creates during backward are
   the difference between the ``none`` trace and the checkpointed trace of that block; the largest
   one is reported as ``recompute`` (only one block is recomputed at a time).
@@ -36,11 +36,21 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from zeroplan.spec import CHECKPOINTING, SpecError
+from zeroplan.spec import CHECKPOINTING_ALIASES, SpecError
 from zeroplan.spec.errors import check_choice, check_positive_int
 from zeroplan.trace.source import TraceSource, _require_torch, resolve_source
 
 __all__ = ["TracedActivations", "PeakActivations", "trace_activations", "Tracer"]
+
+#: Checkpointing modes the tracer applies for real (op-level selective-op is not traced yet).
+TRACED_CHECKPOINTING = ("none", "attention", "full")
+
+
+def traced_mode(checkpointing: str) -> str:
+    """``checkpointing`` with old spellings mapped (selective → attention), checked against what is traced."""
+    checkpointing = CHECKPOINTING_ALIASES.get(checkpointing, checkpointing)
+    check_choice("checkpointing", checkpointing, TRACED_CHECKPOINTING)
+    return checkpointing
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,7 @@ class TracedActivations:
     precision: str
     """Training dtype of the model (bf16, fp16, fp32)."""
     checkpointing: str
-    """none, selective (attention core recomputed) or full (every block recomputed)."""
+    """none, attention (attention core recomputed) or full (every block recomputed)."""
     flash_attention: bool
     """Attention through the flash kernel (no score matrix kept) rather than eager attention."""
     embeddings: int
@@ -66,7 +76,7 @@ class TracedActivations:
     logits: int
     """Bytes saved after the last block (final norm, output projection, fp32 loss) plus the logits output."""
     recompute: int
-    """Bytes re-created while the largest block (full) or attention core (selective) is recomputed in backward."""
+    """Bytes re-created while the largest block (full) or attention core (attention) is recomputed in backward."""
     fake: bool = True
     """True when traced under FakeTensorMode (no memory); False for a run on real tensors."""
 
@@ -433,12 +443,12 @@ class Tracer:
         with self._entered():
             batch = self.source.make_batch(self._model, micro_batch=micro_batch, seq_len=seq_len)
             function_mode = _device_faithful_mode(
-                flash_attention=self.flash_attention, selective=checkpointing == "selective", recorder=recorder
+                flash_attention=self.flash_attention, selective=checkpointing == "attention", recorder=recorder
             )
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.enable_grad())
                 stack.enter_context(_block_regions(self._blocks, recorder, full=checkpointing == "full"))
-                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "selective"))
+                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "attention"))
                 stack.enter_context(function_mode)
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack))
                 try:
@@ -470,7 +480,7 @@ class Tracer:
         """Trace one forward + loss (checkpointed modes also need the ``none`` trace, which is cached)."""
         check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
         check_positive_int("seq_len", seq_len, maximum=10_000_000)
-        check_choice("checkpointing", checkpointing, CHECKPOINTING)
+        checkpointing = traced_mode(checkpointing)
         raw = self._raw(micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing)
         if checkpointing == "none":
             self._none_cache[(micro_batch, seq_len)] = raw
@@ -505,7 +515,7 @@ class Tracer:
 
         check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
         check_positive_int("seq_len", seq_len, maximum=10_000_000)
-        check_choice("checkpointing", checkpointing, CHECKPOINTING)
+        checkpointing = traced_mode(checkpointing)
         recorder = _Recorder(self._excluded)
         live = _LiveStorages(self._excluded)
         params = [p for p in self._model.parameters() if p.requires_grad]
@@ -514,9 +524,9 @@ class Tracer:
             with self._entered(), contextlib.ExitStack() as stack:
                 stack.enter_context(torch.enable_grad())
                 stack.enter_context(_block_regions(self._blocks, recorder, full=checkpointing == "full"))
-                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "selective"))
+                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "attention"))
                 stack.enter_context(
-                    _device_faithful_mode(flash_attention=self.flash_attention, selective=checkpointing == "selective", recorder=recorder)
+                    _device_faithful_mode(flash_attention=self.flash_attention, selective=checkpointing == "attention", recorder=recorder)
                 )
                 stack.enter_context(live)
                 batch = self.source.make_batch(self._model, micro_batch=micro_batch, seq_len=seq_len)

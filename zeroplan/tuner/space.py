@@ -6,7 +6,7 @@ A trial's Optuna parameters are three categorical choices that are valid in ever
 * ``zero`` — the ZeRO stage together with its offloads, e.g. ``z2``, ``z3+opt:cpu+param:cpu``
   (offload_param needs stage 3, offload_optimizer stage ≥ 1: folding them into one choice keeps
   the space rectangular);
-* ``checkpointing`` — none / selective / full;
+* ``checkpointing`` — none / attention / selective-op / full;
 * ``micro_batch`` — samples per GPU per micro-step; gradient accumulation follows from
   ``--global-batch`` (kept exact, DeepSpeed's ``train_batch_size = mb × ga × world``).
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from zeroplan.spec import GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.tuner.hostrule import host_fit_reason
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: How much memory each checkpointing mode saves, least to most (used by the OOM rule).
-CHECKPOINTING_MEMORY_RANK = {"none": 0, "selective": 1, "full": 2}
+CHECKPOINTING_MEMORY_RANK = {"none": 0, "attention": 1, "selective": 1, "selective-op": 2, "full": 3}
 
 #: Largest micro-batch tried when no --global-batch bounds it.
 DEFAULT_MAX_MICRO_BATCH = 64
@@ -251,7 +251,8 @@ def build_space(
             raise SpecError(f"offload {where!r} is not valid; choose none, cpu or nvme")
     for mode in checkpointing:
         if mode not in CHECKPOINTING_MEMORY_RANK:
-            raise SpecError(f"checkpointing {mode!r} is not valid; choose none, selective or full")
+            raise SpecError(f"checkpointing {mode!r} is not valid; choose none, attention, selective-op or full")
+    checkpointing = [CHECKPOINTING_ALIASES.get(mode, mode) for mode in checkpointing]
     mbs = list(micro_batches) if micro_batches else micro_batch_choices(training, cluster.gpus, max_micro_batch=max_micro_batch)
     if not mbs:
         raise SpecError("no micro-batch can meet the requested --global-batch; check --global-batch and --gpus")

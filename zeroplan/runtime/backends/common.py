@@ -29,9 +29,10 @@ def task_blocks(task, model) -> list:
 def apply_checkpointing(blocks: list, mode: str) -> None:
     """Recompute each block's activations in backward (``torch.utils.checkpoint``, non-reentrant).
 
-    ``full`` and ``selective`` both checkpoint whole blocks here: the runtime has no generic way
-    to find a task's attention inside a block, so ``selective`` is probed as ``full`` (the
-    estimator's selective figure is then an underestimate of the saving, never of memory).
+    ``full`` and ``attention`` both checkpoint whole blocks here: the runtime has no generic way
+    to find a task's attention inside a block, so ``attention`` is probed as ``full`` (the
+    estimator's attention figure is then an underestimate of the saving, never of memory).
+    ``selective-op`` applies PyTorch's op-level selective checkpointing with torchtitan's policy.
     The wrapper replaces the block's ``forward``, so module hooks (FSDP2's unshard/reshard)
     still run around the checkpointed call, as with torchtitan's checkpoint_wrapper.
     """
@@ -39,10 +40,39 @@ def apply_checkpointing(blocks: list, mode: str) -> None:
         return
     from torch.utils.checkpoint import checkpoint
 
+    context_fn = _selective_op_context if mode == "selective-op" else None
     for block in blocks:
         inner = block.forward
 
         def forward(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            if context_fn is None:
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
         block.forward = forward
+
+
+def _selective_op_context():
+    """torchtitan's op-level policy (torchtitan/models/llama3/infra/parallelize.py ``_save_list``,
+    ``_custom_policy``): save SDPA outputs and every other ``aten.mm``, recompute the rest. The
+    CPU flash kernel is listed beside the CUDA ones so that CPU probes apply the same policy."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    ops = torch.ops.aten
+    save = {ops.mm.default}
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        if hasattr(ops, name):
+            save.add(getattr(ops, name).default)
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == ops.mm.default:
+            counts[mode] += 1
+        if func in save and not (func == ops.mm.default and counts[mode] % 2 == 0):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
