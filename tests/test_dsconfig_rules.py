@@ -51,6 +51,12 @@ SMALL = ModelSpec.from_params(125e6)
 H = SMALL.hidden_size
 
 
+def _cluster(gpus: int, per_node: int):
+    from zeroplan.profiles.resolve import resolve_cluster
+
+    return resolve_cluster(gpus=gpus, gpus_per_node=per_node, gpu="h100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
+
+
 def z3(**zero) -> dict:
     return make(zero_optimization={"stage": 3, **zero})
 
@@ -143,6 +149,13 @@ CASES = [
     # SMALL's largest parameter (the embedding, V·h) is 45.0M elements: 22.5M per rank on 2.
     ("ZP902", z3(offload_param={"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": 22_000_000}),
      z3(offload_param={"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": 23_000_000}), {"model": SMALL}, False),
+    # ZeRO++ (zeroplan/dsconfig/rules/zeropp.py)
+    ("ZP240", make(zero_optimization={"stage": 2, "zero_quantized_weights": True}), make(), {}, False),
+    ("ZP241", z3(zero_hpz_partition_size=3), z3(zero_hpz_partition_size=2), {"world_size": 4}, False),
+    ("ZP242", z3(zero_hpz_partition_size=16), z3(zero_hpz_partition_size=8), {"world_size": 16, "cluster": _cluster(16, 8), "model": SMALL}, False),
+    ("ZP243", z3(zero_hpz_partition_size=2), z3(), {"cluster": _cluster(2, 2), "model": SMALL}, False),
+    ("ZP243", z3(zero_quantized_gradients=True), z3(), {"cluster": _cluster(2, 2), "model": SMALL}, False),
+    ("ZP244", z3(zero_quantized_gradients=True, reduce_scatter=False), z3(zero_quantized_gradients=True), {}, False),
 ]
 
 

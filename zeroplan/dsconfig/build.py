@@ -112,6 +112,13 @@ def _zero_block(plan: Plan, buckets: dict[str, int], nvme_path: str | None) -> d
         ):
             zero[key] = buckets[key]
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        # ZeRO++ (arXiv 2306.10209), DeepSpeed's zero_optimization keys (runtime/zero/config.py).
+        if plan.zero_hpz_partition_size > 1:
+            zero["zero_hpz_partition_size"] = plan.zero_hpz_partition_size
+        if plan.zero_quantized_weights:
+            zero["zero_quantized_weights"] = True
+        if plan.zero_quantized_gradients:
+            zero["zero_quantized_gradients"] = True
     if plan.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_block(plan.offload_optimizer, nvme_path)
     if plan.offload_param != "none":

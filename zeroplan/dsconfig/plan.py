@@ -191,7 +191,24 @@ def plan_from_config(
         gradient_accumulation_steps=ga,
         cpu_checkpointing=cpu_checkpointing,
         **{field: _bucket(config, field) for field in BUCKET_KEY_SPELLINGS},
+        **_zeropp(config, stage),
     )
+
+
+def _zeropp(config: dict, stage: int) -> dict:
+    """ZeRO++ keys as DeepSpeed reads them (runtime/zero/config.py), for a stage-3 config only
+    (the stage-3 engine is the one that uses them; below it they are ignored, rule ZP240)."""
+    zero = config.get("zero_optimization")
+    if stage != 3 or not isinstance(zero, dict):
+        return {}
+    out: dict = {}
+    hpz = zero.get("zero_hpz_partition_size")
+    if is_whole_number(hpz) and hpz > 1:
+        out["zero_hpz_partition_size"] = int(hpz)
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if zero.get(key) is True:
+            out[key] = True
+    return out
 
 
 def training_from_config(config: dict, plan: Plan, *, base: TrainingSpec | None = None) -> TrainingSpec:

@@ -116,12 +116,34 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         grad_mult, gather_mult = float(g), 1.0
     else:
         grad_mult, gather_mult = float(g), 2.0 * g
-    gradient_reduce = int(grad_mult * psi * ring * p)
-    param_allgather = int(gather_mult * (psi_all if plan.stage == 3 else psi) * ring * p)
-    # The same bytes split by link for hierarchical collectives across nodes.
     nodes, per_node = cluster.nodes, cluster.gpus_in_node
-    grad_split = split_collective(grad_mult * psi * p, gpus_per_node=per_node, nodes=nodes)
-    gather_split = split_collective(gather_mult * (psi_all if plan.stage == 3 else psi) * p, gpus_per_node=per_node, nodes=nodes)
+    gathered = psi_all if plan.stage == 3 else psi
+    # Bytes of the whole tensors each collective moves per step, then split by link for
+    # hierarchical collectives across nodes.
+    grad_bytes = grad_mult * psi * p
+    gather_bytes = gather_mult * gathered * p
+    hpz_bytes = 0.0
+    if plan.stage == 3 and (plan.zero_quantized_weights or plan.zero_hpz_partition_size > 1 or plan.zero_quantized_gradients):
+        # ZeRO++ (zeroplan.estimator.zeropp, arXiv 2306.10209 §3): the forward gather in INT8
+        # (qwZ), the backward gather from the in-node secondary partition (hpZ: its own ring of
+        # zero_hpz_partition_size ranks, no network), the gradient reduce in INT4 (qgZ; DeepSpeed
+        # uses it only across nodes).
+        from zeroplan.estimator.zeropp import zeropp_cross_node_traffic
+
+        zpp = zeropp_cross_node_traffic(
+            hpz=plan.zero_hpz_partition_size > 1, qwz=plan.zero_quantized_weights, qgz=plan.zero_quantized_gradients and nodes > 1
+        )
+        per_pass = g * gathered * p
+        gather_bytes = zpp.forward_allgather * per_pass + zpp.backward_allgather * per_pass
+        grad_bytes = zpp.gradient_reduce * grad_mult * psi * p
+        if plan.zero_hpz_partition_size > 1:
+            hpz_bytes = per_pass
+    h = plan.zero_hpz_partition_size
+    hpz_intra = int(hpz_bytes * (h - 1) / h) if hpz_bytes else 0
+    gradient_reduce = int(grad_bytes * ring)
+    param_allgather = int(gather_bytes * ring) + hpz_intra
+    grad_split = split_collective(grad_bytes, gpus_per_node=per_node, nodes=nodes)
+    gather_split = split_collective(gather_bytes, gpus_per_node=per_node, nodes=nodes)
     # One collective per bucket; stage 3 gathers per module (≈ 2 per block per pass).
     if plan.stage == 3:
         collectives = g * (4 * model.num_layers + 2) + g * model.num_layers

@@ -261,6 +261,13 @@ def engine_overhead(
         total = model.total_params
         gathered = min(knobs["stage3_max_live_parameters"], total)
         backward["gathered_params"] = parameter_bytes(model, training.precision).total * gathered // total
+        if plan.zero_hpz_partition_size > 1:
+            # ZeRO++ hpZ (arXiv 2306.10209 §3.2): the secondary weight partition within the node.
+            from zeroplan.estimator.zeropp import hpz_secondary_bytes
+
+            always["hpz_secondary_partition"] = hpz_secondary_bytes(
+                total, bytes_per_param=p, hpz_partition_size=plan.zero_hpz_partition_size
+            )
         # Parameters below stage3_param_persistence_threshold stay whole on every rank
         # (parameter_offload.py persistent_parameters): norms and bias vectors, ~(2L+1)·h.
         if model.hidden_size < knobs["stage3_param_persistence_threshold"]:

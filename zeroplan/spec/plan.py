@@ -66,6 +66,12 @@ class Plan:
     """Upper bound on gathered parameters alive at once in stage 3 (DeepSpeed default 1e9)."""
     stage3_max_reuse_distance: int | None = None
     """Gathered parameters reused within this many elements are not released (default 1e9)."""
+    zero_hpz_partition_size: int = 1
+    """ZeRO++ hpZ (arXiv 2306.10209 §3.2): ranks of a node holding a secondary weight partition (1: off)."""
+    zero_quantized_weights: bool = False
+    """ZeRO++ qwZ (§3.1): INT8 weights in the forward all-gather."""
+    zero_quantized_gradients: bool = False
+    """ZeRO++ qgZ (§3.3): INT4 hierarchical all-to-all gradient reduce (only across nodes)."""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -96,6 +102,16 @@ class Plan:
             value = getattr(self, name)
             if value is not None:
                 check_positive_int(name, value, minimum=0, maximum=10**13)
+        check_positive_int("zero_hpz_partition_size", self.zero_hpz_partition_size, maximum=1024)
+        for name in ("zero_quantized_weights", "zero_quantized_gradients"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"{name}={getattr(self, name)!r} is not valid; give true or false")
+        if self.stage != 3 and (self.zero_hpz_partition_size > 1 or self.zero_quantized_weights or self.zero_quantized_gradients):
+            raise SpecError(
+                f"ZeRO++ (zero_hpz_partition_size={self.zero_hpz_partition_size}, zero_quantized_weights="
+                f"{self.zero_quantized_weights}, zero_quantized_gradients={self.zero_quantized_gradients}) needs stage 3; "
+                "use --stage 3 or turn them off"
+            )
 
     @property
     def zero_label(self) -> str:
@@ -105,6 +121,12 @@ class Plan:
             text += f"+opt:{self.offload_optimizer}"
         if self.offload_param != "none":
             text += f"+param:{self.offload_param}"
+        if self.zero_hpz_partition_size > 1:
+            text += f"+hpz{self.zero_hpz_partition_size}"
+        if self.zero_quantized_weights:
+            text += "+qwz"
+        if self.zero_quantized_gradients:
+            text += "+qgz"
         return text
 
     @property
@@ -125,6 +147,11 @@ class Plan:
         }
         if self.cpu_checkpointing:
             d["cpu_checkpointing"] = True
+        if self.zero_hpz_partition_size > 1:
+            d["zero_hpz_partition_size"] = self.zero_hpz_partition_size
+        for name in ("zero_quantized_weights", "zero_quantized_gradients"):
+            if getattr(self, name):
+                d[name] = True
         return d
 
 

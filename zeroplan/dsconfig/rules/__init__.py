@@ -133,4 +133,4 @@ def _fmt(n: float) -> str:
 
 
 # The rule families register themselves on import, in id order.
-from zeroplan.dsconfig.rules import batch, zero, precision, types, keys, optimizer, fit  # noqa: E402,F401,I001
+from zeroplan.dsconfig.rules import batch, zero, zeropp, precision, types, keys, optimizer, fit  # noqa: E402,F401,I001
