@@ -74,14 +74,32 @@ class FsdpGroups:
     """Number of block groups (transformer layers)."""
 
 
+def _trainable_split(model: ModelSpec) -> tuple[int, int, int, bool, int]:
+    """(Ψ_t, trainable in the root group, trainable per block group, head trains, largest
+    trainable tensor). LoRA adapters on per-block modules leave the root (embedding, final norm,
+    head) frozen; a partial fine-tune (unknown layout) spreads Ψ_t in proportion."""
+    groups = fsdp_groups(model)
+    peft = model.peft
+    if peft is None:
+        return model.params, groups.root, groups.block, True, model.largest_layer_params
+    psi_t = peft.trainable_params
+    if peft.method == "lora" and peft.adapted and all(m.count == model.num_layers for m in peft.adapted) and not (
+        peft.added_params - sum(m.rank * (m.in_features + m.out_features) * m.count for m in peft.adapted)
+    ):
+        largest = max(m.rank * max(m.in_features, m.out_features) for m in peft.adapted)
+        return psi_t, 0, -(-psi_t // model.num_layers), False, largest
+    root_t = psi_t * groups.root // model.total_params
+    return psi_t, root_t, -(-(psi_t - root_t) // model.num_layers), True, model.largest_layer_params
+
+
 def fsdp_groups(model: ModelSpec) -> FsdpGroups:
     """Root and per-block parameter counts of ``fully_shard`` applied per block and at the root.
 
     Root: V·h (embedding; a second V·h when the head is untied) + h (final norm); the other
     parameters (blocks, and small extras such as learned positions) spread over the L blocks.
     """
-    root = min(model.params, model.embedding_params * (1 if model.tied_embeddings else 2) + model.hidden_size)
-    return FsdpGroups(root=root, block=-(-(model.params - root) // model.num_layers), blocks=model.num_layers)
+    root = min(model.total_params, model.embedding_params * (1 if model.tied_embeddings else 2) + model.hidden_size)
+    return FsdpGroups(root=root, block=-(-(model.total_params - root) // model.num_layers), blocks=model.num_layers)
 
 
 @dataclass(frozen=True)
@@ -146,12 +164,15 @@ def fsdp_memory(
     """
     check_fsdp_plan(plan)
     n = cluster.gpus
-    psi = model.params
+    psi = model.total_params
     p = bytes_per_param(training.precision)
+    # A frozen base (LoRA, docs/peft.md): gradients, DDP buckets, reduce-scatters and optimizer
+    # states exist for the trainable parameters only; every parameter is still sharded and
+    # gathered. Without peft all of these equal the full counts.
+    psi_t, root_t, block_t, head_trains, largest_t = _trainable_split(model)
     m, r = _MASTER_BYTES, _REDUCE_BYTES
     moments = {"adamw": 8, "adam": 8, "sgd": 4, "lion": 4, "adafactor": 0}[training.optimizer]
     groups = fsdp_groups(model)
-    largest = model.largest_layer_params
     on_gpu = device == "cuda"
     act_total = acts.total if activation_total is None else activation_total
     logits = min(acts.logits, act_total)
@@ -162,29 +183,29 @@ def fsdp_memory(
         return -(-count // n)
 
     if plan.stage <= 1:
-        params, grads = m * psi, m * psi
-        optimizer = moments * (shard(psi) if plan.stage == 1 else psi)
+        params, grads = m * psi, m * psi_t
+        optimizer = moments * (shard(psi_t) if plan.stage == 1 else psi_t)
         # autocast casts each matmul weight once per forward (the cast cache) and the matmul's
         # backward saves it: every weight but the untied input embedding's, p bytes.
         cast_cache = p * (psi - (0 if model.tied_embeddings else model.embedding_params)) if p < 4 else 0
-        bucket = {"ddp_gradient_buckets": m * psi}
-        partition = shard(psi) if plan.stage == 1 else psi
+        bucket = {"ddp_gradient_buckets": m * psi_t}
+        partition = shard(psi_t) if plan.stage == 1 else psi_t
         temps = optimizer_step_temporaries(
-            impl=optimizer_impl, optimizer=training.optimizer, partition_params=partition, largest_param=largest, on_gpu=on_gpu
+            impl=optimizer_impl, optimizer=training.optimizer, partition_params=partition, largest_param=largest_t, on_gpu=on_gpu
         )
         phases = {
             "loss_backward": {**bucket, "activations": loss_acts, "autocast_weight_casts": cast_cache},
-            "block_backward": {**bucket, "activations": layers_only, "autocast_weight_casts": cast_cache, "head_gradient": m * model.embedding_params},
+            "block_backward": {**bucket, "activations": layers_only, "autocast_weight_casts": cast_cache, "head_gradient": m * model.embedding_params if head_trains else 0},
             "optimizer_step": {**bucket, "gradients": grads, **temps},
         }
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
         return FsdpMemory(states=states, phases=phases, host_items={})
 
     offload = (plan.offload_optimizer == "cpu" or plan.offload_param == "cpu") and on_gpu
-    params, grads, optimizer = m * shard(psi), m * shard(psi), moments * shard(psi)
+    params, grads, optimizer = m * shard(psi), m * shard(psi_t), moments * shard(psi_t)
     unsharded_all = p * psi
     root_p = p * groups.root
-    head_grad = p * model.embedding_params
+    head_grad = p * model.embedding_params if head_trains else 0
     if plan.stage == 3:
         gathered_blocks = 2 * p * groups.block  # the running block and the one prefetched
         loss_unsharded = 0
@@ -192,7 +213,7 @@ def fsdp_memory(
         gathered_blocks = p * (psi - groups.root)
         loss_unsharded = unsharded_all
     temps = optimizer_step_temporaries(
-        impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi), largest_param=shard(largest), on_gpu=on_gpu
+        impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi_t), largest_param=shard(largest_t), on_gpu=on_gpu
     )
     sharded_grads_gpu = 0 if offload else grads
     phases = {
@@ -202,16 +223,16 @@ def fsdp_memory(
             "root_unsharded_params": root_p,
             "head_gradient": head_grad,
             "unsharded_params": gathered_blocks,
-            "block_unsharded_gradients": p * groups.block,
-            "reduce_scatter_input": r * groups.block,
-            "sharded_gradients": 0 if offload else m * shard(groups.block),
+            "block_unsharded_gradients": p * block_t,
+            "reduce_scatter_input": r * block_t,
+            "sharded_gradients": 0 if offload else m * shard(block_t),
         },
         "root_post_backward": {
             "sharded_gradients": sharded_grads_gpu,
             "root_unsharded_params": root_p,
-            "root_unsharded_gradients": p * groups.root,
-            "reduce_scatter_input": r * groups.root,
-            **({"reduce_scatter_output": r * shard(groups.root)} if offload else {}),
+            "root_unsharded_gradients": p * root_t,
+            "reduce_scatter_input": r * root_t,
+            **({"reduce_scatter_output": r * shard(root_t)} if offload else {}),
         },
         "optimizer_step": {} if offload else {"sharded_gradients": grads, **temps},
     }

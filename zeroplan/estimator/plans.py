@@ -362,9 +362,6 @@ def _estimate_fsdp(
         peak_allocated=allocated,
     )
     notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {_FSDP_KIND[plan.stage]})")
-    if model.peft is not None:
-        notes.append("the PyTorch-engine model counts gradients and optimizer states for every parameter, frozen ones "
-                     "too (no trainable/frozen split for FSDP2 yet, docs/peft.md): an overestimate for LoRA")
     g = cluster.gpus_in_node
     host = HostMemory(
         cpu_items={k: g * v for k, v in mem.host_items.items()},
