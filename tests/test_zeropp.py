@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,22 +64,26 @@ def test_plan_config_round_trip_and_stage_check():
 
 
 @pytest.mark.slow
-def test_hpz_runs_on_four_gloo_ranks_as_two_nodes(tmp_path):
-    """DeepSpeed's CPU accelerator accepts hpZ: two agents × 2 ranks, zero_hpz_partition_size 2."""
+def test_hpz_runs_on_four_gloo_ranks_as_two_slurm_nodes(tmp_path):
+    """DeepSpeed's CPU accelerator accepts hpZ (zero_hpz_partition_size 2) on 2 "nodes" × 2 ranks,
+    launched as one step of the fake srun (tests/fake_slurm): also the Slurm launcher's end-to-end
+    check that every node's ranks report back."""
     cfg = build_config(Plan(stage=3, zero_hpz_partition_size=2), world_size=4, training=TrainingSpec())
     (tmp_path / "hpz.json").write_text(json.dumps(cfg))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    agents = [
-        subprocess.Popen([sys.executable, "-m", "zeroplan", "probe", "examples/gpt_task.py", "--config", str(tmp_path / "hpz.json"),
-                          "--gpus", "4", "--nnodes", "2", "--node-rank", str(k), "--rdzv-endpoint", f"localhost:{port}",
-                          "--workdir", str(tmp_path / "w"), "--format", "json", "--steps", "2", "--warmup", "1"],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for k in (0, 1)
-    ]
-    outs = [a.communicate(timeout=400) for a in agents]
-    result = json.loads(outs[0][0])
-    assert agents[0].returncode == 0, result.get("error")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHONPATH=str(ROOT), PATH=f"{ROOT / 'tests' / 'fake_slurm'}{os.pathsep}{os.environ['PATH']}",
+               FAKE_SLURM_DIR=str(tmp_path / "slurm"), FAKE_SLURM_PYTHON=sys.executable, SLURM_JOB_ID="4242",
+               SLURM_JOB_NODELIST="localhost,127.0.0.1")
+    r = subprocess.run([sys.executable, "-m", "zeroplan", "probe", "examples/gpt_task.py", "--config", str(tmp_path / "hpz.json"),
+                        "--gpus", "4", "--nnodes", "2", "--launcher", "slurm", "--workdir", str(tmp_path / "w"),
+                        "--format", "json", "--steps", "2", "--warmup", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
     assert result["status"] == "ok" and result["world_size"] == 4 and sorted(result["node_per_rank"]) == [0, 0, 1, 1]
+    assert all(p > 0 for p in result["peak_memory_per_rank"]) and all(t > 0 for t in result["step_time_per_rank"])
+    command = (tmp_path / "w" / "command.txt").read_text().split()
+    assert command[:8] == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1"]
+    assert command[command.index("--rdzv-endpoint") + 1].startswith("localhost:")  # the allocation's first node
+    steps = [json.loads(p.read_text()) for p in (tmp_path / "slurm").glob("step-*.json")]
+    assert [s["state"] for s in steps] == ["done"]
