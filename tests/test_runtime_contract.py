@@ -155,6 +155,14 @@ def test_cli_probes_the_plain_script_with_an_exported_config(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["status"] == "ok" and doc["steps"] == 2 and doc["world_size"] == 2
     assert doc["tokens_per_second"] == pytest.approx(doc["samples_per_second"] * 64)
+    # No --params/--model: the worker read the model at deepspeed.initialize (the script's defaults).
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import gpt_task
+    finally:
+        sys.path.pop(0)
+    assert doc["discovered_model"]["total_params"] == sum(p.numel() for p in gpt_task.GPT(gpt_task.GPTConfig()).parameters())
+    assert doc["estimated_peak_memory"] and doc["estimate_note"] is None
     # The exported config's reduce bucket (DeepSpeed stage 3 allocates it whole) shows up.
     bucket = json.loads(config.read_text())["zero_optimization"]["reduce_bucket_size"]
     assert doc["peak_memory"] >= 2 * bucket

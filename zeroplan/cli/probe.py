@@ -97,6 +97,10 @@ def _render_table(result, plan, console) -> None:
     table.add_row("samples / s", "—" if result.samples_per_second is None else f"{result.samples_per_second:,.1f}", "", "")
     table.add_row("tokens / s", "—" if result.tokens_per_second is None else f"{result.tokens_per_second:,.0f}", "", "")
     console.print(table)
+    if result.discovered_model:
+        from zeroplan.runtime.discover import DiscoveredModel
+
+        console.print(f"model {DiscoveredModel.from_dict(result.discovered_model).describe()}", markup=False, highlight=False)
     if result.estimate_note and result.status == "ok":
         console.print(result.estimate_note)
     if result.memory_kind == "cpu-storage":

@@ -184,14 +184,34 @@ def tune(
     url = storage_url(storage, output)
     study = open_study(url, resume=resume, sampler=make_sampler(sampler, seed=seed))
 
-    # Model: --params/--model, else what the task declares.
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
+
+    # Model: --params/--model, else what the task declares, else discovered from the script.
     task_seq_len = None
+    discovered_seq_len = None
+    model_origin = "given"
     if params is None and model is None:
-        if kind != "task":
-            raise SpecError(f"{script} is a DeepSpeed script: give the model with --params 7e9 or --model NAME|config.json")
-        model_spec, task_seq_len = task_model_spec(script, args)
-        if model_spec is None:
-            raise SpecError(f"the task in {script} declares no model_spec; give --params or --model")
+        if kind == "task":
+            model_spec, task_seq_len = task_model_spec(script, args)
+            if model_spec is None:
+                raise SpecError(f"the task in {script} declares no model_spec; give --params or --model")
+            model_origin = "declared by the task"
+        else:
+            from zeroplan.runtime.discover import discovered_or_cached, discovery_config
+
+            draft = resolve_training(precision=precision, optimizer=optimizer, seq_len=seq_len or 2048, micro_batch=None, global_batch=None, grad_accum=None)
+            with console.status(f"discovering the model: running {script.name} once until it creates its engine ..."):
+                found, cached = discovered_or_cached(
+                    script, output_dir=output, script_args=args, config_arg=config_arg,
+                    ds_config=discovery_config(draft), timeout_s=timeout,
+                )
+            model_spec = found.model_spec()
+            discovered_seq_len = found.seq_len
+            model_origin = "discovered" + (" (cached)" if cached else "")
+            console.print(f"model {escape(found.describe())}" + (" [dim](cached)[/]" if cached else ""))
     else:
         # A LoRA/QLoRA run: the space and its pruning see the trainable count (docs/peft.md).
         model_spec = with_peft(
@@ -202,10 +222,11 @@ def tune(
             _, task_seq_len = task_model_spec(script, args)
     if seq_len is not None and task_seq_len is not None and seq_len != task_seq_len:
         raise SpecError(f"--seq-len {seq_len} differs from the task's sequence length {task_seq_len}; pass it to the task after --")
+    seq_origin = "given" if seq_len else "the task's" if task_seq_len else "from the first batch" if discovered_seq_len else "default"
     training = resolve_training(
         precision=precision,
         optimizer=optimizer,
-        seq_len=seq_len or task_seq_len or 2048,
+        seq_len=seq_len or task_seq_len or discovered_seq_len or 2048,
         micro_batch=micro_batch,
         global_batch=global_batch,
         grad_accum=grad_accum,
@@ -232,16 +253,13 @@ def tune(
         engine=backend,
     )
 
-    from rich.console import Console
-
-    console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
     meta = {
         "script": " ".join([str(script), *args]),
         "backend": backend + ("" if on_cuda else " (CPU, gloo)"),
         "gpus": cluster.gpus,
-        "model": f"{model_spec.name} ({model_spec.params:,} params)",
+        "model": f"{model_spec.name} ({model_spec.params:,} params, {model_origin})",
         "global_batch": training.global_batch,
-        "seq_len": training.seq_len,
+        "seq_len": f"{training.seq_len} ({seq_origin})",
         "precision": training.precision,
         "storage": url,
         "sampler": f"{sampler} after {settings.initial} estimator picks",

@@ -128,6 +128,9 @@ class ProbeResult:
     """Parameters with requires_grad in the engine's module (DeepSpeed runs), else None."""
     frozen_params: int | None = None
     """Parameters without requires_grad in the engine's module (DeepSpeed runs), else None."""
+    discovered_model: dict | None = None
+    """What a plain script's model is, read at ``deepspeed.initialize`` when no model was given
+    (``zeroplan.runtime.discover.DiscoveredModel.as_dict``); None otherwise."""
 
     host_peak_per_node: int | None = None
     """Peak host RSS of the node (torchrun and every worker, shared library pages once), sampled
@@ -216,4 +219,5 @@ class ProbeResult:
             "host_phase_peaks_per_rank": list(self.host_phase_peaks_per_rank),
             "host_baseline_per_node": self.host_baseline_per_node,
             "pinned_bytes_per_rank": list(self.pinned_bytes_per_rank),
+            "discovered_model": self.discovered_model,
         }

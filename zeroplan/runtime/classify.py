@@ -70,6 +70,8 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["seq_len"] = first.get("seq_len")
         out["trainable_params"] = first.get("trainable_params")
         out["frozen_params"] = first.get("frozen_params")
+        out["discovered"] = first.get("discovered")
+        out["engine_batch"] = first.get("engine_batch")
     peaks = [(r.get("rank", 0), r.get("peak_memory")) for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
     peaks = [p for _, p in peaks if isinstance(p, int)]
     if peaks:
