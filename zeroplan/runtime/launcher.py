@@ -240,18 +240,29 @@ class _Job:
         self.full_log.close()
 
 
-def _write_spec(request: ProbeRequest, workdir: Path, kind: str, config_path: Path | None, config_written: bool) -> Path:
+def _write_spec(
+    request: ProbeRequest,
+    workdir: Path,
+    kind: str,
+    config_path: Path | None,
+    config_written: bool,
+    *,
+    config_arg: str,
+    extra_args: tuple[str, ...] = (),
+) -> Path:
     """The worker's instructions (``probe.json``): what to run, how long, where to write."""
     training = request.training
     spec = {
         "script": str(request.script.resolve()),
         "kind": kind,
         "backend": request.backend,
-        "script_args": list(request.script_args),
-        "config_arg": request.config_arg,
+        "script_args": list(request.script_args) + list(extra_args),
+        "config_arg": config_arg,
         "config_path": str(config_path) if config_path else None,
         "config_given": config_written,
         "model": request.model.as_dict() if request.model else None,
+        # A plain script without a given model: the worker reads it at deepspeed.initialize.
+        "discover": kind == "script" and request.model is None,
         "steps": request.steps,
         "warmup": request.warmup,
         "plan": dataclasses.asdict(request.plan) if request.plan else None,
@@ -299,6 +310,8 @@ def _estimate(
     summary: dict,
     world_size: int,
     context: dict | None = None,
+    *,
+    precision: str | None = None,
 ) -> tuple[int | None, str | None]:
     """The estimator's predicted peak bytes per GPU, or (None, why not).
 
@@ -338,6 +351,8 @@ def _estimate(
         from zeroplan.dsconfig import training_from_config
 
         training = training_from_config(config, plan, base=training)
+        if precision is not None:
+            training = dataclasses.replace(training, precision=precision)
     try:
         from zeroplan import estimator, profiles
         from zeroplan.spec import ClusterSpec
@@ -430,15 +445,24 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         if request.plan is None:
             raise SpecError("backend deepspeed needs a DeepSpeed config or a plan (--stage ...)")
         config_path = workdir / "ds_config.json"
+    # A Hugging Face Trainer script takes --deepspeed, and its batch flags must agree with the
+    # config's numbers (zeroplan.runtime.trainer); "auto" batch keys leave the flags to the user
+    # and the plan's batch shape to what the engine reports after the run.
+    from zeroplan.runtime.trainer import TRAINER_CONFIG_ARG, batch_is_auto, is_trainer_script, trainer_batch_args
+
     plan, plan_note = request.plan, None
     if plan is None and config is not None:
         from zeroplan.dsconfig import plan_from_config
 
+        auto = batch_is_auto(config)
         try:
-            plan = plan_from_config(config, request.world_size)
+            plan = plan_from_config(config, request.world_size, micro_batch=1 if auto else None, gradient_accumulation_steps=1 if auto else None)
         except SpecError as exc:
             plan_note = f"no estimate: {exc}"
-    spec_path = _write_spec(request, workdir, kind, config_path, config is not None)
+    trainer = kind == "script" and is_trainer_script(script)
+    config_arg = TRAINER_CONFIG_ARG if trainer and request.config_arg == "--deepspeed_config" else request.config_arg
+    extra_args = trainer_batch_args(plan) if trainer and plan is not None and not batch_is_auto(config) else ()
+    spec_path = _write_spec(request, workdir, kind, config_path, config is not None, config_arg=config_arg, extra_args=extra_args)
 
     info: dict = {}
     cmd = build_command(request, spec_path, info)
@@ -498,8 +522,17 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             status = "error"
     summary = summarize_ranks(ranks)
     world_size = summary.get("world_size") or request.world_size
+    if plan is not None and batch_is_auto(config) and summary.get("engine_batch"):
+        # Trainer filled the "auto" batch keys from its flags; the engine reports what it ran.
+        micro, accumulation = summary["engine_batch"]
+        plan = dataclasses.replace(plan, micro_batch=int(micro), gradient_accumulation_steps=int(accumulation))
+    precision = None
+    if trainer and config is not None:
+        from zeroplan.runtime.trainer import trainer_precision
+
+        precision = trainer_precision(request.script_args, config)
     context: dict = {}
-    estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size, context)
+    estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size, context, precision=precision)
     host = summarize_host(ranks, sampler)
     host.update(_host_estimate(context, summary, host))
     host.pop("model_build", None)
@@ -528,6 +561,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         trainable_params=summary.get("trainable_params"),
         frozen_params=summary.get("frozen_params"),
         memory_limit=limit,
+        discovered_model=summary.get("discovered"),
         **host,
     )
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}

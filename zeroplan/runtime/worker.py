@@ -228,6 +228,13 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
 
     def initialize(*args, **kwargs):
         state["model_build"] = _build_kind(kwargs.get("model", args[1] if len(args) > 1 else None))
+        if state.get("discover") and "discovered" not in state:
+            # A plain script's model, read where DeepSpeed receives it (zeroplan.runtime.discover).
+            from zeroplan.runtime.discover_worker import describe_model
+
+            model = kwargs.get("model", args[1] if len(args) > 1 else None)
+            if model is not None:
+                state["discovered"] = describe_model(model)
         if host is not None:
             host.enter("engine_init")
         outputs = original(*args, **kwargs)
@@ -235,6 +242,13 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             host.enter("step")
             _wrap_saves(outputs[0], host)
         engine = outputs[0]
+        if state.get("discover") and "first_batch" not in state:
+            from zeroplan.runtime.discover_worker import batch_shape
+
+            def first_batch(module, hook_args, hook_kwargs):
+                state.setdefault("first_batch", batch_shape(hook_args, hook_kwargs))
+
+            engine.register_forward_pre_hook(first_batch, with_kwargs=True)
         state["initialized"] = True
         state["engine"] = engine
         # Trainable vs frozen as the engine sees them (requires_grad; a ZeRO-3 partitioned
@@ -259,6 +273,8 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         engine.step = step
         meter.samples_per_step = int(engine.train_batch_size())
         meter.grad_accum = int(engine.gradient_accumulation_steps())
+        # What the engine runs, after Hugging Face filled any "auto" batch keys.
+        state["engine_batch"] = [int(engine.train_micro_batch_size_per_gpu()), int(engine.gradient_accumulation_steps())]
         meter.start()
         return outputs
 
@@ -362,6 +378,23 @@ def _finish_reason(spec: dict, meter: StepMeter, state: dict) -> str:
     return f"the script finished after {meter.count} optimizer steps; the probe needs {need} (warmup {spec['warmup']} + steps {spec['steps']})"
 
 
+def _record_discovery(result: dict, state: dict, spec: dict) -> None:
+    """The model a plain script handed to deepspeed.initialize, as the estimate's ModelSpec."""
+    from zeroplan.runtime.discover import DiscoveredModel
+    from zeroplan.spec import SpecError
+
+    micro, seq = state.get("first_batch") or (None, None)
+    data = {"entry_point": "deepspeed.initialize", "model": state["discovered"], "micro_batch": micro, "seq_len": seq}
+    try:
+        found = DiscoveredModel.from_worker(data, script=spec["script"])
+        result["model_spec"] = found.model_spec().as_dict()
+    except (SpecError, KeyError, TypeError) as exc:
+        result["discovery_error"] = str(exc)
+        return
+    result["discovered"] = found.as_dict()
+    result["seq_len"] = result.get("seq_len") or seq
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
@@ -388,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                       on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None,
                       target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
                       agree=_agreement(world_size))
-    state: dict = {"host": PhaseRss()}
+    state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover"))}
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)
         import socket
@@ -421,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     result["pid"] = os.getpid()
     result["model_build"] = state.get("model_build")
     result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None)
+    result["engine_batch"] = state.get("engine_batch")
     result["peak_memory"] = memory.peak_bytes
     if "trainable_params" in state:
         result["trainable_params"] = state["trainable_params"]
@@ -428,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     result["memory_kind"] = memory.kind
     task = state.get("task")
     if task is not None and task.model_spec is not None:
-        result["model_spec"] = {k: v for k, v in task.model_spec.as_dict().items() if k != "notes"}
+        result["model_spec"] = task.model_spec.as_dict()
+    if state.get("discovered"):
+        _record_discovery(result, state, spec)
     out = Path(spec["result_dir"]) / f"rank-{rank}.json"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2))

@@ -1,0 +1,78 @@
+"""A trial's DeepSpeed config: the user's own config with only the tuned keys replaced.
+
+DeepSpeed's autotuner starts every experiment from the user's ``--deepspeed_config`` and
+overwrites the keys it tunes (deepspeed/autotuning/autotuner.py, ``_generate_experiments``);
+zeroplan does the same, so optimizer, scheduler, precision, clipping and every ``"auto"`` entry
+stay as the user wrote them. Without a base, a Hugging Face Trainer script gets
+:data:`HF_TEMPLATE` — the shape of the configs in the transformers DeepSpeed docs, with
+``"auto"`` wherever Trainer fills a value from its arguments — and a plain script gets zeroplan's
+complete config (:func:`zeroplan.dsconfig.build_config`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+from zeroplan.dsconfig.keys import ZERO_DEFAULTS
+from zeroplan.spec import Plan
+
+__all__ = ["TUNED_TOP_LEVEL_KEYS", "TUNED_ZERO_KEYS", "HF_TEMPLATE", "apply_plan_config", "base_for_script"]
+
+#: Top-level keys a plan decides (the batch shape; activation checkpointing when it checkpoints).
+TUNED_TOP_LEVEL_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+#: ``zero_optimization`` keys a plan decides: the stage, where states live, and the bucket sizes.
+TUNED_ZERO_KEYS = ("stage", "offload_optimizer", "offload_param", *ZERO_DEFAULTS)
+
+#: Base for a Trainer script without ``--config``: transformers fills every ``"auto"`` from
+#: TrainingArguments (integrations/deepspeed.py ``HfTrainerDeepSpeedConfig``); the optimizer block
+#: makes DeepSpeed build its own optimizer (DeepSpeedCPUAdam under optimizer offload).
+HF_TEMPLATE: dict = {
+    "bf16": {"enabled": "auto"},
+    "fp16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "gradient_clipping": "auto",
+    "zero_optimization": {},
+}
+
+
+def apply_plan_config(base: dict, plan_config: dict, plan: Plan) -> dict:
+    """``base`` with the tuned keys of ``plan_config`` (the :func:`build_config` of ``plan``) written in.
+
+    * batch keys: the plan's numbers (Trainer checks them against the flags zeroplan passes);
+    * ``zero_optimization``: stage and offload blocks from the plan (an offload block the plan
+      does not use is removed); a bucket size only where the plan itself sets it (``--bucket-sizes``
+      tunes ``reduce_bucket_size``), so the base's own values and ``"auto"`` entries stay; every
+      other ZeRO key of the base is kept;
+    * ``activation_checkpointing`` from the plan when it has one;
+    * everything else is the base's, untouched.
+    """
+    cfg = copy.deepcopy(base)
+    for key in TUNED_TOP_LEVEL_KEYS:
+        cfg[key] = plan_config[key]
+    zero = cfg.get("zero_optimization")
+    zero = dict(zero) if isinstance(zero, dict) else {}
+    planned = plan_config.get("zero_optimization") or {}
+    zero["stage"] = planned.get("stage", 0)
+    for block in ("offload_optimizer", "offload_param"):
+        if block in planned:
+            user = zero.get(block) if isinstance(zero.get(block), dict) else {}
+            zero[block] = {**user, **planned[block]}
+        else:
+            zero.pop(block, None)
+    for key in ZERO_DEFAULTS:
+        if getattr(plan, key, None) is not None and key in planned:
+            zero[key] = planned[key]
+    cfg["zero_optimization"] = zero
+    if "activation_checkpointing" in plan_config:
+        cfg["activation_checkpointing"] = plan_config["activation_checkpointing"]
+    return cfg
+
+
+def base_for_script(base: Optional[dict], *, trainer: bool) -> Optional[dict]:
+    """The base a trial starts from: the user's config, else the HF template for a Trainer script,
+    else None (zeroplan's complete config is used as is)."""
+    if base is not None:
+        return base
+    return copy.deepcopy(HF_TEMPLATE) if trainer else None
