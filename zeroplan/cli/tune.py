@@ -107,6 +107,7 @@ def tune(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for ds_config.json, trials.csv, report.md, throughput.png and study.db.", rich_help_panel=_TUNE)] = Path("zeroplan-out"),
     storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna RDB URL (sqlite:///x.db, postgresql://...) or a journal file path [default: OUTPUT/study.db].", rich_help_panel=_TUNE)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study in the storage (also: join it as another worker).", rich_help_panel=_TUNE)] = False,
+    config: Annotated[Optional[Path], typer.Option("--config", help="Your DeepSpeed config: the base of every trial (only the tuned keys change).", rich_help_panel=_TUNE)] = None,
     config_arg: Annotated[str, typer.Option("--config-arg", help="How a DeepSpeed script takes its config (--deepspeed for HF Trainer).", rich_help_panel=_TUNE)] = "--deepspeed_config",
     nvme_path: Annotated[Optional[str], typer.Option("--nvme-path", help="Folder on an NVMe drive: adds nvme offload to the search.", rich_help_panel=_TUNE)] = None,
     bucket_sizes: Annotated[Optional[str], typer.Option("--bucket-sizes", help="Also tune reduce_bucket_size over these element counts, e.g. 5e7,5e8.", rich_help_panel=_TUNE)] = None,
@@ -189,6 +190,24 @@ def tune(
 
     console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
 
+    # A Trainer script (transformers/TRL) takes --deepspeed; every trial starts from the user's
+    # config, else (Trainer) from the "auto" template, else from zeroplan's complete config.
+    from zeroplan.dsconfig.trial import base_for_script
+    from zeroplan.runtime.trainer import TRAINER_CONFIG_ARG, is_trainer_script, trainer_precision
+
+    trainer = kind == "script" and is_trainer_script(script)
+    if trainer and config_arg == "--deepspeed_config":
+        config_arg = TRAINER_CONFIG_ARG
+    user_base = None
+    if config is not None:
+        from zeroplan.dsconfig import load_config
+
+        user_base = load_config(config).data
+    base_config = base_for_script(user_base, trainer=trainer)
+    if trainer:
+        # What "auto" resolves to: the script's --bf16/--fp16, unless the config says.
+        precision = trainer_precision(args, base_config)
+
     # Model: --params/--model, else what the task declares, else discovered from the script.
     task_seq_len = None
     discovered_seq_len = None
@@ -206,7 +225,7 @@ def tune(
             with console.status(f"discovering the model: running {script.name} once until it creates its engine ..."):
                 found, cached = discovered_or_cached(
                     script, output_dir=output, script_args=args, config_arg=config_arg,
-                    ds_config=discovery_config(draft), timeout_s=timeout,
+                    ds_config=discovery_config(draft, user_base, trainer=trainer), timeout_s=timeout,
                 )
             model_spec = found.model_spec()
             discovered_seq_len = found.seq_len
@@ -298,6 +317,7 @@ def tune(
         nvme_path=nvme_path,
         target_ci=ci or None,
         predicted_step_time=space.predicted_step_time,
+        base_config=base_config,
     )
     view = _LiveView(console, settings.trials)
 
@@ -326,7 +346,7 @@ def tune(
         console.print(f"[yellow]interrupted[/]: the study in {url} is intact; run again with --resume to continue")
         raise
     frame = write_results(study.get_trials(deepcopy=False), output, meta)
-    _finish(console, frame, summary, output, cluster.gpus)
+    _finish(console, frame, summary, output, cluster.gpus, trainer=trainer)
 
 
 def _emit_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:
@@ -364,7 +384,7 @@ def _best_text(tuner: Any) -> str:
     return f"{best.user_attrs.get('plan_key', '?')}  {best.value:.2f} samples/s (trial #{best.number})"
 
 
-def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: int) -> None:
+def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: int, *, trainer: bool = False) -> None:
     from rich.table import Table
 
     from zeroplan.tuner import prove_winner
@@ -416,6 +436,8 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: in
     validated = (
         "config validated by zeroplan and DeepSpeed's parser"
         if check.checked_by_deepspeed
+        else "config validated by zeroplan; its \"auto\" entries were resolved by the script in the trial's run"
+        if check.keeps_auto
         else "config validated by zeroplan (DeepSpeed is not installed, so its parser did not check it)"
     )
     console.print(
@@ -439,6 +461,15 @@ def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: in
     for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
         if (output / name).exists():
             console.print(f"  wrote {output / name}")
+    if trainer:
+        import json
+
+        cfg = json.loads((output / "ds_config.json").read_text())
+        flags = (
+            f"--per_device_train_batch_size {cfg['train_micro_batch_size_per_gpu']} "
+            f"--gradient_accumulation_steps {cfg['gradient_accumulation_steps']}"
+        )
+        console.print(f"  train with: --deepspeed {output / 'ds_config.json'} {flags}", markup=False)
 
 
 class _LiveView:

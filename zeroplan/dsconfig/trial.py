@@ -33,7 +33,13 @@ HF_TEMPLATE: dict = {
     "fp16": {"enabled": "auto"},
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
     "gradient_clipping": "auto",
-    "zero_optimization": {},
+    # Trainer sizes these from the model's hidden_size h (h², 0.9·h², 10·h), as the estimator does;
+    # left out, DeepSpeed would allocate its 5e8-element default buckets.
+    "zero_optimization": {
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+    },
 }
 
 
@@ -57,8 +63,12 @@ def apply_plan_config(base: dict, plan_config: dict, plan: Plan) -> dict:
     zero["stage"] = planned.get("stage", 0)
     for block in ("offload_optimizer", "offload_param"):
         if block in planned:
+            # The device is tuned; the user's other offload settings (pin_memory, buffers) stay.
             user = zero.get(block) if isinstance(zero.get(block), dict) else {}
-            zero[block] = {**user, **planned[block]}
+            merged = {**planned[block], **user, "device": planned[block]["device"]}
+            if "nvme_path" in planned[block]:
+                merged["nvme_path"] = planned[block]["nvme_path"]
+            zero[block] = merged
         else:
             zero.pop(block, None)
     for key in ZERO_DEFAULTS:

@@ -159,13 +159,21 @@ class DiscoveredModel:
         )
 
 
-def discovery_config(training: Any, base: Optional[dict] = None) -> dict:
+def discovery_config(training: Any, base: Optional[dict] = None, *, trainer: bool = False) -> dict:
     """The DeepSpeed config a discovery run passes to a script: ``base`` (the user's) with its batch
     keys set for one process, else zeroplan's ZeRO-0 config at micro-batch 1.
 
-    One process: ``train_batch_size = micro × 1 × 1`` (DeepSpeed asserts the product). Hugging
-    Face's ``"auto"`` batch keys are kept as ``"auto"``: Trainer fills them from its arguments.
+    One process: ``train_batch_size = micro × 1 × 1`` (DeepSpeed asserts the product). For a
+    Trainer script (``trainer``) and for Hugging Face's ``"auto"`` batch keys the three batch keys
+    are ``"auto"``: Trainer fills them from its own arguments, so none can disagree.
     """
+    if trainer:
+        cfg = json.loads(json.dumps(base)) if base is not None else {}
+        if not base:
+            cfg["zero_optimization"] = {"stage": 0}
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
+            cfg[key] = "auto"
+        return cfg
     if base is None:
         from zeroplan.dsconfig import build_config
         from zeroplan.spec import Plan

@@ -112,6 +112,9 @@ class ProbeRunner:
     torchrun_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     nodes: Any = None
+    base_config: Optional[dict] = None
+    """The user's DeepSpeed config (or the Trainer template): each trial is it with the tuned keys
+    replaced (zeroplan.dsconfig.trial.apply_plan_config); None: zeroplan's complete config."""
     """``zeroplan.runtime.multinode.NodeLaunch`` for probes across nodes (``nproc`` is then per node)."""
 
     @property
@@ -150,6 +153,10 @@ class ProbeRunner:
         from zeroplan.dsconfig import build_config, validate_config
 
         cfg = build_config(plan, world_size=self.world_size, training=self.training, model=self.model, nvme_path=self.nvme_path)
+        if self.base_config is not None:
+            from zeroplan.dsconfig.trial import apply_plan_config
+
+            cfg = apply_plan_config(self.base_config, cfg, plan)
         findings = validate_config(
             cfg, world_size=self.world_size, model=self.model, training=self.training, checkpointing=plan.checkpointing
         )

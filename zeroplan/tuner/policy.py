@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from zeroplan.spec import ClusterSpec, ModelSpec, SpecError, TrainingSpec
 from zeroplan.tuner.space import SearchSpace, build_space
@@ -77,7 +77,10 @@ class WinnerCheck:
     errors: tuple[str, ...]
     """``ZPnnn: message`` for each zeroplan error, and DeepSpeed's parser error if any."""
     checked_by_deepspeed: bool
-    """False when DeepSpeed is not installed (its parser did not run)."""
+    """False when DeepSpeed is not installed or the config keeps "auto" entries (its parser did not run)."""
+    keeps_auto: bool = False
+    """The config keeps Hugging Face "auto" entries, which only Trainer/accelerate resolve; the
+    winner's own run resolved them, so DeepSpeed's parser is not asked about the raw file."""
 
     @property
     def ok(self) -> bool:
@@ -92,9 +95,18 @@ def prove_winner(config_path: Path, *, world_size: int) -> WinnerCheck:
 
     cfg = load_config(config_path).config
     errors = [f"{f.rule_id}: {f.message}" for f in validate_config(cfg, world_size=world_size) if f.severity == "error"]
-    checked = deepspeed_installed()
+    keeps_auto = _has_auto(cfg)
+    checked = deepspeed_installed() and not keeps_auto
     if checked:
         ds_error = deepspeed_parse_error(cfg, world_size=world_size)
         if ds_error:
             errors.append(ds_error)
-    return WinnerCheck(errors=tuple(errors), checked_by_deepspeed=checked)
+    return WinnerCheck(errors=tuple(errors), checked_by_deepspeed=checked, keeps_auto=keeps_auto)
+
+
+def _has_auto(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_auto(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_auto(v) for v in value)
+    return value == "auto"
