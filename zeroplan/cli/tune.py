@@ -202,7 +202,7 @@ def tune(
     if config is not None:
         from zeroplan.dsconfig import load_config
 
-        user_base = load_config(config).data
+        user_base = load_config(config).config
     base_config = base_for_script(user_base, trainer=trainer)
     if trainer:
         # What "auto" resolves to: the script's --bf16/--fp16, unless the config says.
