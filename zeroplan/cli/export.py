@@ -23,6 +23,7 @@ from zeroplan.cli.common import (
     LoraTargetsOpt,
     TrainableParamsOpt,
     CheckpointingOpt,
+    check_choice_option,
     CpuMemoryOpt,
     GlobalBatchOpt,
     GpuMemoryOpt,
@@ -105,6 +106,12 @@ def export(
     adapter: AdapterOpt = None,
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
+    target: Annotated[
+        str, typer.Option("--for", help='deepspeed | hf: hf writes "auto" wherever Hugging Face Trainer fills the value.', rich_help_panel="Output")
+    ] = "deepspeed",
+    accelerate_config: Annotated[
+        Optional[str], typer.Option("--accelerate-config", help="Also write an accelerate YAML that runs DeepSpeed with the exported file (needs --output).", rich_help_panel="Output")
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
     """Write a DeepSpeed config for a plan (or the fastest plan that fits) that passes validate.
@@ -118,6 +125,9 @@ def export(
     from zeroplan.spec import Plan
 
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    check_choice_option("--for", target, ("deepspeed", "hf"))
+    if accelerate_config is not None and output is None:
+        raise SpecError("--accelerate-config points accelerate at the exported file: also give --output ds.json")
     if gpus < 1:
         raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
     training = resolve_training(
@@ -187,7 +197,24 @@ def export(
     findings = [f for f in findings if f.rule_id != "ZP702"]
     if has_errors(findings):  # a bug in build_config, never the user's input
         raise RuntimeError("exported config fails validation: " + "; ".join(f.message for f in findings if f.severity == "error"))
-    write_output(json.dumps(cfg, indent=2), output)
+    if target == "hf":
+        from zeroplan.dsconfig.hf_auto import to_hf_auto, trainer_flags
+
+        write_output(json.dumps(to_hf_auto(cfg), indent=2), output)
+        _note("Hugging Face Trainer fills the \"auto\" entries; run it with: " + " ".join(trainer_flags(cfg)))
+    else:
+        write_output(json.dumps(cfg, indent=2), output)
+    if accelerate_config is not None:
+        from pathlib import Path
+
+        from zeroplan.dsconfig.hf_auto import accelerate_yaml
+
+        text = accelerate_yaml(str(Path(output).resolve()), num_processes=gpus, zero3_init=plan.stage == 3)
+        try:
+            Path(accelerate_config).write_text(text)
+        except OSError as exc:
+            raise SpecError(f"--accelerate-config {accelerate_config}: cannot write ({exc.strerror})") from None
+        _note(f"wrote {accelerate_config}: accelerate launch --config_file {accelerate_config} train.py")
     for note in notes + [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "warning"]:
         _note(note)
     for f in fit:

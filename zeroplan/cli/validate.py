@@ -91,6 +91,13 @@ def validate(
     adapter: AdapterOpt = None,
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
+    hf_arg: Annotated[
+        Optional[list[str]],
+        typer.Option("--hf-arg", help="A TrainingArguments value \"auto\" resolves from, NAME=VALUE, repeatable (e.g. per_device_train_batch_size=4).", rich_help_panel="Hugging Face"),
+    ] = None,
+    max_steps: Annotated[
+        Optional[int], typer.Option("--max-steps", help="Training steps, for an \"auto\" scheduler step count.", rich_help_panel="Hugging Face")
+    ] = None,
     fmt: ValidateFormatOpt = "table",
     output: OutputOpt = None,
 ) -> None:
@@ -113,6 +120,9 @@ def validate(
     if output is not None and fmt != "json":
         raise SpecError("--output needs --format json (the table prints to the terminal)")
     parsed = load_config(config)
+    trainer_args = parse_hf_args(hf_arg or [], world_size=gpus or _implied_world_size(parsed.config))
+    if max_steps is not None and max_steps < 1:
+        raise SpecError(f"--max-steps {max_steps} is not valid; give a whole number >= 1")
 
     model_spec = cluster = None
     notes: list[str] = []
@@ -165,5 +175,58 @@ def validate(
             console.print(f"{parsed.source} ({world}): no problems found")
         for note in notes:
             console.print(f"[dim]• {note}[/dim]")
+        from zeroplan.dsconfig.hf_auto import auto_keys
+
+        if auto_keys(parsed.config):
+            console.print(_auto_table(parsed.config, trainer_args, hidden_size=model_spec.hidden_size if model_spec else None, max_steps=max_steps))
     if has_errors(findings):
         raise typer.Exit(1)
+
+
+def parse_hf_args(items: list[str], *, world_size: int | None):
+    """``--hf-arg NAME=VALUE`` → :class:`~zeroplan.dsconfig.hf_auto.TrainerArgs` (one line naming a bad one)."""
+    import dataclasses
+
+    from zeroplan.dsconfig.hf_auto import TrainerArgs
+
+    fields = {f.name: f for f in dataclasses.fields(TrainerArgs)}
+    values: dict = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip().lstrip("-")
+        if not sep or name not in fields or name == "world_size":
+            valid = ", ".join(n for n in fields if n != "world_size")
+            raise SpecError(f"--hf-arg {item!r}: give NAME=VALUE with NAME one of {valid}")
+        default = fields[name].default
+        try:
+            if isinstance(default, bool):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                values[name] = text.lower() in ("true", "1")
+            elif isinstance(default, int) and not isinstance(default, float):
+                values[name] = int(text)
+            else:
+                values[name] = float(text)
+        except ValueError:
+            raise SpecError(f"--hf-arg {item!r}: {text!r} is not a valid {type(default).__name__}") from None
+    return TrainerArgs(world_size=world_size or 1, **values)
+
+
+def _auto_table(config: dict, trainer_args, *, hidden_size: int | None, max_steps: int | None):
+    """What each "auto" becomes under Hugging Face Trainer (zeroplan.dsconfig.hf_auto)."""
+    from rich.table import Table
+
+    from zeroplan.dsconfig.hf_auto import resolve_hf_auto
+
+    resolved = resolve_hf_auto(config, trainer_args, hidden_size=hidden_size, num_training_steps=max_steps)
+    title = (f'"auto" under Hugging Face Trainer on {trainer_args.world_size} ranks '
+             "(TrainingArguments defaults unless --hf-arg; hidden size from --model)")
+    table = Table(title=title, title_justify="left")
+    table.add_column("key")
+    table.add_column("resolves to", justify="right")
+    table.add_column("from")
+    for v in resolved.values:
+        table.add_row(v.key, "[red]unresolved[/]" if not v.resolved else str(v.value), v.source)
+    for line in resolved.mismatches:
+        table.add_row("[red]mismatch[/]", "", line.removeprefix("- "))
+    return table
