@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
 EXAMPLE = ROOT / "examples" / "train_hf_trainer.py"
 
+AUTO_OPTIMIZER = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+
 #: A user's config as the transformers DeepSpeed docs write them: "auto" where Trainer fills in.
 USER_BASE = {
     "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
@@ -109,3 +111,24 @@ def test_tune_trainer_example_then_train_with_its_config(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "'train_loss'" in run.stdout + run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_probe_trl_sft_example(tmp_path):
+    """TRL's SFTTrainer takes the Trainer path: --deepspeed, the model discovered, an estimate beside it."""
+    pytest.importorskip("trl")
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 4, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+           "optimizer": AUTO_OPTIMIZER, "gradient_clipping": "auto", "bf16": {"enabled": "auto"}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    r = subprocess.run(
+        [sys.executable, "-m", "zeroplan", "probe", str(ROOT / "examples" / "train_trl_sft.py"), "--config", str(path), "--gpus", "2",
+         "--steps", "2", "--warmup", "1", "--format", "json", "--", "--use_cpu", "--report_to", "none"],
+        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=380,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "ok" and doc["steps"] == 2
+    assert doc["discovered_model"]["total_params"] == _example_params()  # the same tiny Llama as the Trainer example
+    assert doc["estimated_peak_memory"] and doc["estimate_note"] is None
