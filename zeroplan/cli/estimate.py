@@ -282,6 +282,11 @@ def estimate(
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
     no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
+    loss: Annotated[str, typer.Option("--loss", help="hf | plain | megatron | fused | chunked: how the loss treats the logits (docs/estimate.md).", rich_help_panel="Training")] = "hf",
+    buckets: Annotated[str, typer.Option("--buckets", help="hf (reduce h², prefetch 0.9·h²: Trainer's 'auto') | deepspeed (5e8/5e8/5e7 elements: plain DeepSpeed, Megatron-DeepSpeed).", rich_help_panel="Plan")] = "hf",
+    reduce_bucket_size: Annotated[Optional[float], typer.Option("--reduce-bucket-size", help="Elements per gradient reduce bucket (overrides --buckets).", rich_help_panel="Plan")] = None,
+    allgather_bucket_size: Annotated[Optional[float], typer.Option("--allgather-bucket-size", help="Elements per stage 1-2 all-gather bucket (overrides --buckets).", rich_help_panel="Plan")] = None,
+    prefetch_bucket_size: Annotated[Optional[float], typer.Option("--prefetch-bucket-size", help="Elements prefetched ahead in stage 3 (overrides --buckets).", rich_help_panel="Plan")] = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
     optimizer_impl: Annotated[Optional[str], typer.Option("--optimizer-impl", help="torch | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp].", rich_help_panel="Training")] = None,
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
@@ -328,6 +333,22 @@ def estimate(
     )
     if no_flash:
         training = replace(training, flash_attention=False)
+    from zeroplan.estimator.plans import BUCKET_CONVENTIONS, bucket_sizes
+    from zeroplan.spec import LOSSES
+
+    check_choice_option("--loss", loss, LOSSES)
+    training = replace(training, loss=loss)
+    check_choice_option("--buckets", buckets, BUCKET_CONVENTIONS)
+    for flag, value in (("--reduce-bucket-size", reduce_bucket_size), ("--allgather-bucket-size", allgather_bucket_size),
+                        ("--prefetch-bucket-size", prefetch_bucket_size)):
+        if value is not None and not (value > 0 and float(value).is_integer()):
+            raise SpecError(f"{flag} {value:g} is not valid; give a positive whole number of elements such as 5e8")
+    plan_buckets = bucket_sizes(
+        buckets,
+        reduce_bucket_size=int(reduce_bucket_size) if reduce_bucket_size is not None else None,
+        allgather_bucket_size=int(allgather_bucket_size) if allgather_bucket_size is not None else None,
+        prefetch_bucket_size=int(prefetch_bucket_size) if prefetch_bucket_size is not None else None,
+    )
     alias_note = None
     if checkpointing in CHECKPOINTING_ALIASES:
         alias_note = f"--checkpointing {checkpointing} is now called {CHECKPOINTING_ALIASES[checkpointing]} (Korthikanti's attention-core recomputation)"
@@ -358,7 +379,7 @@ def estimate(
     plans = enumerate_plans(
         model_spec, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
-        optimizer_impl=optimizer_impl,
+        optimizer_impl=optimizer_impl, buckets=plan_buckets,
     )
     estimates = estimate_all(model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl)
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeroplan.spec import ModelSpec, Plan, TrainingSpec, bytes_per_param
+from zeroplan.spec import LOSSES, ModelSpec, Plan, TrainingSpec, bytes_per_param
+from zeroplan.spec.errors import check_choice
 
-__all__ = ["ActivationMemory", "layer_activation_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate"]
+__all__ = ["ActivationMemory", "layer_activation_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate",
+           "loss_activation_bytes", "LOSS_CHUNKS"]
 
 
 def layer_activation_bytes(
@@ -99,6 +101,48 @@ def selective_op_layer_bytes(
     return terms
 
 
+#: Logit chunks of ``loss="chunked"``: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)``.
+LOSS_CHUNKS = 8
+
+
+def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, precision: str, loss: str) -> dict[str, int]:
+    """Bytes alive at the loss's backward, by tensor, for each way of computing the loss.
+
+    With N = s·b tokens, V the vocabulary, h the hidden size and e bytes per activation element:
+
+    * ``plain``: ``F.cross_entropy(logits.float(), y)`` — log-softmax's saved fp32 output, the
+      fp32 gradient arriving at it and the one it produces coexist in backward: 12·N·V
+      (measured on CPU probes, docs/notes/memory-gaps.md).
+    * ``hf``: the same, plus the e-byte logits a Hugging Face model returns in its output, which
+      the training loop holds through backward: (12 + e)·N·V (a traced Llama-3-8B agrees).
+    * ``megatron``: Megatron-LM's vocab-parallel cross-entropy
+      (megatron/core/tensor_parallel/cross_entropy.py ``_VocabParallelCrossEntropy``) turns the
+      fp32 logits into the softmax in place (``exp(.., out=..)``, ``div_``), saves that one
+      array, and builds the gradient in place of it in backward: 4·N·V, plus the e-byte gradient
+      cast back to the logits' dtype: (4 + e)·N·V.
+    * ``fused``: Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py)
+      never materialises the logits: it projects ``chunk_size = next_pow2(ceil(N / ceil(V/h)))``
+      rows at a time (≈ N·h/V rows, so e·N·h bytes of chunk logits, whose gradient the kernel
+      writes in place), and computes the input gradient (e·N·h) and the head's weight gradient
+      (e·V·h) during forward, held until backward.
+    * ``chunked``: cross-entropy over C = 8 chunks of the logits (torchtune
+      ``CEWithChunkedOutputLoss``): the e-byte logits, and one chunk's three fp32 arrays at a
+      time: (12/C + e)·N·V.
+    """
+    check_choice("loss", loss, LOSSES)
+    n, v, h = seq_len * micro_batch, model.vocab_size, model.hidden_size
+    e = bytes_per_param(precision)
+    if loss == "plain":
+        return {"log_softmax_and_gradients": 12 * n * v}
+    if loss == "hf":
+        return {"log_softmax_and_gradients": 12 * n * v, "returned_logits": e * n * v}
+    if loss == "megatron":
+        return {"softmax_in_place": 4 * n * v, "logits_gradient": e * n * v}
+    if loss == "fused":
+        return {"chunk_logits": e * n * h, "input_gradient": e * n * h, "head_weight_gradient": e * v * h}
+    return {"chunk_log_softmax_and_gradients": 12 * n * v // LOSS_CHUNKS, "logits": e * n * v}
+
+
 def checkpointing_duplicate(model: ModelSpec, training: TrainingSpec, checkpointing: str) -> str | None:
     """A sentence when ``checkpointing`` keeps exactly what another option keeps, else None.
 
@@ -127,7 +171,7 @@ class ActivationMemory:
     embeddings: int
     """Embedding dropout mask and final-norm input."""
     logits: int
-    """fp32 log-softmax output and its incoming and outgoing gradients at the loss's backward (12·s·b·V)."""
+    """Bytes alive at the loss's backward (:func:`loss_activation_bytes`; (12 + e)·s·b·V for ``hf``)."""
     on_cpu: int
     """Checkpointed block inputs held on the host instead (cpu_checkpointing)."""
 
@@ -198,7 +242,7 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     # plus the e-byte logits themselves, which Hugging Face models return in their output and
     # so keep alive through backward (a loop that drops them saves e·sbV; the traced peak of
     # Llama-3-8B agrees with 12 + e).
-    logits = (12 + e) * s * b * model.vocab_size
+    logits = sum(loss_activation_bytes(model, seq_len=s, micro_batch=b, precision=training.precision, loss=training.loss).values())
     return ActivationMemory(
         per_layer=per_layer,
         layers=layers,

@@ -23,7 +23,9 @@ from zeroplan.estimator.timing import StepTime, step_time
 from zeroplan.spec import OFFLOADS, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
 
 __all__ = [
+    "BUCKET_CONVENTIONS",
     "ENGINES",
+    "bucket_sizes",
     "GpuMemory",
     "PlanEstimate",
     "estimate_plan",
@@ -306,6 +308,43 @@ def estimate_plan(
     )
 
 
+#: Bucket-size conventions: Hugging Face's "auto" rule (sizes from the hidden size), or
+#: DeepSpeed's own defaults (plain DeepSpeed, Megatron-DeepSpeed and DeepSpeed-Chat runs).
+BUCKET_CONVENTIONS = ("hf", "deepspeed")
+
+
+def bucket_sizes(
+    convention: str = "hf",
+    *,
+    reduce_bucket_size: Optional[int] = None,
+    allgather_bucket_size: Optional[int] = None,
+    prefetch_bucket_size: Optional[int] = None,
+) -> dict[str, int]:
+    """Plan bucket fields (elements) for a convention, with explicit sizes winning.
+
+    ``hf`` leaves the sizes to :func:`zeroplan.spec.resolve_engine_knobs` (Hugging Face's rule,
+    transformers/integrations/deepspeed.py: reduce h², prefetch 0.9·h²; all-gather DeepSpeed's
+    5e8). ``deepspeed`` pins DeepSpeed's defaults (deepspeed/runtime/zero/config.py
+    ``DeepSpeedZeroConfig``: reduce_bucket_size and allgather_bucket_size 5e8 elements — 1 GB per
+    fp16/bf16 buffer — and stage3_prefetch_bucket_size 5e7). A size must be a positive count.
+    """
+    from zeroplan.spec import DEEPSPEED_DEFAULT_KNOBS
+
+    if convention not in BUCKET_CONVENTIONS:
+        raise SpecError(f"buckets={convention!r} is not valid; choose one of {', '.join(BUCKET_CONVENTIONS)}")
+    out: dict[str, int] = {}
+    if convention == "deepspeed":
+        for name in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size"):
+            out[name] = DEEPSPEED_DEFAULT_KNOBS[name]
+    for name, value in (("reduce_bucket_size", reduce_bucket_size), ("allgather_bucket_size", allgather_bucket_size),
+                        ("stage3_prefetch_bucket_size", prefetch_bucket_size)):
+        if value is not None:
+            if isinstance(value, bool) or int(value) != value or value <= 0:
+                raise SpecError(f"{name}={value!r} is not valid; give a positive number of elements such as 5e8")
+            out[name] = int(value)
+    return out
+
+
 def _fit_notes(total: int, host: HostMemory, cluster: ClusterSpec) -> tuple[bool, list[str]]:
     """(fits, reasons) for GPU, host RAM and NVMe needs against ``cluster``."""
     notes: list[str] = []
@@ -435,13 +474,14 @@ def enumerate_plans(
     micro_batches: Optional[Iterable[int]] = None,
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
+    buckets: Optional[dict[str, int]] = None,
 ) -> list[Plan]:
     """Every valid plan, optionally filtered; accumulation derived from the training spec.
 
     Checkpointing: none and full, plus selective when attention is not flash (with flash,
     selective keeps the same bytes as none). ``optimizer_impl`` leaves out the offload choices
     the implementation cannot run with (DeepSpeedCPUAdam needs optimizer offload, FusedAdam
-    none). Micro-batches: ``micro_batches``, else the training spec's, else 1, 2, 4, …, 64. With a
+    none). ``buckets`` sets the plans' bucket sizes (elements; :func:`bucket_sizes`). Micro-batches: ``micro_batches``, else the training spec's, else 1, 2, 4, …, 64. With a
     global batch, micro-batches that cannot reach it exactly on ``cluster.gpus`` are skipped;
     if none can, SpecError says which global batches would work.
     """
@@ -490,6 +530,7 @@ def enumerate_plans(
                             checkpointing=ck,
                             micro_batch=mb,
                             gradient_accumulation_steps=gas,
+                            **(buckets or {}),
                         )
                     )
     if not plans and impl_error is not None:

@@ -7,6 +7,7 @@ from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
 from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
 from zeroplan.spec.plan import BUCKET_KEYS, CHECKPOINTING, CHECKPOINTING_ALIASES, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, resolve_engine_knobs
 from zeroplan.spec.training import (
+    LOSSES,
     OPTIMIZERS,
     PRECISIONS,
     TrainingSpec,
@@ -32,6 +33,7 @@ __all__ = [
     "ModelSpec",
     "NodeSpec",
     "OFFLOADS",
+    "LOSSES",
     "OPTIMIZERS",
     "PRECISIONS",
     "Plan",

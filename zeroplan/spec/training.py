@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
 __all__ = [
+    "LOSSES",
     "PRECISIONS",
     "OPTIMIZERS",
     "TrainingSpec",
@@ -15,6 +16,11 @@ __all__ = [
 ]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+#: Loss implementations over the logits (zeroplan.estimator.activations.loss_activation_bytes):
+#: hf (a Hugging Face model's loss, logits returned), plain (log-softmax + NLL in fp32, logits
+#: dropped), megatron (vocab-parallel cross-entropy, in place), fused (Liger's fused linear
+#: cross-entropy) and chunked (cross-entropy over logit chunks, torchtune's default of 8).
+LOSSES = ("hf", "plain", "megatron", "fused", "chunked")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
 
 
@@ -69,11 +75,14 @@ class TrainingSpec:
     """Micro-steps per optimizer step, or None."""
     flash_attention: bool = True
     """Attention kernel that does not keep the a·s² score matrix (SDPA/flash)."""
+    loss: str = "hf"
+    """How the loss is computed over the logits (:data:`LOSSES`): hf, plain, megatron, fused or chunked."""
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_positive_int("seq_len", self.seq_len, maximum=10_000_000)
+        check_choice("loss", self.loss, LOSSES)
         if self.micro_batch is not None:
             check_positive_int("micro_batch", self.micro_batch, maximum=1_000_000)
         if self.global_batch is not None:
@@ -108,5 +117,6 @@ class TrainingSpec:
             "global_batch": self.global_batch,
             "grad_accum": self.grad_accum,
             "flash_attention": self.flash_attention,
+            "loss": self.loss,
         }
 
