@@ -59,40 +59,49 @@ def main(argv: list[str] | None = None) -> int:
                            steps=args.steps, warmup=args.warmup, timeout_s=900)
     env = probe_environment(request) | {"DS_ACCELERATOR": "cpu"}
 
-    def bare() -> float:
+    def stat(per_rank: list[dict]) -> tuple[float, float]:
+        """(slower rank's median wall s, slower rank's median CPU s) per step."""
+        return (max(statistics.median(r["step_times"]) for r in per_rank),
+                max(statistics.median(r["step_cpu_times"]) for r in per_rank))
+
+    def bare() -> tuple[float, float]:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT), *size_args,
                "--deepspeed_config", str(cfg_path), "--bare-steps", str(args.steps), "--bare-warmup", str(args.warmup)]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         ranks = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines() if line.startswith("BARE_STEP_TIMES ")]
         if len(ranks) != 2:
             raise RuntimeError(f"bare run failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
-        return max(statistics.median(r["step_times"]) for r in ranks)
+        return stat(ranks)
 
-    def probed() -> float:
+    def probed() -> tuple[float, float]:
         r = run_probe(request)
         if r.status != "ok":
             raise RuntimeError(f"probe failed: {r.error}")
-        per_rank = [json.loads(f.read_text())["step_times"] for f in sorted(Path(r.workdir).glob("rank-*.json"))]
-        return max(statistics.median(t) for t in per_rank)
+        return stat([json.loads(f.read_text()) for f in sorted(Path(r.workdir).glob("rank-*.json"))])
 
     rows = []
     for i in range(args.rounds):
         first, second = (bare, probed) if i % 2 == 0 else (probed, bare)
         a, b = first(), second()
-        rows.append({"round": i, "bare_s": a if first is bare else b, "probe_s": b if first is bare else a})
-        print(f"round {i}: bare {rows[-1]['bare_s'] * 1e3:.1f} ms, probe {rows[-1]['probe_s'] * 1e3:.1f} ms", file=sys.stderr)
-    bare_med = statistics.median(r["bare_s"] for r in rows)
-    probe_med = statistics.median(r["probe_s"] for r in rows)
+        (bw, bc), (pw, pc) = (a, b) if first is bare else (b, a)
+        rows.append({"round": i, "bare_s": bw, "probe_s": pw, "bare_cpu_s": bc, "probe_cpu_s": pc})
+        print(f"round {i}: bare {bw * 1e3:.1f} ms ({bc * 1e3:.1f} CPU), probe {pw * 1e3:.1f} ms ({pc * 1e3:.1f} CPU)", file=sys.stderr)
+    med = {k: statistics.median(r[k] for r in rows) for k in ("bare_s", "probe_s", "bare_cpu_s", "probe_cpu_s")}
     ratios = [r["probe_s"] / r["bare_s"] for r in rows]
+    cpu_ratios = [r["probe_cpu_s"] / r["bare_cpu_s"] for r in rows]
     lines = [
         f"Step time, bare DeepSpeed script vs the same under run_probe: ZeRO-{args.stage}, 2 CPU ranks (gloo), GPT L{args.layers} "
         f"h{args.hidden} V{args.vocab} (Ψ = {model.params:,}), bf16, micro-batch 2; {args.rounds} interleaved rounds, "
         f"{args.warmup} warm-up + {args.steps} timed steps each; per run the slower rank's median step.",
         f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine: treat small differences as noise)",
         "",
-        f"{'round':>5} {'bare ms':>9} {'probe ms':>9} {'ratio':>7}",
-        *[f"{r['round']:>5} {r['bare_s'] * 1e3:>9.1f} {r['probe_s'] * 1e3:>9.1f} {r['probe_s'] / r['bare_s']:>7.3f}" for r in rows],
-        f"{'median':>5} {bare_med * 1e3:>9.1f} {probe_med * 1e3:>9.1f} {probe_med / bare_med:>7.3f}   (median of per-round ratios {statistics.median(ratios):.3f})",
+        "wall: step wall time; CPU: CPU seconds of the rank process per step (all threads) — less disturbed by other jobs.",
+        "",
+        f"{'round':>6} {'bare ms':>9} {'probe ms':>9} {'ratio':>7} {'bare CPU':>9} {'probe CPU':>10} {'ratio':>7}",
+        *[f"{r['round']:>6} {r['bare_s'] * 1e3:>9.1f} {r['probe_s'] * 1e3:>9.1f} {r['probe_s'] / r['bare_s']:>7.3f} "
+          f"{r['bare_cpu_s'] * 1e3:>9.1f} {r['probe_cpu_s'] * 1e3:>10.1f} {r['probe_cpu_s'] / r['bare_cpu_s']:>7.3f}" for r in rows],
+        f"{'median':>6} {med['bare_s'] * 1e3:>9.1f} {med['probe_s'] * 1e3:>9.1f} {statistics.median(ratios):>7.3f} "
+        f"{med['bare_cpu_s'] * 1e3:>9.1f} {med['probe_cpu_s'] * 1e3:>10.1f} {statistics.median(cpu_ratios):>7.3f}   (ratio columns: median of per-round ratios)",
     ]
     text = "\n".join(lines) + "\n"
     if args.output:

@@ -44,7 +44,8 @@ def main() -> None:
     rank = torch.distributed.get_rank()
     step = 0
     times: list[float] = []
-    last = None
+    cpu_times: list[float] = []
+    last = last_cpu = None
     while True:
         x, y = make_batch(cfg, engine.train_micro_batch_size_per_gpu(), step, rank)
         loss = lm_loss(engine, (x, y))
@@ -53,12 +54,13 @@ def main() -> None:
         step += 1
         if args.bare_steps:
             # The same points a probe times: from one optimizer step's end to the next.
-            now = time.perf_counter()
+            now, cpu_now = time.perf_counter(), time.process_time()
             if step > args.bare_warmup and last is not None:
                 times.append(now - last)
-            last = now
+                cpu_times.append(cpu_now - last_cpu)
+            last, last_cpu = now, cpu_now
             if len(times) >= args.bare_steps:
-                print("BARE_STEP_TIMES " + json.dumps({"rank": rank, "step_times": times}), flush=True)
+                print("BARE_STEP_TIMES " + json.dumps({"rank": rank, "step_times": times, "step_cpu_times": cpu_times}), flush=True)
                 return
 
 

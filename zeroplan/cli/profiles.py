@@ -35,6 +35,7 @@ def profiles_document() -> dict:
         "zeroplan_version": __version__,
         "gpus": [profiles.load_gpu(n).as_dict() for n in profiles.gpu_names()],
         "models": [_model_row(n) for n in profiles.model_names()],
+        "nodes": [profiles.load_node(n).as_dict() for n in profiles.node_names()],
         "supported_model_types": list(profiles.SUPPORTED_MODEL_TYPES),
         "detected_gpu": {"profile": gpu.name, "memory_bytes": gpu.memory_bytes, "note": note},
     }
@@ -91,6 +92,25 @@ def _render_tables(doc: dict, console) -> None:
     console.print(
         "Exact parameter counts, tied embeddings, gated MLP and sources: --format json. Any Hugging Face config.json also works with "
         "--model PATH (model_type: " + ", ".join(doc["supported_model_types"]) + ")."
+    )
+    console.print()
+
+    nodes = Table(title="Node profiles (--node NAME): host RAM and NVMe per node", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    nodes.add_column("name", no_wrap=True)
+    nodes.add_column("GPUs", no_wrap=True)
+    for col in ("RAM\nGiB", "NVMe\nTB", "network\nGb/s"):
+        nodes.add_column(col, justify="right", no_wrap=True)
+    for n in doc["nodes"]:
+        nodes.add_row(
+            n["name"] + (" *" if n["default_for_gpu"] else ""),
+            f"{n['gpus_per_node']}× {n['gpu']}",
+            f"{n['cpu_memory_bytes'] / GiB:,.0f}",
+            f"{n['nvme_bytes'] / 1e12:.1f}",
+            f"{n['network_gbps']:g}",
+        )
+    console.print(nodes)
+    console.print(
+        "* stands for its GPU when that GPU is not on this machine (docs/host-memory.md). NICs and vendor pages: --format json."
     )
     console.print(doc["detected_gpu"]["note"])
 

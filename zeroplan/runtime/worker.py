@@ -67,6 +67,10 @@ class StepMeter:
         self.count = 0
         self.samples_per_step: int | None = None
         self.step_times: list[float] = []
+        self.step_cpu_times: list[float] = []
+        """CPU seconds this process spent per timed step (all its threads): on a shared machine less
+        disturbed by other jobs than wall time."""
+        self._last_cpu: float | None = None
         self._synchronize = synchronize or (lambda: None)
         self._last: float | None = None
         self.started = False
@@ -94,6 +98,7 @@ class StepMeter:
         if self._warmup_steps == 0:
             self._synchronize()
             self._last = time.perf_counter()
+            self._last_cpu = time.process_time()
 
     @property
     def micro_mode(self) -> bool:
@@ -122,10 +127,14 @@ class StepMeter:
             self._tracking = False
         self._synchronize()
         now = time.perf_counter()
+        cpu_now = time.process_time()
         if self.count > self.warmup and self._last is not None:
             self.step_times.append(now - self._last)
+            if self._last_cpu is not None:
+                self.step_cpu_times.append(cpu_now - self._last_cpu)
         self._report(f"step={self.count}")
         self._last = time.perf_counter()  # the report's own time is not the next step's
+        self._last_cpu = time.process_time()
         if self.count >= self.warmup + self.steps:
             raise ProbeDone()
 
@@ -178,6 +187,7 @@ class StepMeter:
             "steps": self.measured,
             "optimizer_steps": self.count,
             "step_times": self.step_times,
+            "step_cpu_times": self.step_cpu_times,
             "step_time": sum(self.step_times) / len(self.step_times) if self.step_times else None,
             "samples_per_step": self.samples_per_step,
             "state_memory": self.state_bytes,
