@@ -13,6 +13,7 @@ step time of the slower rank, and the table gives the median over rounds and the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -73,35 +74,49 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"bare run failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
         return stat(ranks)
 
-    def probed() -> tuple[float, float]:
-        r = run_probe(request)
+    def probed(*, track_all: bool = False) -> tuple[float, float]:
+        # track_all: --warmup 0, so the memory tracker stays on through every timed step (how every
+        # probe ran before it stopped at the end of warm-up); the first `warmup` steps are dropped.
+        req = request if not track_all else dataclasses.replace(request, warmup=0, steps=args.warmup + args.steps)
+        r = run_probe(req)
         if r.status != "ok":
             raise RuntimeError(f"probe failed: {r.error}")
-        return stat([json.loads(f.read_text()) for f in sorted(Path(r.workdir).glob("rank-*.json"))])
+        ranks = [json.loads(f.read_text()) for f in sorted(Path(r.workdir).glob("rank-*.json"))]
+        if track_all:
+            ranks = [{k: r[k][args.warmup:] for k in ("step_times", "step_cpu_times")} for r in ranks]
+        return stat(ranks)
 
+    arms = {"bare": bare, "probe": probed, "tracked": lambda: probed(track_all=True)}
     rows = []
     for i in range(args.rounds):
-        first, second = (bare, probed) if i % 2 == 0 else (probed, bare)
-        a, b = first(), second()
-        (bw, bc), (pw, pc) = (a, b) if first is bare else (b, a)
-        rows.append({"round": i, "bare_s": bw, "probe_s": pw, "bare_cpu_s": bc, "probe_cpu_s": pc})
-        print(f"round {i}: bare {bw * 1e3:.1f} ms ({bc * 1e3:.1f} CPU), probe {pw * 1e3:.1f} ms ({pc * 1e3:.1f} CPU)", file=sys.stderr)
-    med = {k: statistics.median(r[k] for r in rows) for k in ("bare_s", "probe_s", "bare_cpu_s", "probe_cpu_s")}
-    ratios = [r["probe_s"] / r["bare_s"] for r in rows]
-    cpu_ratios = [r["probe_cpu_s"] / r["bare_cpu_s"] for r in rows]
+        order = list(arms)[i % 3:] + list(arms)[: i % 3]  # rotate who goes first
+        got = {name: arms[name]() for name in order}
+        row = {"round": i}
+        for name, (wall, cpu) in got.items():
+            row[f"{name}_s"], row[f"{name}_cpu_s"] = wall, cpu
+        rows.append(row)
+        print(f"round {i}: " + ", ".join(f"{n} {row[n + '_s'] * 1e3:.1f} ms ({row[n + '_cpu_s'] * 1e3:.1f} CPU)" for n in arms), file=sys.stderr)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "round"}
+
+    def ratio(arm: str, kind: str = "") -> float:
+        return statistics.median(r[f"{arm}{kind}_s"] / r[f"bare{kind}_s"] for r in rows)
     lines = [
         f"Step time, bare DeepSpeed script vs the same under run_probe: ZeRO-{args.stage}, 2 CPU ranks (gloo), GPT L{args.layers} "
         f"h{args.hidden} V{args.vocab} (Ψ = {model.params:,}), bf16, micro-batch 2; {args.rounds} interleaved rounds, "
         f"{args.warmup} warm-up + {args.steps} timed steps each; per run the slower rank's median step.",
         f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine: treat small differences as noise)",
         "",
-        "wall: step wall time; CPU: CPU seconds of the rank process per step (all threads) — less disturbed by other jobs.",
+        "bare: the script alone; probe: under run_probe (memory tracker off after warm-up); tracked: under run_probe with",
+        "--warmup 0, so the tracker watches every timed step (how probes ran before). wall: step wall time; CPU: CPU seconds",
+        "of the rank process per step (all threads), less disturbed by other jobs. Ratios: median of per-round ratios to bare.",
         "",
-        f"{'round':>6} {'bare ms':>9} {'probe ms':>9} {'ratio':>7} {'bare CPU':>9} {'probe CPU':>10} {'ratio':>7}",
-        *[f"{r['round']:>6} {r['bare_s'] * 1e3:>9.1f} {r['probe_s'] * 1e3:>9.1f} {r['probe_s'] / r['bare_s']:>7.3f} "
-          f"{r['bare_cpu_s'] * 1e3:>9.1f} {r['probe_cpu_s'] * 1e3:>10.1f} {r['probe_cpu_s'] / r['bare_cpu_s']:>7.3f}" for r in rows],
-        f"{'median':>6} {med['bare_s'] * 1e3:>9.1f} {med['probe_s'] * 1e3:>9.1f} {statistics.median(ratios):>7.3f} "
-        f"{med['bare_cpu_s'] * 1e3:>9.1f} {med['probe_cpu_s'] * 1e3:>10.1f} {statistics.median(cpu_ratios):>7.3f}   (ratio columns: median of per-round ratios)",
+        f"{'round':>6} {'bare ms':>9} {'probe ms':>9} {'tracked ms':>11} {'bare CPU':>9} {'probe CPU':>10} {'tracked CPU':>12}",
+        *[f"{r['round']:>6} {r['bare_s'] * 1e3:>9.1f} {r['probe_s'] * 1e3:>9.1f} {r['tracked_s'] * 1e3:>11.1f} "
+          f"{r['bare_cpu_s'] * 1e3:>9.1f} {r['probe_cpu_s'] * 1e3:>10.1f} {r['tracked_cpu_s'] * 1e3:>12.1f}" for r in rows],
+        f"{'median':>6} {med['bare_s'] * 1e3:>9.1f} {med['probe_s'] * 1e3:>9.1f} {med['tracked_s'] * 1e3:>11.1f} "
+        f"{med['bare_cpu_s'] * 1e3:>9.1f} {med['probe_cpu_s'] * 1e3:>10.1f} {med['tracked_cpu_s'] * 1e3:>12.1f}",
+        f"{'ratio':>6} {1:>9.3f} {ratio('probe'):>9.3f} {ratio('tracked'):>11.3f} {1:>9.3f} {ratio('probe', '_cpu'):>10.3f} "
+        f"{ratio('tracked', '_cpu'):>12.3f}",
     ]
     text = "\n".join(lines) + "\n"
     if args.output:
