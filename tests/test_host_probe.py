@@ -112,3 +112,27 @@ def test_memory_tracking_ends_with_warmup_and_keeps_its_peak():
             meter.optimizer_step_done()
     assert calls == [1] and memory.peak_bytes == 8 * MiB and meter.state_bytes == 8 * MiB
     assert len(meter.step_times) == 2 and y.numel() == 64 * MiB
+
+
+def test_tune_space_prunes_plans_over_the_hosts_ram():
+    """--cpu-memory below a plan's worst host phase: the tuner's space prunes it, naming the phase."""
+    from zeroplan.profiles import resolve_cluster
+    from zeroplan.tuner import build_space
+
+    model = ModelSpec.from_params(1.3e9)
+    training = TrainingSpec(seq_len=512, micro_batch=1)
+    cluster = resolve_cluster(gpus=8, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib="40",
+                              nvme_gib=None, runs_here=True)
+    space = build_space(model, cluster, training, offload_optimizer=["none", "cpu"], offload_param=["none"], device="cuda")
+    def phase(c) -> str | None:
+        return c.reason.split(" at ")[1].split(" > ")[0] if "host memory per node at" in c.reason else None
+
+    for c in space.candidates:
+        if c.plan.stage < 3:
+            # Stages 0-2 build the fp32 model on every rank: 8 × (4 × 1.3e9 + the untied head) > 40 GiB.
+            assert phase(c) == "model build" and not c.fits
+        elif c.plan.offload_optimizer == "cpu":
+            # ZeRO-3 offload: initialize_optimizer_states' transient fp32 buffer of the whole model (4 × 1.3e9) per rank.
+            assert phase(c) == "engine init" and not c.fits
+        else:
+            assert phase(c) is None  # zero.Init, nothing offloaded: the host holds little
