@@ -165,8 +165,8 @@ def host_phases(
     * engine_init: what ``deepspeed.initialize`` allocates on the host. Stages 1-2 with CPU offload:
       fp32 master 4s, 16-bit staging p·s, fp32 gradient partition 4s, gradient staging p·L.
       Stage 3 with CPU offload: fp32 master 4s, gradient partition p·s, one fp32 gradient buffer
-      per sub-group 4s, and while it runs a transient fp32 buffer of the largest sub-group's full
-      numel (4·min(Ψ, N·sub_group_size)). offload_param cpu: the 16-bit partition p·s. NVMe: the
+      per sub-group 4s, and while it runs a transient fp32 buffer of the largest sub-group's
+      partition (4·min(s, sub_group_size)). offload_param cpu: the 16-bit partition p·s. NVMe: the
       pinned swap buffers.
     * step: engine_init (less the transient) + Adam's two fp32 moments 8s (CPU Adam allocates them
       at the first step).
@@ -256,9 +256,9 @@ def host_phases(
                 pinned_names.append("optimizer_swap_buffers")
             init["grad_partition_buffer"] = pin(p * s_t)
             pinned_names.append("grad_partition_buffer")
-            # sub_group_size bounds a sub-group's partition; the buffer holds its full numel (ds_numel),
-            # up to N times that.
-            transient["init_fp32_grad_buffer"] = 4 * min(model.trainable_params, knobs["sub_group_size"] * n)
+            # largest_numel sums ds_tensor.ds_numel, the partition sizes (partition_parameters.py
+            # line 1847): the largest sub-group's partition, at most about sub_group_size.
+            transient["init_fp32_grad_buffer"] = 4 * min(s_t, knobs["sub_group_size"])
     if plan.offload_param == "cpu":
         init["param_partition_16bit"] = pin(p * s)
         pinned_names.append("param_partition_16bit")
