@@ -132,3 +132,26 @@ def test_probe_trl_sft_example(tmp_path):
     assert doc["status"] == "ok" and doc["steps"] == 2
     assert doc["discovered_model"]["total_params"] == _example_params()  # the same tiny Llama as the Trainer example
     assert doc["estimated_peak_memory"] and doc["estimate_note"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_probe_accelerate_example(tmp_path):
+    """An accelerate loop with a DeepSpeed plugin: accelerate's prepare calls deepspeed.initialize,
+    so the probe counts its steps and discovers its model like any DeepSpeed script."""
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "train_batch_size": 8, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 2, "reduce_bucket_size": 4096}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+           "gradient_clipping": 1.0}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    r = subprocess.run(
+        [sys.executable, "-m", "zeroplan", "probe", str(ROOT / "examples" / "train_accelerate.py"), "--config", str(path), "--gpus", "2",
+         "--steps", "2", "--warmup", "1", "--format", "json"],
+        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=380,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "ok" and doc["steps"] == 2
+    assert doc["samples_per_second"] == pytest.approx(8 / doc["step_time"])
+    assert doc["discovered_model"]["total_params"] == _example_params()
+    assert abs(doc["memory_error"]) < 0.30  # measured +24 % on this 158k-parameter model
