@@ -71,11 +71,17 @@ def test_contract_memory_holds_the_sharded_model_states(probed):
     assert r.peak_memory < 16 * params + 64 * 2**20
 
 
+#: |estimated − measured| / measured peak for this fixture, just above what it measured on CPU
+#: (the tracker counts live tensor storage deterministically): DeepSpeed +41%, FSDP2 +16% for
+#: the 2-layer h64 example at ZeRO-3, micro-batch 2 × 2. A larger error is a regression.
+MEMORY_ERROR_BOUND = {"deepspeed": 0.45, "fsdp": 0.20}
+
+
 def test_contract_estimate_beside_measurement(probed):
-    _, _, r = probed
+    backend, _, r = probed
     assert r.estimated_peak_memory is not None and r.estimated_peak_memory > 0
     assert r.memory_error == pytest.approx((r.estimated_peak_memory - r.peak_memory) / r.peak_memory)
-    assert abs(r.memory_error) < 0.5  # the tight numbers are in benchmarks/bench_probe_memory.py
+    assert abs(r.memory_error) < MEMORY_ERROR_BOUND[backend], r.memory_error
 
 
 def test_contract_host_memory_beside_estimate(probed):
