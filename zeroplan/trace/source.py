@@ -207,19 +207,25 @@ class TaskSource(TraceSource):
         path = Path(path)
         if not path.is_file():
             raise SpecError(f"task script {path} does not exist")
-        from zeroplan.runtime.task import load_task
-
-        # The worker's loader: sys.argv is the script and its arguments while zeroplan_task() runs.
+        spec = importlib.util.spec_from_file_location(f"_zeroplan_task_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        saved_argv = sys.argv
+        # The worker runs zeroplan_task() with sys.argv set to the script and its arguments.
+        sys.argv = [str(path), *args]
+        # dataclasses defined in the script look their module up in sys.modules.
+        sys.modules[spec.name] = module
         try:
-            task = load_task(path, tuple(args))
-        except TypeError as exc:
-            if "zeroplan_task()" in str(exc):
-                raise SpecError(f"task script {path}: {exc}; see examples/gpt_task.py") from None
-            raise SpecError(f"task script {path} fails to load: {_one_line(exc)}") from None
+            spec.loader.exec_module(module)
+            factory = getattr(module, "zeroplan_task", None)
+            if factory is None:
+                raise SpecError(f"task script {path} defines no zeroplan_task(); see examples/gpt_task.py")
+            task = factory()
         except SpecError:
             raise
         except Exception as exc:
             raise SpecError(f"task script {path} fails to load: {_one_line(exc)}") from None
+        finally:
+            sys.argv = saved_argv
         return cls(name=str(path), task=task)
 
     @property
