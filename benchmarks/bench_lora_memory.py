@@ -1,4 +1,4 @@
-"""LoRA memory: measured peak vs estimate, and the saving over full fine-tuning, on DeepSpeed.
+"""LoRA memory: measured peak vs estimate, and the saving over full fine-tuning, on DeepSpeed or FSDP2.
 
     PYTHONPATH=. DS_ACCELERATOR=cpu python benchmarks/bench_lora_memory.py -o benchmarks/results/lora_memory.txt
 
@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", default="8,64")
     p.add_argument("--targets", default="q_proj,v_proj;all-linear", help="target sets separated by ;")
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="deepspeed", choices=("deepspeed", "fsdp"),
+                   help="fsdp: PyTorch's engines (stage 0 DDP, 1 ZeroRedundancyOptimizer, 2-3 FSDP2)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300.0)
@@ -77,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"probing z{stage} {label} …")
             result = run_probe(ProbeRequest(script=ROOT / "examples" / "lora_task.py", nproc=args.nproc, plan=plan,
                                             training=training, script_args=tuple(script_args), steps=args.steps,
-                                            warmup=args.warmup, timeout_s=args.timeout))
+                                            warmup=args.warmup, timeout_s=args.timeout, backend=args.backend))
             on_cpu = result.memory_kind != "cuda"
-            est = estimator.estimate_plan(spec, cluster, training, plan, device="cpu" if on_cpu else "cuda")
+            est = estimator.estimate_plan(spec, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=args.backend)
             rows.append({
                 "stage": stage, "config": label, "rank": rank, "targets": targets or "—",
                 "trainable_params": spec.trainable_params, "total_params": spec.total_params,
@@ -109,7 +111,7 @@ def render(rows: list[dict], args: dict, output: Path | None) -> int:
     out = Console(file=output.open("w") if output else None, width=150)
     first = rows[0]
     table = Table(
-        title=(f"DeepSpeed on {args['nproc']} ranks: Llama L{args['layers']} h{args['hidden']} V{args['vocab']} "
+        title=(f"{'PyTorch DDP/FSDP2' if args.get('backend') == 'fsdp' else 'DeepSpeed'} on {args['nproc']} ranks: Llama L{args['layers']} h{args['hidden']} V{args['vocab']} "
                f"s{args['seq_len']} (base Ψ = {first['total_params']:,}), micro-batch {args['micro_batch']}, bf16; "
                "peak MiB per rank"),
         title_justify="left",
