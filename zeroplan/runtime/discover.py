@@ -220,7 +220,8 @@ def discover_model(
     ``timeout_s``; the log stays in ``workdir``.
     """
     from zeroplan.runtime.api import ProbeRequest
-    from zeroplan.runtime.launcher import _Job, probe_environment
+    from zeroplan.runtime.job import Job
+    from zeroplan.runtime.launcher import probe_environment
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -239,7 +240,7 @@ def discover_model(
     (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
     env = probe_environment(ProbeRequest(script=script, nproc=1))
     log = workdir / "discovery.log"
-    job = _Job(cmd, env, Path.cwd(), log, on_line)
+    job = Job(cmd, env, Path.cwd(), log, on_line)
     started = time.monotonic()
     try:
         _, timed_out = job.wait(timeout_s)

@@ -2,26 +2,23 @@
 
 torchrun starts each worker with ``start_new_session=True`` (torch/distributed/elastic/
 multiprocessing/subprocess_handler), so killing torchrun's process group alone would orphan
-the workers: the launcher remembers every descendant it has seen and signals each one's group.
+the workers: :class:`zeroplan.runtime.job.Job` remembers every descendant and signals each group.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from zeroplan.runtime.api import ProbeRequest, ProbeResult
+from zeroplan.runtime.job import Job
 from zeroplan.runtime import multinode
 from zeroplan.runtime.classify import classify, summarize_ranks
 from zeroplan.runtime.hostmem import PHASES, NodeRssSampler, estimated_host, memory_limit, summarize_host
@@ -36,12 +33,6 @@ __all__ = [
     "config_for_plan",
 ]
 
-#: Lines of the combined log kept in :attr:`ProbeResult.log_tail`.
-LOG_TAIL_LINES = 60
-#: Characters of one log line kept in the tail.
-MAX_LINE_CHARS = 2000
-#: Seconds between SIGTERM and SIGKILL when a probe is stopped.
-KILL_GRACE_S = 5.0
 #: Multi-node: seconds to wait after the local job ended for other nodes' rank results to
 #: appear in the shared probe folder (network file systems show new files late).
 RESULTS_GRACE_S = 15.0
@@ -98,146 +89,6 @@ def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None)
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     env.update(dict(request.env))
     return env
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM torchrun if the process running the probe dies,
-    even by SIGKILL; torchrun then stops its workers, which themselves die with torchrun."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class _Job:
-    """A running torchrun: streams its output, remembers its descendants, kills them all."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, on_line: Callable[[str], None] | None):
-        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        self.full_log = log_path.open("w")
-        self.on_line = on_line
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=str(cwd),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            text=True,
-            errors="replace",
-            bufsize=1,
-        )
-        self.seen: dict[int, float] = {}  # pid -> create_time, for pid-reuse safety
-        self.aborted: str | None = None
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            # Progress bars can write one endless line; the tail keeps a readable piece of it.
-            self.tail.append(line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " [...]")
-            self.full_log.write(line + "\n")
-            if self.on_line is not None:
-                try:
-                    self.on_line(line)
-                except Exception:  # a broken display callback must not stop the probe  # noqa: BLE001
-                    self.on_line = None
-
-    def remember_descendants(self) -> None:
-        import psutil
-
-        try:
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                try:
-                    self.seen.setdefault(child.pid, child.create_time())
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
-
-    def _alive(self) -> list:
-        import psutil
-
-        procs = []
-        for pid, created in list(self.seen.items()) + [(self.proc.pid, None)]:
-            try:
-                p = psutil.Process(pid)
-                if created is not None and abs(p.create_time() - created) > 1e-3:
-                    continue
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    procs.append(p)
-            except psutil.Error:
-                continue
-        return procs
-
-    def kill_all(self) -> None:
-        """SIGTERM every process group of the job, wait, then SIGKILL what is left."""
-        self.remember_descendants()
-        own_group = os.getpgid(0)
-        for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 2.0)):
-            procs = self._alive()
-            if not procs:
-                break
-            groups = set()
-            for p in procs:
-                try:
-                    groups.add(os.getpgid(p.pid))
-                except OSError:
-                    pass
-            for g in groups - {own_group}:
-                try:
-                    os.killpg(g, sig)
-                except OSError:
-                    pass
-            for p in procs:
-                try:
-                    p.send_signal(sig)
-                except Exception:  # already gone  # noqa: BLE001
-                    pass
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and self._alive():
-                try:
-                    self.proc.wait(timeout=0.1)
-                except subprocess.TimeoutExpired:
-                    pass
-        try:
-            self.proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def wait(self, timeout_s: float, watch: Callable[[], str | None] | None = None) -> tuple[int | None, bool]:
-        """(return code, timed out); polls so descendants are remembered while they live.
-
-        ``watch`` (multi-node heartbeats) is called each round; a reason it returns stops the
-        wait early and is kept in :attr:`aborted`.
-        """
-        deadline = time.monotonic() + timeout_s
-        self.aborted: str | None = None
-        while True:
-            self.remember_descendants()
-            try:
-                return self.proc.wait(timeout=0.25), False
-            except subprocess.TimeoutExpired:
-                if watch is not None:
-                    self.aborted = watch()
-                    if self.aborted:
-                        return None, False
-                if time.monotonic() >= deadline:
-                    return None, True
-
-    def pids(self) -> list[int]:
-        """torchrun and the workers seen so far (for the host-memory sampler)."""
-        return [self.proc.pid, *list(self.seen)]
-
-    def close(self) -> None:
-        self._reader.join(timeout=5.0)
-        self.full_log.close()
 
 
 def _write_spec(
@@ -471,7 +322,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     started = time.monotonic()
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
-    job = _Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", on_line)
+    job = Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", on_line)
 
     def stop() -> None:
         job.kill_all()
