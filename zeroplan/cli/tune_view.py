@@ -1,0 +1,86 @@
+"""``zeroplan tune``'s live view on a terminal: progress over probes, the plan being probed with
+its latest log line, and the best plan so far (rich ``Live``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
+
+__all__ = ["LiveView"]
+
+
+class LiveView:
+    """Progress over probes, the plan being probed, its last log line and the best so far."""
+
+    def __init__(self, console: Any, total: int) -> None:
+        self.console = console
+        self.total = total
+        self.done = 0
+        self.current = "–"
+        self.started = 0.0
+        self.last_line = ""
+        self.best = "–"
+        self.best_value = 0.0
+        self._live: Any = None
+        self._progress: Any = None
+        self._task: Any = None
+
+    def live(self) -> Any:
+        from rich.live import Live
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("probes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.console
+        )
+        self._task = self._progress.add_task("probes", total=self.total, completed=min(self.done, self.total))
+        self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        return self._live
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        info = Table.grid(padding=(0, 1))
+        elapsed = f" ({time.monotonic() - self.started:.0f} s)" if self.current != "–" else ""
+        info.add_row("[bold]now[/]", f"{self.current}{elapsed}")
+        info.add_row("[bold]log[/]", self.last_line[-110:] or "–")
+        info.add_row("[bold]best[/]", self.best)
+        return Group(self._progress, info) if self._progress is not None else info
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def event(self, kind: str, **data: Any) -> None:
+        if kind == "start":
+            self.current = f"trial #{data['number']} {data['candidate'].key} [{data['source']}]"
+            self.started = time.monotonic()
+            self.last_line = ""
+        elif kind == "line":
+            text = str(data.get("text", "")).strip()
+            if text:
+                self.last_line = text
+        elif kind == "end":
+            outcome = data["outcome"]
+            cand = data["candidate"]
+            if outcome.status == "ok":
+                msg = f"{outcome.samples_per_second:.2f} samples/s, peak {outcome.peak_memory_bytes / 2**20:.1f} MiB"
+                if outcome.samples_per_second > self.best_value:
+                    self.best_value = outcome.samples_per_second
+                    self.best = f"{cand.key}  {outcome.samples_per_second:.2f} samples/s (trial #{data['number']})"
+            else:
+                msg = f"[red]{outcome.status}[/] {outcome.error[:120]}"
+            self.console.print(f"trial #{data['number']:<3} {cand.key:<34} {msg}")
+            if outcome.status in PROBED_STATUSES:
+                self.done += 1
+                if self._progress is not None:
+                    self._progress.update(self._task, completed=min(self.done, self.total))
+            self.current = "–"
+        elif kind == "recovered":
+            self.console.print(f"[yellow]{data['message']}[/]")
+        elif kind == "skip":
+            if data.get("status") == "pruned" and data.get("key"):
+                self.console.print(f"[dim]trial #{data['number']:<3} {data['key']:<34} pruned: {data['reason']}[/]")
+        self._refresh()
