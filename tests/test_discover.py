@@ -115,6 +115,35 @@ def test_hanging_discovery_times_out(tmp_path):
         discover_model(hangs, timeout_s=3, workdir=tmp_path / "w")
 
 
+REJECTS_DEEPSPEED = textwrap.dedent(
+    """
+    from dataclasses import dataclass
+    from transformers import HfArgumentParser
+
+    @dataclass
+    class Args:
+        lr: float = 1e-3
+
+    (args,) = HfArgumentParser(Args).parse_args_into_dataclasses()
+    """
+)
+
+
+@pytest.mark.slow
+def test_trainer_style_script_rejecting_deepspeed_is_one_line(tmp_path):
+    script = tmp_path / "rejects.py"
+    script.write_text(REJECTS_DEEPSPEED)
+    out = tmp_path / "out"
+    r = _tune(script, out)
+    assert r.returncode == 2, r.stdout + r.stderr
+    config = out / "discovery" / "ds_config.json"
+    assert r.stderr.strip().splitlines() == [
+        f"zeroplan: error: model discovery: {script} failed before creating an engine: ValueError: Some specified arguments "
+        f"are not used by the HfArgumentParser: ['--deepspeed', '{config.resolve()}'] (log: {(out / 'discovery' / 'discovery.log').resolve()}); "
+        "the script does not take --deepspeed: give the flag it takes with --config-arg"
+    ]
+
+
 FSDP_SCRIPT = textwrap.dedent(
     """
     import torch, torch.distributed as dist

@@ -262,7 +262,10 @@ def discover_model(
             "give the model with --params 7e9 or --model NAME|config.json"
         )
     reason = data.get("error") or _last_line(job.tail) or f"no result after {time.monotonic() - started:.0f} s"
-    raise SpecError(f"model discovery: {script} failed before creating an engine: {reason} (log: {log})")
+    hint = ""
+    if ds_config is not None and f"'{config_arg}'" in reason:
+        hint = f"; the script does not take {config_arg}: give the flag it takes with --config-arg"
+    raise SpecError(f"model discovery: {script} failed before creating an engine: {reason} (log: {log}){hint}")
 
 
 def _last_line(lines: Any) -> str:
