@@ -94,7 +94,7 @@ def test_tune_trainer_example_then_train_with_its_config(tmp_path):
     rows = pd.read_csv(out / "trials.csv")
     ok = rows[rows["status"] == "ok"]
     assert len(ok) == 1
-    # Estimate beside each measurement: ZeRO-1 without offload, within 10% (measured -3% on this model).
+    # Estimate beside each measurement: ZeRO-1 without offload, within 10% (measured +8% on this model).
     error = (ok["predicted_peak_memory_bytes"] - ok["measured_peak_memory_bytes"]) / ok["measured_peak_memory_bytes"]
     assert (error.abs() < 0.10).all(), ok[["plan", "predicted_peak_memory_bytes", "measured_peak_memory_bytes"]]
     cfg = json.loads((out / "ds_config.json").read_text())
