@@ -14,7 +14,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from zeroplan.trace.tracer import Tracer, _block_regions, _device_faithful_mode, _hf_eager_attention, _Recorder, traced_mode
+from zeroplan.trace.recording import _block_regions, _device_faithful_mode, _hf_eager_attention, _Recorder
+from zeroplan.trace.tracer import Tracer, traced_mode
 
 __all__ = ["RetainedBytes", "measure_retained_bytes"]
 
