@@ -155,3 +155,25 @@ def test_probe_accelerate_example(tmp_path):
     assert doc["samples_per_second"] == pytest.approx(8 / doc["step_time"])
     assert doc["discovered_model"]["total_params"] == _example_params()
     assert abs(doc["memory_error"]) < 0.30  # measured +24 % on this 158k-parameter model
+
+
+def test_probe_runner_builds_each_trial_from_the_base_config(tmp_path):
+    """tune --config: the runner's trial config is the user's with the tuned keys in, and passes
+    zeroplan's validation at the run's world size."""
+    from zeroplan.spec import ModelSpec
+    from zeroplan.tuner import ProbeRunner
+
+    base = {"optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-4, "warmup_num_steps": 10}},
+            "bf16": {"enabled": True}, "gradient_clipping": 0.5, "zero_optimization": {"stage": 0, "overlap_comm": False},
+            "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 4}
+    runner = ProbeRunner(script=ROOT / "examples" / "train_deepspeed.py", nproc=2, training=TrainingSpec(global_batch=16),
+                         model=ModelSpec.from_params(1e8), workdir=tmp_path, base_config=base)
+    plan = Plan(stage=2, micro_batch=4, gradient_accumulation_steps=2)
+    cfg, errors = runner.build_config(plan)
+    assert errors == []
+    assert {k: cfg[k] for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")} == {
+        "train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
+    assert cfg["zero_optimization"] == {"stage": 2, "overlap_comm": False}
+    for key in ("optimizer", "scheduler", "bf16", "gradient_clipping"):
+        assert cfg[key] == base[key], key

@@ -204,6 +204,17 @@ def tune(
 
         user_base = load_config(config).config
     base_config = base_for_script(user_base, trainer=trainer)
+    if user_base is not None and not trainer:
+        from zeroplan.dsconfig.hf_auto import auto_keys
+
+        autos = [k for k in auto_keys(user_base) if k not in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
+        if autos:
+            # Only Trainer (and accelerate, for some keys) fill "auto"; DeepSpeed itself fails on them.
+            console.print(
+                f"[yellow]note[/]: {escape(str(config))} keeps \"auto\" at {', '.join(autos[:4])}{' ...' if len(autos) > 4 else ''}; "
+                f"{escape(script.name)} is not a Hugging Face Trainer script, so unless it fills them (accelerate does for some) DeepSpeed will refuse the config",
+                markup=True, highlight=False,
+            )
     if trainer:
         # What "auto" resolves to: the script's --bf16/--fp16, unless the config says.
         precision = trainer_precision(args, base_config)
