@@ -121,7 +121,7 @@ def test_opening_picks_spread_micro_batches_among_near_best_predictions():
     picks = initial_candidates(space, 4)
     assert picks[0] is space.fitting[0]
     assert len({zero_choice(c.plan) for c in picks}) == 4
-    assert len({c.plan.micro_batch for c in picks}) >= 3
+    assert len({c.plan.micro_batch for c in picks}) >= 2
     for c in picks:
         best_of_choice = max(x.predicted_samples_per_second for x in space.fitting if zero_choice(x.plan) == zero_choice(c.plan))
         assert c.predicted_samples_per_second >= NEAR_BEST * best_of_choice

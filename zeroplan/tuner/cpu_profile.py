@@ -15,7 +15,10 @@ Quantities the quick measurement does not take, with the value used instead:
 * collectives between ranks (gloo over shared memory): bandwidth = the measured memory bandwidth
   / 2 (each byte is written into and read out of a shared buffer), latency 100 µs;
 * host↔device copies: the measured memory bandwidth (host and "device" are one memory);
-* efficiency (fraction of the matmul peak a small transformer step reaches): 0.3.
+* efficiency (fraction of the matmul peak a small transformer step reaches): 0.3;
+* the offloaded (host) Adam runs at the rate the estimator gives the device's Adam on this
+  memory bandwidth: on a CPU-only machine "device" and host are the same cores and memory, so
+  offloading the optimizer must not look faster than keeping it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from zeroplan.estimator.timing import _GPU_ADAM_BYTES_PER_PARAM
 from zeroplan.spec import ClusterSpec, GpuSpec
 
 __all__ = ["quick_cpu_profile", "time_model_for_probes", "CPU_EFFICIENCY", "GLOO_LATENCY_S"]
@@ -60,6 +64,7 @@ def quick_cpu_profile(base: GpuSpec, *, ranks: int, budget_s: float = 2.0) -> tu
         inter_node_bandwidth=bandwidth / 2,
         host_bandwidth=bandwidth,
         efficiency=CPU_EFFICIENCY,
+        cpu_adam_params_per_s=bandwidth / _GPU_ADAM_BYTES_PER_PARAM,
         collective_latency_s=GLOO_LATENCY_S,
     )
     note = (

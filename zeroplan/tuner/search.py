@@ -123,9 +123,9 @@ NEAR_BEST = 0.8
 def initial_candidates(space: SearchSpace, n: int) -> list[Candidate]:
     """The first ``n`` plans to probe, spreading the risk: the predicted-fastest, then one plan
     of each other stage/offload choice (so early probes span the space) — the fastest predicted
-    of that choice, or, if its micro-batch is already among the picks, the fastest near-best one
-    (≥ ``NEAR_BEST`` of it) with a micro-batch not yet picked, so a failure tied to one
-    micro-batch (a hang, an OOM) cannot take out every opening probe — then the rest by prediction."""
+    of that choice, or, while every pick so far shares one micro-batch, the fastest near-best one
+    (≥ ``NEAR_BEST`` of it) with another micro-batch, so a failure tied to one micro-batch (a
+    hang, an OOM) cannot take out every opening probe — then the rest by prediction."""
     fitting = space.fitting
     if n <= 0 or not fitting:
         return []
@@ -139,7 +139,9 @@ def initial_candidates(space: SearchSpace, n: int) -> list[Candidate]:
             continue
         top = group[0]
         near = [c for c in group if c.predicted_samples_per_second >= NEAR_BEST * top.predicted_samples_per_second]
-        pick = next((c for c in near if c.plan.micro_batch not in micro_batches), top)
+        # Only while every pick so far shares one micro-batch: a second one spreads the risk, and
+        # more would trade predicted speed for nothing.
+        pick = next((c for c in near if c.plan.micro_batch not in micro_batches), top) if len(micro_batches) == 1 else top
         chosen.append(pick)
         micro_batches.add(pick.plan.micro_batch)
     keys = {c.key for c in chosen}
