@@ -268,7 +268,7 @@ def test_tune_emit_sbatch_writes_a_runnable_batch_script(tmp_path):
 @pytest.mark.parametrize(
     "extra, slurm, needle",
     [
-        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:29500"], None, "tune across 2 nodes runs each probe as a Slurm step"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:29500"], None, "needs --node-rank"),
         (["--nnodes", "2", "--launcher", "slurm"], None, "SLURM_JOB_ID is not set"),
         (["--nnodes", "3", "--launcher", "slurm"], "localhost,127.0.0.1", "--nnodes 3 but Slurm job 4242 has 2 nodes"),
     ],
@@ -280,3 +280,20 @@ def test_tune_bad_node_input_exits_2_before_the_study_opens(tmp_path, extra, slu
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_tune_across_two_torchrun_nodes_leader_and_follower(tmp_path):
+    """Node 0 tunes; node 1 follows every probe it starts, then stops when node 0 is done."""
+    port = _free_port()
+    common = [str(TASK), "--gpus", "2", "--nnodes", "2", "--rdzv-endpoint", f"localhost:{port}", "--backend", "fsdp",
+              "--trials", "1", "--stage", "3", "--global-batch", "8", "-o", str(tmp_path / "out")]
+    procs = [subprocess.Popen([sys.executable, "-m", "zeroplan", "tune", *common, "--node-rank", str(k)], cwd=ROOT, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert procs[0].returncode == 0, outs[0][0][-2000:] + outs[0][1][-2000:]
+    assert procs[1].returncode == 0, outs[1][1][-2000:]
+    assert "node 1: node 0's tuner is done; joined 1 probes" in outs[1][0]
+    (trial,) = (tmp_path / "out" / "probes").glob("trial-*")
+    result = json.loads((trial / "result.json").read_text())
+    assert result["status"] == "ok" and sorted(result["node_per_rank"]) == [0, 1]

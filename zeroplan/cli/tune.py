@@ -169,12 +169,12 @@ def tune(
     if emit_sbatch is not None:
         _emit_sbatch(emit_sbatch, nnodes=nnodes, gpus_per_node=nproc, output=output, time_budget=time_budget)
         return
-    if nodes is not None and nodes.launcher == "torchrun":
-        raise SpecError(
-            f"tune across {nnodes} nodes runs each probe as a Slurm step: --launcher slurm inside an allocation "
-            "(tune --emit-sbatch job.sh writes one); torchrun agents per node work with zeroplan probe"
-        )
-    if nodes is not None:
+    if nodes is not None and nodes.launcher == "torchrun" and nodes.node_rank:
+        # Node K > 0: no study, no search; join every probe node 0's tuner starts in the shared
+        # --output folder until it is done (zeroplan.runtime.launcher.follow_probes).
+        _follow(output / "probes", nodes)
+        return
+    if nodes is not None and nodes.launcher == "slurm":
         from zeroplan.runtime.multinode import slurm_allocation
 
         slurm_allocation(nodes.nnodes)  # outside an allocation / too few nodes: before the study opens
@@ -182,6 +182,10 @@ def tune(
     buckets = _parse_bucket_sizes(bucket_sizes)
     # Open the study first: a corrupt, locked or refused storage fails before any slow work.
     output.mkdir(parents=True, exist_ok=True)
+    if nodes is not None and nodes.launcher == "torchrun":
+        from zeroplan.runtime.launcher import FOLLOW_DONE
+
+        (output / "probes" / FOLLOW_DONE).unlink(missing_ok=True)  # followers wait for this run's end
     url = storage_url(storage, output)
     study = open_study(url, resume=resume, sampler=make_sampler(sampler, seed=seed))
 
@@ -356,8 +360,33 @@ def tune(
         write_results(study.get_trials(deepcopy=False), output, meta)
         console.print(f"[yellow]interrupted[/]: the study in {url} is intact; run again with --resume to continue")
         raise
+    finally:
+        if nodes is not None and nodes.launcher == "torchrun":
+            from zeroplan.runtime.launcher import FOLLOW_DONE
+
+            (output / "probes").mkdir(parents=True, exist_ok=True)
+            (output / "probes" / FOLLOW_DONE).touch()  # the other nodes' followers stop
     frame = write_results(study.get_trials(deepcopy=False), output, meta)
     _finish(console, frame, summary, output, cluster.gpus, trainer=trainer)
+
+
+def _follow(probes: Path, nodes: Any) -> None:
+    """Run node ``nodes.node_rank``'s agent for every probe of node 0's tuner (see docs/multinode.md)."""
+    from zeroplan.runtime.launcher import FOLLOW_DONE, follow_probes
+
+    probes.mkdir(parents=True, exist_ok=True)
+    stale = probes / FOLLOW_DONE
+    if stale.exists() and time.time() - stale.stat().st_mtime > nodes.rdzv_timeout_s:
+        stale.unlink()  # from an earlier run in the same folder
+
+    def show(kind: str, **data: Any) -> None:
+        if kind == "join":
+            print(f"node {nodes.node_rank}: joining {data['trial']}", flush=True)
+        elif kind == "joined":
+            print(f"node {nodes.node_rank}: {data['trial']} ended (torchrun exit {data['returncode']})", flush=True)
+
+    n = follow_probes(probes, node_rank=nodes.node_rank, rdzv_timeout_s=nodes.rdzv_timeout_s, on_event=show)
+    print(f"node {nodes.node_rank}: node 0's tuner is done; joined {n} probes")
 
 
 def _emit_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:

@@ -314,6 +314,10 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     config_arg = TRAINER_CONFIG_ARG if trainer and request.config_arg == "--deepspeed_config" else request.config_arg
     extra_args = trainer_batch_args(plan) if trainer and plan is not None and not batch_is_auto(config) else ()
     spec_path = _write_spec(request, workdir, kind, config_path, config is not None, config_arg=config_arg, extra_args=extra_args)
+    if launch is not None and launch.launcher == "torchrun" and not launch.node_rank:
+        # What the other nodes' followers (zeroplan tune --node-rank K) need to join this probe.
+        _write_json(workdir / "launch.json", {"nodes": launch.as_dict(), "nproc": request.nproc, "timeout_s": request.timeout_s,
+                                              "env": dict(request.env), "started_unix": started_unix})
 
     info: dict = {}
     cmd = build_command(request, spec_path, info)
@@ -450,3 +454,68 @@ def _nodes_reason(
     if silent and ranks:
         return f"{error}; no rank result from node rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))}"
     return error
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def join_probe(workdir: Path, *, node_rank: int, on_line: Callable[[str], None] | None = None) -> int | None:
+    """Run this node's part of a multi-node probe that node 0's launcher started in ``workdir``
+    (its ``launch.json`` and ``probe.json``): the same torchrun agent ``zeroplan probe --node-rank
+    K`` would run, with the same timeout and heartbeats. Returns torchrun's exit code (None when
+    it was stopped); the result is node 0's to read and report."""
+    workdir = Path(workdir).resolve()
+    spec = json.loads((workdir / "launch.json").read_text())
+    launch = dataclasses.replace(multinode.NodeLaunch(**spec["nodes"]), node_rank=node_rank)
+    script = json.loads((workdir / "probe.json").read_text())["script"]
+    request = ProbeRequest(script=Path(script), nproc=int(spec["nproc"]), env=tuple(spec.get("env", {}).items()), timeout_s=float(spec["timeout_s"]))
+    cmd, _ = multinode.node_command(launch, nproc=request.nproc, spec_path=workdir / "probe.json", workdir=workdir)
+    (workdir / f"command-node{node_rank}.txt").write_text(" ".join(cmd) + "\n")
+    job = _Job(cmd, probe_environment(request), Path.cwd(), workdir / f"probe-node{node_rank}.log", on_line)
+    try:
+        returncode, _ = job.wait(request.timeout_s, multinode.NodeWatch(workdir, launch))
+    finally:
+        job.kill_all()
+        job.close()
+    return returncode
+
+
+#: File node 0's tuner writes into its probe folder when it starts no more probes.
+FOLLOW_DONE = ".zeroplan-done"
+
+
+def follow_probes(probes_dir: Path, *, node_rank: int, rdzv_timeout_s: float, on_event: Callable[..., None] | None = None) -> int:
+    """Node K's side of ``zeroplan tune`` across nodes with torchrun agents: join every probe that
+    node 0's tuner starts under ``probes_dir`` (a ``trial-*/launch.json`` appearing), one at a
+    time, until node 0 writes :data:`FOLLOW_DONE`. Returns how many probes this node joined."""
+    probes_dir = Path(probes_dir).resolve()
+    since = time.time() - rdzv_timeout_s
+    joined: set[str] = set()
+    emit = on_event or (lambda kind, **data: None)
+    while True:
+        pending = []
+        for launch_file in sorted(probes_dir.glob("*/launch.json")):
+            name = launch_file.parent.name
+            if name in joined:
+                continue
+            try:
+                started = float(json.loads(launch_file.read_text()).get("started_unix", 0))
+            except (OSError, ValueError):
+                continue  # being written
+            if started >= since:
+                pending.append(launch_file.parent)
+            else:
+                joined.add(name)  # from before this follower: not ours to join
+        if pending:
+            workdir = pending[0]
+            joined.add(workdir.name)
+            emit("join", trial=workdir.name)
+            code = join_probe(workdir, node_rank=node_rank)
+            emit("joined", trial=workdir.name, returncode=code)
+            continue
+        if (probes_dir / FOLLOW_DONE).exists():
+            return len(joined & {p.parent.name for p in probes_dir.glob("*/launch.json")})
+        time.sleep(0.5)
