@@ -88,6 +88,16 @@ def _render_table(result, plan, console) -> None:
     for rank, peak in enumerate(result.peak_memory_per_rank):
         where = f" (node {nodes[rank]})" if rank < len(nodes) and nodes[rank] is not None else ""
         table.add_row(f"  rank {rank}{where}", _mib(peak), "", "")
+    if result.host_peak_per_node is not None:
+        herr = result.host_memory_error
+        table.add_row("host RSS / node (peak)", _mib(result.host_peak_per_node), _mib(result.estimated_host_peak_per_node),
+                      "—" if herr is None else f"{herr:+.1%}")
+        estimated = result.estimated_host_phases_per_node
+        for phase, measured in result.host_phase_peaks_per_node.items():
+            mark = " (worst)" if phase == result.host_worst_phase else ""
+            table.add_row(f"  {phase.replace('_', ' ')}{mark}", _mib(measured), _mib(estimated.get(phase)), "")
+    if result.memory_limit:
+        table.add_row("ran out of", f"{result.memory_limit} memory", "", "")
     table.add_row("measured steps", str(result.steps), "", "")
     table.add_row("step time (slowest rank)" if nodes else "step time", "—" if result.step_time is None else f"{result.step_time:.4f} s", "", "")
     if nodes:
