@@ -73,3 +73,15 @@ def test_exported_lora_config_caps_the_bucket_at_the_trainable_count():
     c = build_config(Plan(stage=2, micro_batch=2), world_size=2, training=TrainingSpec(), model=model)
     assert c["zero_optimization"]["reduce_bucket_size"] == 6_815_744
     assert not [f for f in validate_config(c, world_size=2, model=model) if f.rule_id.startswith("ZP8")]
+
+
+def test_estimate_of_zero3_with_a_quantized_base_points_to_zp801():
+    from zeroplan.estimator import estimate_plan
+    from zeroplan.profiles import load_gpu
+    from zeroplan.spec import ClusterSpec, GiB
+
+    cluster = ClusterSpec(gpus=2, gpus_per_node=2, gpu=load_gpu("a100-80gb"), cpu_memory_per_node_bytes=256 * GiB)
+    for quant, stage, expected in (("int8", 3, True), ("nf4", 3, True), ("nf4", 2, False), ("none", 3, False)):
+        model = lora(base_quant=quant) if quant != "none" else lora()
+        notes = estimate_plan(model, cluster, TrainingSpec(), Plan(stage=stage, micro_batch=1)).notes
+        assert any(n.startswith(f"ZeRO-3 with a {quant} base needs care (validate rule ZP801)") for n in notes) is expected

@@ -266,6 +266,9 @@ def estimate_plan(
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
     tps = tokens / timing.total if timing.total > 0 else 0.0
 
+    if model.peft is not None and model.peft.base_quant != "none" and plan.stage == 3:
+        notes.append(f"ZeRO-3 with a {model.peft.base_quant} base needs care (validate rule ZP801): "
+                     + ("int8 does not partition" if model.peft.base_quant == "int8" else "NF4 needs bnb_4bit_quant_storage=bfloat16"))
     fits = True
     if total > cluster.gpu_memory_bytes:
         fits = False
