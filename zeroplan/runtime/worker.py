@@ -308,6 +308,20 @@ def _build_kind(model) -> str | None:
     return "fp32" if params[0].element_size() >= 4 else "bf16"
 
 
+def _phase_at_engine_ready(meter: StepMeter, state: dict) -> None:
+    """Engines without ``deepspeed.initialize`` (FSDP2, DDP) start the step phase when the meter
+    starts: their model build phase then includes sharding (``fully_shard``)."""
+    original = meter.start
+
+    def start() -> None:
+        host = state.get("host")
+        if host is not None and host.phase == "model_build":
+            host.enter("step")
+        original()
+
+    meter.start = start
+
+
 def _wrap_saves(engine, host) -> None:
     """Checkpoint saves run in their own host-memory phase (gathered 16-bit weights, state dicts)."""
     for name in ("save_checkpoint", "save_16bit_model"):
@@ -432,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                       target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
                       agree=_agreement(world_size))
     state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover"))}
+    _phase_at_engine_ready(meter, state)
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)
         import socket
