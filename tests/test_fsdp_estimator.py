@@ -175,3 +175,37 @@ def test_deepspeed_step_with_client_torch_adamw_matches_measurement():
     peak = measured["before_step_bytes"] + measured["step_extra_bytes"]
     assert measured["optimizer"] == "AdamW"
     assert abs(predicted - peak) / peak < 0.005  # measured: -0.0 %
+
+
+def test_export_fsdp_settings_match_what_the_runtime_wraps(tmp_path):
+    """``export --engine fsdp`` describes the FSDP2 wrapping the probe runtime applies."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from zeroplan.fsdpconfig import fsdp_settings
+    from zeroplan.runtime.backends.fsdp import wrap_model
+
+    import gpt_task
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        for stage in (2, 3):
+            plan = Plan(stage=stage, micro_batch=2)
+            settings = fsdp_settings(plan, TrainingSpec(seq_len=64), world_size=1)
+            model = gpt_task.GPT(gpt_task.GPTConfig())
+            wrapped, kind = wrap_model(model, blocks=list(model.blocks), plan=plan, precision="bf16", device=torch.device("cpu"))
+            assert kind == settings["engine"]
+            group = wrapped.blocks[0]._get_fsdp_state()._fsdp_param_group
+            assert (group.post_forward_mesh_info is not None) == settings["fully_shard"]["reshard_after_forward"]
+            assert str(group.mp_policy.param_dtype) == settings["fully_shard"]["mp_policy"]["param_dtype"]
+            assert str(group.mp_policy.reduce_dtype) == settings["fully_shard"]["mp_policy"]["reduce_dtype"]
+    finally:
+        dist.destroy_process_group()
+    r = _cli("export", "--stage", "3", "--micro-batch", "2", "--engine", "fsdp", "--offload-optimizer", "cpu", "--offload-param", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["fully_shard"]["offload_policy"] == "CPUOffloadPolicy(pin_memory=True)"
+    r = _cli("export", "--stage", "3", "--micro-batch", "2", "--engine", "fsdp", "--offload-optimizer", "nvme")
+    assert r.returncode == 2 and "no NVMe offload" in r.stderr and "Traceback" not in r.stderr

@@ -112,6 +112,9 @@ def export(
     accelerate_config: Annotated[
         Optional[str], typer.Option("--accelerate-config", help="Also write an accelerate YAML that runs DeepSpeed with the exported file (needs --output).", rich_help_panel="Output")
     ] = None,
+    engine: Annotated[
+        str, typer.Option("--engine", help="deepspeed (a DeepSpeed JSON config) | fsdp (PyTorch DDP/FSDP2 settings as JSON: fully_shard, mixed precision, offload).", rich_help_panel="Output")
+    ] = "deepspeed",
     output: OutputOpt = None,
 ) -> None:
     """Write a DeepSpeed config for a plan (or the fastest plan that fits) that passes validate.
@@ -126,6 +129,11 @@ def export(
 
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     check_choice_option("--for", target, ("deepspeed", "hf"))
+    check_choice_option("--engine", engine, ("deepspeed", "fsdp"))
+    if engine == "fsdp" and (target != "deepspeed" or accelerate_config is not None):
+        raise SpecError("--engine fsdp writes PyTorch settings; --for hf and --accelerate-config are for DeepSpeed configs")
+    if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
+        raise SpecError("--engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
     if accelerate_config is not None and output is None:
         raise SpecError("--accelerate-config points accelerate at the exported file: also give --output ds.json")
     if gpus < 1:
@@ -166,6 +174,7 @@ def export(
         choice = best_plan(
             model_spec, cluster, training,
             stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
+            engine=engine,
         )
         if choice.best is None:
             _note(f"no plan fits {model_spec.name} on {gpus} × {cluster.gpu.name}; nothing written (see `zeroplan estimate`)")
@@ -181,6 +190,11 @@ def export(
             f"{best.tokens_per_second:,.0f} tokens/s ({choice.fitting} of {choice.considered} plans fit)"
         )
 
+    if engine == "fsdp":
+        from zeroplan.fsdpconfig import fsdp_settings
+
+        write_output(json.dumps(fsdp_settings(plan, training, world_size=gpus), indent=2), output)
+        return
     cfg, notes = build_config_with_notes(
         plan, world_size=gpus, training=training, model=model_spec, lr=lr,
         warmup_steps=warmup_steps, total_steps=total_steps, nvme_path=nvme_path,

@@ -35,6 +35,7 @@ def best_plan(
     checkpointing: Optional[str] = None,
     device: str = "cuda",
     activation_bytes: Optional[Callable[[Plan], int]] = None,
+    engine: str = "deepspeed",
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
@@ -44,8 +45,8 @@ def best_plan(
     """
     plans = enumerate_plans(
         model, cluster, training,
-        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
+        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
     )
-    ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes)
+    ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine)
     fitting = [e for e in ranked if e.fits]
     return PlanChoice(best=fitting[0] if fitting else None, fitting=len(fitting), considered=len(ranked))
