@@ -123,6 +123,7 @@ def test_unreadable_configs_raise_naming_the_key(cfg, needle):
     assert needle in str(info.value)
 
 
+@pytest.mark.slow  # launches torchrun (2 ranks), though its script stops at once
 def test_cli_probe_estimates_a_stage_2_config_with_offload_param(tmp_path):
     """`zeroplan probe script --config <stage 2 + offload_param> --params 7e9` gives an estimate:
     of stage 2 without the offload DeepSpeed ignores (ZeRO paper Fig. 1, P_os+g: 2Ψ + 14Ψ/N per

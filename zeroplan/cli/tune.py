@@ -183,7 +183,7 @@ def tune(
     # Open the study first: a corrupt, locked or refused storage fails before any slow work.
     output.mkdir(parents=True, exist_ok=True)
     if nodes is not None and nodes.launcher == "torchrun":
-        from zeroplan.runtime.launcher import FOLLOW_DONE
+        from zeroplan.runtime import FOLLOW_DONE
 
         (output / "probes" / FOLLOW_DONE).unlink(missing_ok=True)  # followers wait for this run's end
     url = storage_url(storage, output)
@@ -362,7 +362,7 @@ def tune(
         raise
     finally:
         if nodes is not None and nodes.launcher == "torchrun":
-            from zeroplan.runtime.launcher import FOLLOW_DONE
+            from zeroplan.runtime import FOLLOW_DONE
 
             (output / "probes").mkdir(parents=True, exist_ok=True)
             (output / "probes" / FOLLOW_DONE).touch()  # the other nodes' followers stop
@@ -372,7 +372,7 @@ def tune(
 
 def _follow(probes: Path, nodes: Any) -> None:
     """Run node ``nodes.node_rank``'s agent for every probe of node 0's tuner (see docs/multinode.md)."""
-    from zeroplan.runtime.launcher import FOLLOW_DONE, follow_probes
+    from zeroplan.runtime import FOLLOW_DONE, follow_probes
 
     probes.mkdir(parents=True, exist_ok=True)
     stale = probes / FOLLOW_DONE

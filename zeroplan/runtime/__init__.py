@@ -13,6 +13,6 @@ torch and deepspeed are imported only inside the worker processes.
 from __future__ import annotations
 
 from zeroplan.runtime.api import BACKENDS, STATUSES, ProbeRequest, ProbeResult
-from zeroplan.runtime.launcher import run_probe, script_kind
+from zeroplan.runtime.launcher import FOLLOW_DONE, follow_probes, run_probe, script_kind
 
-__all__ = ["BACKENDS", "STATUSES", "ProbeRequest", "ProbeResult", "run_probe", "script_kind"]
+__all__ = ["BACKENDS", "FOLLOW_DONE", "STATUSES", "ProbeRequest", "ProbeResult", "follow_probes", "run_probe", "script_kind"]
