@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, kwargs in PLANS.items():
         plan = Plan(micro_batch=args.micro_batch, **kwargs)
         r = run_probe(ProbeRequest(script=ROOT / "examples" / "gpt_task.py", nproc=2, backend="fsdp", plan=plan,
-                                   training=training, script_args=script_args, steps=2, warmup=1, timeout_s=300))
+                                   training=training, script_args=script_args, steps=2, warmup=2, timeout_s=300))
         if r.status != "ok":
             table.add_row(name, r.status, "", "", "", "", (r.error or "")[:40])
             continue

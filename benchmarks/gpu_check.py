@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             reserved_file = Path(tmp) / "reserved.json"
             result = run_probe(ProbeRequest(
                 script=ROOT / "benchmarks" / "gpu_check_task.py", nproc=1, backend=engine, plan=plan, training=training,
-                script_args=script_args, steps=args.steps, warmup=1, timeout_s=args.timeout,
+                script_args=script_args, steps=args.steps, warmup=2, timeout_s=args.timeout,
                 env=(("ZEROPLAN_RESERVED_FILE", str(reserved_file)),),
             ))
             reserved = json.loads(reserved_file.read_text())["max_memory_reserved"] if reserved_file.exists() else None

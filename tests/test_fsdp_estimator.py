@@ -127,7 +127,7 @@ def test_fsdp_estimate_matches_probe(plan_kwargs, measured):
     plan = Plan(micro_batch=2, **plan_kwargs)
     args = ("--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "8192", "--seq-len", "128")
     result = run_probe(ProbeRequest(script=ROOT / "examples" / "gpt_task.py", nproc=2, backend="fsdp", plan=plan,
-                                    training=training, script_args=args, steps=1, warmup=1, timeout_s=240))
+                                    training=training, script_args=args, steps=1, warmup=2, timeout_s=240))
     assert result.status == "ok", result.error
     peak = max(result.peak_memory_per_rank)
     est = estimate_plan(model, _cluster(), training, plan, device="cpu", engine="fsdp").gpu.peak_allocated

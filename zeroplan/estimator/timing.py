@@ -11,7 +11,8 @@ Sources:
 * DeepSpeed overlap defaults (deepspeed/runtime/zero/config.py): overlap_comm is False in
   stages 1–2 and True in stage 3, where prefetching hides gathers behind compute.
 * Optimizer step: Adam is memory-bound — it reads and writes the fp32 master, both moments and
-  reads the gradient (≈ 32 bytes per parameter) on the GPU; on the host, CPU Adam throughput
+  reads the gradient, by optimizer and precision (:func:`optimizer_step_bytes_per_param`, 30
+  bytes per parameter for mixed-precision Adam) on the GPU; on the host, CPU Adam throughput
   (ZeRO-Offload §5) from the GPU profile (``cpu_adam_params_per_s``, measured by calibrate).
 """
 
@@ -20,17 +21,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.estimator.comm import CommVolume, collective_time
-from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec
+from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, optimizer_state_bytes_per_param
 
-__all__ = ["StepTime", "engine_overhead", "flops_per_token", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP"]
+__all__ = [
+    "StepTime", "engine_overhead", "flops_per_token", "optimizer_step_bytes_per_param", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP",
+]
 
 #: NVMe read/write bandwidth per node assumed for ZeRO-Infinity swapping (bytes/s), a typical
 #: figure for a few PCIe 4.0 drives in RAID 0 (ZeRO-Infinity §6 measures 25 GB/s on 8 drives).
 NVME_BANDWIDTH = 12e9
 #: Fraction of stage-3 parameter gathers hidden behind compute by prefetching.
 STAGE3_OVERLAP = 0.7
-#: Adam on GPU touches ~32 bytes per parameter (fp32 master, m, v read+write, gradient read).
-_GPU_ADAM_BYTES_PER_PARAM = 32
+
+
+def optimizer_step_bytes_per_param(optimizer: str, precision: str) -> int:
+    """Bytes of GPU memory traffic per parameter in one optimizer step (a memory-bound pass).
+
+    The states (K bytes: fp32 master and moments, :func:`zeroplan.spec.optimizer_state_bytes_per_param`)
+    are read and written (2K), the fp32 gradient partition read (4); in mixed precision the
+    updated p-byte parameter copy is written (p), in fp32 the parameter itself is read and
+    written (8, the master being the parameter). Mixed-precision Adam: 2·12 + 4 + 2 = 30 bytes.
+    """
+    k = optimizer_state_bytes_per_param(optimizer, precision)
+    p = bytes_per_param(precision)
+    return 2 * k + 4 + (p if precision != "fp32" else 8)
+
+
+#: Mixed-precision Adam's step traffic per parameter (kept for callers that need one figure).
+_GPU_ADAM_BYTES_PER_PARAM = optimizer_step_bytes_per_param("adamw", "bf16")
+
 
 
 def flops_per_token(model: ModelSpec, training: TrainingSpec, plan: Plan) -> dict[str, float]:
@@ -96,18 +115,20 @@ def step_time(
 
     shard = -(-model.trainable_params // n)
     if plan.offload_optimizer == "none":
-        optimizer = _GPU_ADAM_BYTES_PER_PARAM * shard / gpu.memory_bandwidth
+        step_bytes = optimizer_step_bytes_per_param(training.optimizer, training.precision)
+        optimizer = step_bytes * shard / gpu.memory_bandwidth
         if plan.stage == 0:
-            optimizer = _GPU_ADAM_BYTES_PER_PARAM * model.trainable_params / gpu.memory_bandwidth
+            optimizer = step_bytes * model.trainable_params / gpu.memory_bandwidth
     else:
         optimizer = shard / gpu.cpu_adam_params_per_s
     transfer = comm.pcie / gpu.host_bandwidth
     if plan.offload_optimizer == "nvme":
-        # Optimizer states (12Ψ/n per GPU) read and written once per step, sharing the node's NVMe.
-        transfer += 2 * 12 * shard * cluster.gpus_in_node / NVME_BANDWIDTH
+        # Optimizer states (KΨ/n per GPU) read and written once per step, sharing the node's NVMe.
+        k = optimizer_state_bytes_per_param(training.optimizer, training.precision)
+        transfer += 2 * k * shard * cluster.gpus_in_node / NVME_BANDWIDTH
     if plan.offload_param == "nvme":
         param_shard = -(-model.total_params // n)
-        transfer += 2 * plan.gradient_accumulation_steps * 2 * param_shard * cluster.gpus_in_node / NVME_BANDWIDTH
+        transfer += 2 * plan.gradient_accumulation_steps * bytes_per_param(training.precision) * param_shard * cluster.gpus_in_node / NVME_BANDWIDTH
     return StepTime(
         compute=compute,
         communication=communication,
