@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--backend", default="deepspeed", choices=("deepspeed", "fsdp"),
                    help="fsdp: PyTorch's engines (stage 0 DDP, 1 ZeroRedundancyOptimizer, 2-3 FSDP2)")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2)
+    # On CPU the probe's tracker measures the warm-up steps only (PeakMemory.stop_tracking); two
+    # warm-up steps include a backward with the optimizer's moments already allocated.
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--format", default="table", choices=("table", "json"))
     p.add_argument("-o", "--output", type=Path)
