@@ -48,6 +48,10 @@ def _progress_printer(rank: int):
     return report
 
 
+CPU_MEMORY_STEPS = 2
+"""Optimizer steps the CPU memory tracker watches at least (states are created in the first)."""
+
+
 class StepMeter:
     """Counts optimizer steps; times the ones after warm-up; ends the run after the last.
 
@@ -60,9 +64,12 @@ class StepMeter:
     """
 
     def __init__(
-        self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None, on_timing_start=None, target_ci=None, agree=None
+        self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None, on_timing_start=None, target_ci=None, agree=None,
+        memory_steps: int = 0,
     ) -> None:
         self.warmup = warmup
+        self.memory_steps = memory_steps
+        """Optimizer steps a memory tracker that ends with warm-up must see (micro-step mode too)."""
         self.steps = steps
         self.count = 0
         self.samples_per_step: int | None = None
@@ -107,7 +114,7 @@ class StepMeter:
     @property
     def _warmup_steps(self) -> int:
         if self.micro_mode and self.grad_accum >= 4:
-            return min(self.warmup, 1)
+            return min(self.warmup, max(1, self.memory_steps))
         return self.warmup
 
     def before_optimizer_step(self) -> None:
@@ -396,10 +403,10 @@ def _write_plan_config(spec: dict, plan, training, task) -> None:
 
 
 def _finish_reason(spec: dict, meter: StepMeter, state: dict) -> str:
-    need = spec["warmup"] + spec["steps"]
+    need = meter.warmup + meter.steps
     if spec["kind"] == "script" and not state.get("initialized"):
         return "the script finished without calling deepspeed.initialize (is it a DeepSpeed training script?)"
-    return f"the script finished after {meter.count} optimizer steps; the probe needs {need} (warmup {spec['warmup']} + steps {spec['steps']})"
+    return f"the script finished after {meter.count} optimizer steps; the probe needs {need} (warmup {meter.warmup} + steps {meter.steps})"
 
 
 def _record_discovery(result: dict, state: dict, spec: dict) -> None:
@@ -441,7 +448,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         synchronize = None
     memory = PeakMemory(track_cpu=os.environ.get("ZEROPLAN_TRACK_CPU_MEMORY", "1") != "0")
-    meter = StepMeter(warmup=spec["warmup"], steps=spec["steps"], synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank),
+    # The CPU tracker ends with warm-up, and optimizer states appear lazily in the first step: the
+    # peak with them (forward and backward of step 2) needs a second tracked step.
+    warmup = max(spec["warmup"], CPU_MEMORY_STEPS) if memory.tracker is not None and spec["warmup"] > 0 else spec["warmup"]
+    meter = StepMeter(warmup=warmup, steps=spec["steps"], memory_steps=CPU_MEMORY_STEPS if memory.tracker is not None else 0, synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank),
                       on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None,
                       target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
                       agree=_agreement(world_size))
