@@ -176,6 +176,7 @@ def test_fsdp2_fully_shard_is_watched(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.e2e
 def test_tune_plain_deepspeed_script_without_model_flags(tmp_path):
     """The discovered model is the script's (sum of numel), and the search is pruned with it: with
     a memory limit nothing fits, and the smallest plan's predicted memory is the one the estimator

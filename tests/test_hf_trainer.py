@@ -81,6 +81,7 @@ def _example_params() -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.e2e
 def test_tune_trainer_example_then_train_with_its_config(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
@@ -136,6 +137,7 @@ def test_probe_trl_sft_example(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.e2e
 def test_probe_accelerate_example(tmp_path):
     """An accelerate loop with a DeepSpeed plugin: accelerate's prepare calls deepspeed.initialize,
     so the probe counts its steps and discovers its model like any DeepSpeed script."""

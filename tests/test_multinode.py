@@ -166,6 +166,7 @@ def test_two_agents_probe_zero3_and_both_see_every_rank(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # timing: on a loaded machine the kill can land before the rendezvous completes
 def test_killing_one_agent_fails_the_probe_and_leaves_nothing(tmp_path):
     import psutil
 
@@ -201,6 +202,7 @@ def test_killing_one_agent_fails_the_probe_and_leaves_nothing(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_node_that_never_joins_is_named(tmp_path):
     port = _free_port()
     started = time.monotonic()
@@ -220,6 +222,7 @@ def test_node_that_never_joins_is_named(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_slurm_timeout_cancels_the_step_everywhere(tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -283,6 +286,7 @@ def test_tune_bad_node_input_exits_2_before_the_study_opens(tmp_path, extra, slu
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_tune_across_two_torchrun_nodes_leader_and_follower(tmp_path):
     """Node 0 tunes; node 1 follows every probe it starts, then stops when node 0 is done."""
     port = _free_port()

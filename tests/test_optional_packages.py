@@ -113,6 +113,7 @@ def test_estimate_export_validate_without_optional_packages(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.e2e
 def test_tune_without_matplotlib_or_deepspeed_in_the_tuner(tmp_path):
     """FSDP tune with matplotlib and deepspeed unimportable in the tuner: every output but the plot,
     the plot's absence said once, and the final check says DeepSpeed's parser was skipped."""

@@ -38,6 +38,7 @@ def test_lora_script_probe_counts_trainable_and_matches_the_estimate(tmp_path):
     assert abs(result.memory_error) <= 0.05, result.memory_error
 
 
+@pytest.mark.e2e
 def test_lora_task_on_fsdp2_matches_the_estimate(tmp_path):
     """FSDP2 (stage 3: fully_shard, reshard after forward) with a frozen base: the estimate counts
     gradients, reduce-scatters and optimizer states for the adapters only."""
