@@ -99,6 +99,23 @@ def test_trace_without_its_packages_is_one_line(tmp_path, blocked, message):
     assert r.stderr.strip().splitlines() == [f"zeroplan: error: {message}"]
 
 
+@pytest.mark.parametrize("command", [
+    ["probe", "examples/gpt_task.py", "--gpus", "2", "--stage", "2", "--micro-batch", "2"],
+    ["tune", "examples/gpt_task.py", "--gpus", "2", "--global-batch", "8"],
+    ["calibrate", "--quick"],
+])
+def test_runtime_commands_without_torch_are_one_line(tmp_path, command):
+    """A light install (no runtime extra): one line with the fix, exit 2, nothing written."""
+    out = tmp_path / "out"
+    extra = ["--output", str(out)] if command[0] == "tune" else []
+    r = run_blocked("torch", *command, *extra)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"zeroplan: error: zeroplan {command[0]} runs real engines and needs torch and deepspeed; install them with pip install 'zeroplan[runtime]'"
+    ]
+    assert not out.exists()
+
+
 def test_estimate_export_validate_without_optional_packages(tmp_path):
     blocked = "matplotlib,matplotlib.pyplot,transformers,pynvml,torch,deepspeed,hjson"
     r = run_blocked(blocked, "estimate", "--params", "1e9", "--gpus", "2", "--format", "json")

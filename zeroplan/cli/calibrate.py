@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import PrecisionOpt
+from zeroplan.cli.common import PrecisionOpt, require_runtime
 
 __all__ = ["calibrate"]
 
@@ -56,6 +56,7 @@ def calibrate(
     from rich.console import Console
     from rich.table import Table
 
+    require_runtime("calibrate")
     from zeroplan.calibrate import CalibrationError, CalibrationOptions
     from zeroplan.calibrate import calibrate as run_calibration
     from zeroplan.spec import SpecError

@@ -231,3 +231,15 @@ def write_output(text: str, output: Optional[Path]) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise SpecError(f"--output {output}: cannot write ({exc.strerror})") from None
+
+
+def require_runtime(command: str) -> None:
+    """SpecError unless torch is installed: probe, tune and calibrate run real engines.
+
+    Checked before anything is launched or written, so a light install (``pip install -e .``)
+    gets one line with the fix instead of every rank failing to start ``torch.distributed.run``.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError(f"zeroplan {command} runs real engines and needs torch and deepspeed; install them with pip install 'zeroplan[runtime]'")

@@ -19,6 +19,7 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import (
+    require_runtime,
     CheckpointingOpt,
     FormatOpt,
     GpusOpt,
@@ -168,6 +169,7 @@ def probe(
 
     check_choice_option("--format", format, ("table", "json"))
     check_choice_option("--backend", backend, BACKENDS)
+    require_runtime("probe")
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     torchrun_args = tuple(torchrun_arg or ())
     nproc, nodes = resolve_nodes(

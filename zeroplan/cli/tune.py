@@ -10,6 +10,7 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import (
+    require_runtime,
     AdapterOpt,
     BaseQuantOpt,
     LoraAlphaOpt,
@@ -169,6 +170,7 @@ def tune(
     if emit_sbatch is not None:
         _emit_sbatch(emit_sbatch, nnodes=nnodes, gpus_per_node=nproc, output=output, time_budget=time_budget)
         return
+    require_runtime("tune")
     if nodes is not None and nodes.launcher == "torchrun" and nodes.node_rank:
         # Node K > 0: no study, no search; join every probe node 0's tuner starts in the shared
         # --output folder until it is done (zeroplan.runtime.launcher.follow_probes).
