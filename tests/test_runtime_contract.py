@@ -72,9 +72,10 @@ def test_contract_memory_holds_the_sharded_model_states(probed):
 
 
 #: |estimated − measured| / measured peak for this fixture, just above what it measures on CPU
-#: (the tracker counts live tensor storage deterministically): DeepSpeed +41%, FSDP2 +24% for
-#: the 2-layer h64 example at ZeRO-3, micro-batch 2 × 2. A larger error is a regression.
-MEMORY_ERROR_BOUND = {"deepspeed": 0.45, "fsdp": 0.30}
+#: (live tensor storage over two optimizer steps): DeepSpeed +3.7% (the same in every run),
+#: FSDP2 −8.9% to −13.2% (it varies between runs) for the 2-layer h64 example at ZeRO-3,
+#: micro-batch 2 × 2. A larger error is a regression.
+MEMORY_ERROR_BOUND = {"deepspeed": 0.06, "fsdp": 0.20}
 
 
 def test_contract_estimate_beside_measurement(probed):
