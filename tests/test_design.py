@@ -50,6 +50,16 @@ def test_the_code_cites_the_projects_own_design():
     assert hits == []
 
 
+#: Common rules: a module stays under ~500 lines; one that grows past it is split by job.
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "zeroplan").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"split these by job (at most {MAX_MODULE_LINES} lines each): {long}"
+
+
 def _documented_keys(heading: str) -> set[str]:
     """Backticked names in the first column of the tables under ``heading``."""
     section = DESIGN.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]

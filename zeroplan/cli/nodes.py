@@ -1,8 +1,13 @@
-"""Options shared by ``probe`` and ``tune`` for jobs across nodes (zeroplan.runtime.multinode)."""
+"""Options shared by ``probe`` and ``tune`` for jobs across nodes (zeroplan.runtime.multinode), and
+``tune``'s multi-node steps: a follower node's agent and the ``--emit-sbatch`` batch script."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -15,6 +20,8 @@ __all__ = [
     "RdzvTimeoutOpt",
     "LauncherOpt",
     "resolve_nodes",
+    "follow_node0",
+    "write_sbatch",
 ]
 
 _NODES = "Nodes"
@@ -57,3 +64,48 @@ def resolve_nodes(
     nproc = check_node_layout(gpus=gpus, nnodes=nnodes, gpus_per_node=gpus_per_node)
     launch = NodeLaunch(nnodes=nnodes, launcher=launcher, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout)
     return nproc, (launch if launch.multinode else None)
+
+
+def follow_node0(probes: Path, nodes: Any) -> None:
+    """Run node ``nodes.node_rank``'s agent for every probe of node 0's tuner (see docs/multinode.md)."""
+    from zeroplan.runtime import FOLLOW_DONE, follow_probes
+
+    probes.mkdir(parents=True, exist_ok=True)
+    stale = probes / FOLLOW_DONE
+    if stale.exists() and time.time() - stale.stat().st_mtime > nodes.rdzv_timeout_s:
+        stale.unlink()  # from an earlier run in the same folder
+
+    def show(kind: str, **data: Any) -> None:
+        if kind == "join":
+            print(f"node {nodes.node_rank}: joining {data['trial']}", flush=True)
+        elif kind == "joined":
+            print(f"node {nodes.node_rank}: {data['trial']} ended (torchrun exit {data['returncode']})", flush=True)
+
+    n = follow_probes(probes, node_rank=nodes.node_rank, rdzv_timeout_s=nodes.rdzv_timeout_s, on_event=show)
+    print(f"node {nodes.node_rank}: node 0's tuner is done; joined {n} probes")
+
+
+def write_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:
+    """Write the batch script (zeroplan.runtime.multinode.sbatch_script) for this command line."""
+    from zeroplan.runtime.multinode import sbatch_script, tune_command_for_sbatch
+
+    argv = sys.argv[sys.argv.index("tune") + 1 :] if "tune" in sys.argv else []
+    out_dir = output.resolve()
+    text = sbatch_script(
+        tune_args=tune_command_for_sbatch(argv, storage_default=str(out_dir / "study.journal")),
+        nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        python=sys.executable,
+        cwd=os.getcwd(),
+        output_dir=str(out_dir),
+        time_limit_s=time_budget,
+    )
+    if path.is_dir():
+        raise SpecError(f"--emit-sbatch {path} is a folder; give a file name such as job.sh")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script runs
+        path.write_text(text)
+    except OSError as exc:
+        raise SpecError(f"--emit-sbatch {path}: cannot write ({exc.strerror})") from None
+    path.chmod(0o755)
+    print(f"wrote {path}: submit with sbatch {path} (several times for several workers on one study)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -42,9 +42,9 @@ from zeroplan.cli.common import (
     with_peft,
     resolve_training,
 )
-from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
+from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
+from zeroplan.cli.tune_summary import best_text, print_summary
 from zeroplan.cli.tune_view import LiveView
-from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
 from zeroplan.spec import SpecError
 
 __all__ = ["tune"]
@@ -168,13 +168,13 @@ def tune(
         rdzv_timeout=rdzv_timeout,
     )
     if emit_sbatch is not None:
-        _emit_sbatch(emit_sbatch, nnodes=nnodes, gpus_per_node=nproc, output=output, time_budget=time_budget)
+        write_sbatch(emit_sbatch, nnodes=nnodes, gpus_per_node=nproc, output=output, time_budget=time_budget)
         return
     require_runtime("tune")
     if nodes is not None and nodes.launcher == "torchrun" and nodes.node_rank:
         # Node K > 0: no study, no search; join every probe node 0's tuner starts in the shared
         # --output folder until it is done (zeroplan.runtime.launcher.follow_probes).
-        _follow(output / "probes", nodes)
+        follow_node0(output / "probes", nodes)
         return
     if nodes is not None and nodes.launcher == "slurm":
         from zeroplan.runtime.multinode import slurm_allocation
@@ -352,7 +352,7 @@ def tune(
 
         console.print(f"[yellow]note[/]: {escape(PLOT_MISSING)}; every other output is written")
     view.done = tuner.probes_in_study()
-    view.best = _best_text(tuner)
+    view.best = best_text(tuner)
     best_so_far = tuner.best()
     view.best_value = best_so_far.value if best_so_far is not None else 0.0
     try:
@@ -369,146 +369,4 @@ def tune(
             (output / "probes").mkdir(parents=True, exist_ok=True)
             (output / "probes" / FOLLOW_DONE).touch()  # the other nodes' followers stop
     frame = write_results(study.get_trials(deepcopy=False), output, meta)
-    _finish(console, frame, summary, output, cluster.gpus, trainer=trainer)
-
-
-def _follow(probes: Path, nodes: Any) -> None:
-    """Run node ``nodes.node_rank``'s agent for every probe of node 0's tuner (see docs/multinode.md)."""
-    from zeroplan.runtime import FOLLOW_DONE, follow_probes
-
-    probes.mkdir(parents=True, exist_ok=True)
-    stale = probes / FOLLOW_DONE
-    if stale.exists() and time.time() - stale.stat().st_mtime > nodes.rdzv_timeout_s:
-        stale.unlink()  # from an earlier run in the same folder
-
-    def show(kind: str, **data: Any) -> None:
-        if kind == "join":
-            print(f"node {nodes.node_rank}: joining {data['trial']}", flush=True)
-        elif kind == "joined":
-            print(f"node {nodes.node_rank}: {data['trial']} ended (torchrun exit {data['returncode']})", flush=True)
-
-    n = follow_probes(probes, node_rank=nodes.node_rank, rdzv_timeout_s=nodes.rdzv_timeout_s, on_event=show)
-    print(f"node {nodes.node_rank}: node 0's tuner is done; joined {n} probes")
-
-
-def _emit_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:
-    """Write the batch script (zeroplan.runtime.multinode.sbatch_script) for this command line."""
-    import os
-
-    from zeroplan.runtime.multinode import sbatch_script, tune_command_for_sbatch
-
-    argv = sys.argv[sys.argv.index("tune") + 1 :] if "tune" in sys.argv else []
-    out_dir = output.resolve()
-    text = sbatch_script(
-        tune_args=tune_command_for_sbatch(argv, storage_default=str(out_dir / "study.journal")),
-        nnodes=nnodes,
-        gpus_per_node=gpus_per_node,
-        python=sys.executable,
-        cwd=os.getcwd(),
-        output_dir=str(out_dir),
-        time_limit_s=time_budget,
-    )
-    if path.is_dir():
-        raise SpecError(f"--emit-sbatch {path} is a folder; give a file name such as job.sh")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script runs
-        path.write_text(text)
-    except OSError as exc:
-        raise SpecError(f"--emit-sbatch {path}: cannot write ({exc.strerror})") from None
-    path.chmod(0o755)
-    print(f"wrote {path}: submit with sbatch {path} (several times for several workers on one study)")
-
-
-def _best_text(tuner: Any) -> str:
-    best = tuner.best()
-    if best is None:
-        return "–"
-    return f"{best.user_attrs.get('plan_key', '?')}  {best.value:.2f} samples/s (trial #{best.number})"
-
-
-def _finish(console: Any, frame: Any, summary: Any, output: Path, world_size: int, *, trainer: bool = False) -> None:
-    from rich.table import Table
-
-    from zeroplan.tuner import prove_winner
-    from zeroplan.tuner.results import best_row
-
-    probed = frame[frame["status"].isin(PROBED_STATUSES)]
-    ok = frame[frame["status"] == "ok"].sort_values("measured_samples_per_second", ascending=False)
-    table = Table(title=f"zeroplan tune: {len(probed)} probes ({summary.stopped_because})", title_justify="left")
-    for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. rank"):
-        table.add_column(col, justify="left" if col == "plan" else "right")
-    for i, (_, r) in enumerate(ok.head(10).iterrows(), start=1):
-        rank = r["predicted_rank"]
-        table.add_row(
-            str(i),
-            str(r["plan"]),
-            f"{r['measured_samples_per_second']:.2f}",
-            f"{r['measured_tokens_per_second']:.0f}" if r["measured_tokens_per_second"] else "–",
-            f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
-            "–" if rank is None or rank != rank or rank < 0 else str(int(rank) + 1),
-        )
-    if not ok.empty:
-        console.print(table)
-    else:
-        console.print(f"zeroplan tune: {len(probed)} probes ({summary.stopped_because}), none worked")
-    startup = probed["startup_s"].dropna()
-    if not startup.empty:
-        console.print(
-            f"start-up (imports, engine build, op compilation): median {startup.median():.1f} s per probe over "
-            f"{len(startup)} probes, not part of the throughput"
-        )
-    failed = probed[probed["status"] != "ok"]
-    for _, r in failed.iterrows():
-        console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")
-    best = best_row(frame)
-    if best is None:
-        if summary.failure_signature:
-            console.print(f"[bold red]every plan fails the same way[/] after {len(probed)} probes: {summary.failure_signature}")
-            console.print(f"  fix: {summary.failure_fix}; logs in {output / 'probes'}/")
-        elif probed.empty:
-            console.print("[bold red]no probe ran[/]: every plan left was skipped; see report.md")
-        else:
-            console.print(f"[bold red]every probe failed[/] ({len(probed)}); see {output / 'report.md'} and {output / 'probes'}/")
-        raise typer.Exit(1)
-    check = prove_winner(output / "ds_config.json", world_size=world_size)
-    if not check.ok:
-        console.print(f"[bold red]the best config does not validate[/]: {'; '.join(check.errors)}")
-        raise typer.Exit(1)
-    # FSDP-only installs have no DeepSpeed: its parser is skipped, and the message says so.
-    validated = (
-        "config validated by zeroplan and DeepSpeed's parser"
-        if check.checked_by_deepspeed
-        else "config validated by zeroplan; its \"auto\" entries were resolved by the script in the trial's run"
-        if check.keeps_auto
-        else "config validated by zeroplan (DeepSpeed is not installed, so its parser did not check it)"
-    )
-    console.print(
-        f"[bold green]best[/]: {best['plan']} — {best['measured_samples_per_second']:.2f} samples/s "
-        f"(trial #{best['trial']}); {validated}"
-    )
-    gap = summary.gap
-    if gap is not None:
-        if gap.plan_key is None:
-            console.print("every admissible plan was probed: this is the best of the space as measured")
-        elif gap.fraction > 0:
-            console.print(
-                f"{gap.unprobed} admissible plans were not probed; the most promising, {gap.plan_key}, is predicted "
-                f"{gap.fraction:.0%} faster (predictions scaled to the measurements): more probes may pay"
-            )
-        else:
-            console.print(
-                f"{gap.unprobed} admissible plans were not probed; none is predicted faster (the most promising, "
-                f"{gap.plan_key}, at {-gap.fraction:.0%} below the best found, predictions scaled to the measurements)"
-            )
-    for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
-        if (output / name).exists():
-            console.print(f"  wrote {output / name}")
-    if trainer:
-        import json
-
-        cfg = json.loads((output / "ds_config.json").read_text())
-        flags = (
-            f"--per_device_train_batch_size {cfg['train_micro_batch_size_per_gpu']} "
-            f"--gradient_accumulation_steps {cfg['gradient_accumulation_steps']}"
-        )
-        console.print(f"  train with: --deepspeed {output / 'ds_config.json'} {flags}", markup=False)
+    print_summary(console, frame, summary, output, cluster.gpus, trainer=trainer)

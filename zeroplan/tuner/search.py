@@ -14,16 +14,14 @@ The jobs around the loop live in their own modules: the claims ledger over a sha
 crash recovery (:mod:`zeroplan.tuner.ledger`: several ``zeroplan tune`` processes on one storage
 never probe the same plan twice; ``--resume`` fails the trials of dead workers and enqueues their
 plans again), and admission (:mod:`zeroplan.tuner.admission`: pure functions saying whether a
-proposed plan may be probed — an OOM prunes larger micro-batches at the same stage/offload).
+proposed plan may be probed — an OOM prunes larger micro-batches at the same stage/offload), and
+the opening (:mod:`zeroplan.tuner.seeding`: the sampler and the estimator's first plans).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -33,12 +31,11 @@ from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspe
 from zeroplan.tuner.ledger import ClaimsLedger, first_line, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
 from zeroplan.tuner.probetime import Gap, predicted_gap
-from zeroplan.tuner.space import Candidate, SearchSpace, zero_choice
+from zeroplan.tuner.seeding import NEAR_BEST, SAMPLERS, initial_candidates, make_sampler, space_signature
+from zeroplan.tuner.space import Candidate, SearchSpace
 from zeroplan.tuner.storage import StorageError, fail_stale_trials, heartbeat
 
-__all__ = ["TuneSettings", "TuneSummary", "Tuner", "make_sampler", "initial_candidates", "space_signature", "SAMPLERS"]
-
-SAMPLERS = ("tpe", "random")
+__all__ = ["NEAR_BEST", "SAMPLERS", "TuneSettings", "TuneSummary", "Tuner", "initial_candidates", "make_sampler", "space_signature"]
 
 _LOG_TAIL_CHARS = 2000
 
@@ -97,79 +94,6 @@ class TuneSummary:
     """... and what to fix."""
     gap: Optional[Gap] = None
     """How much faster the best admissible plan not probed is predicted to be than the best found."""
-
-
-def make_sampler(name: str = "tpe", *, seed: Optional[int] = None, n_startup_trials: int = 3) -> Any:
-    """The Optuna sampler for ``--sampler``: TPE (multivariate, constant liar for parallel workers) or random.
-
-    TPE's random start-up is short (3 trials, the estimator's picks included): the estimator's
-    ranking already is the prior, so the model takes over as soon as a few probes are measured.
-    """
-    import optuna
-
-    if name == "tpe":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # multivariate/constant_liar are flagged experimental
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=n_startup_trials)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise SpecError(f"--sampler {name!r} is not valid; choose one of {', '.join(SAMPLERS)}")
-
-
-#: A plan predicted at least this fraction of the best of its stage/offload choice counts as near-best.
-NEAR_BEST = 0.8
-
-
-def initial_candidates(space: SearchSpace, n: int) -> list[Candidate]:
-    """The first ``n`` plans to probe, spreading the risk: the predicted-fastest, then one plan
-    of each other stage/offload choice (so early probes span the space) — the fastest predicted
-    of that choice, or, while every pick so far shares one micro-batch, the fastest near-best one
-    (≥ ``NEAR_BEST`` of it) with another micro-batch, so a failure tied to one micro-batch (a
-    hang, an OOM) cannot take out every opening probe — then the rest by prediction."""
-    fitting = space.fitting
-    if n <= 0 or not fitting:
-        return []
-    chosen: list[Candidate] = [fitting[0]]
-    micro_batches = {fitting[0].plan.micro_batch}
-    groups: dict[str, list[Candidate]] = {}
-    for cand in fitting:
-        groups.setdefault(zero_choice(cand.plan), []).append(cand)
-    for zero, group in groups.items():  # in order of each choice's best prediction
-        if zero == zero_choice(fitting[0].plan):
-            continue
-        top = group[0]
-        near = [c for c in group if c.predicted_samples_per_second >= NEAR_BEST * top.predicted_samples_per_second]
-        # Only while every pick so far shares one micro-batch: a second one spreads the risk, and
-        # more would trade predicted speed for nothing.
-        pick = next((c for c in near if c.plan.micro_batch not in micro_batches), top) if len(micro_batches) == 1 else top
-        chosen.append(pick)
-        micro_batches.add(pick.plan.micro_batch)
-    keys = {c.key for c in chosen}
-    chosen.extend(c for c in fitting if c.key not in keys)
-    return chosen[:n]
-
-
-def space_signature(space: SearchSpace) -> str:
-    """Digest of what makes two runs' trials comparable (model, world size, batch, choices)."""
-    blob = json.dumps(
-        {
-            "params": space.model.params,
-            "hidden": space.model.hidden_size,
-            "layers": space.model.num_layers,
-            "gpus": space.cluster.gpus,
-            "seq_len": space.training.seq_len,
-            "global_batch": space.training.global_batch,
-            "grad_accum": space.training.grad_accum,
-            "precision": space.training.precision,
-            "zero": space.zero_choices,
-            "checkpointing": space.checkpointing_choices,
-            "micro_batch": space.micro_batches,
-            "buckets": space.bucket_sizes,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
 
 
 class Tuner:

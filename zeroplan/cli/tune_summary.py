@@ -1,0 +1,110 @@
+"""``zeroplan tune``'s closing summary: the table of probes that worked, the failures, the winner
+(proved by :func:`zeroplan.tuner.prove_winner`) and the files written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
+
+__all__ = ["best_text", "print_summary"]
+
+
+def best_text(tuner: Any) -> str:
+    """The study's best trial so far, for the live view."""
+    best = tuner.best()
+    if best is None:
+        return "–"
+    return f"{best.user_attrs.get('plan_key', '?')}  {best.value:.2f} samples/s (trial #{best.number})"
+
+
+def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_size: int, *, trainer: bool = False) -> None:
+    """The probes that worked (best first), the failures, the winner proved by validation, the gap
+    to the plans not probed and the files written; exit 1 when nothing worked or the winner fails."""
+    from rich.table import Table
+
+    from zeroplan.tuner import prove_winner
+    from zeroplan.tuner.results import best_row
+
+    probed = frame[frame["status"].isin(PROBED_STATUSES)]
+    ok = frame[frame["status"] == "ok"].sort_values("measured_samples_per_second", ascending=False)
+    table = Table(title=f"zeroplan tune: {len(probed)} probes ({summary.stopped_because})", title_justify="left")
+    for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. rank"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    for i, (_, r) in enumerate(ok.head(10).iterrows(), start=1):
+        rank = r["predicted_rank"]
+        table.add_row(
+            str(i),
+            str(r["plan"]),
+            f"{r['measured_samples_per_second']:.2f}",
+            f"{r['measured_tokens_per_second']:.0f}" if r["measured_tokens_per_second"] else "–",
+            f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
+            "–" if rank is None or rank != rank or rank < 0 else str(int(rank) + 1),
+        )
+    if not ok.empty:
+        console.print(table)
+    else:
+        console.print(f"zeroplan tune: {len(probed)} probes ({summary.stopped_because}), none worked")
+    startup = probed["startup_s"].dropna()
+    if not startup.empty:
+        console.print(
+            f"start-up (imports, engine build, op compilation): median {startup.median():.1f} s per probe over "
+            f"{len(startup)} probes, not part of the throughput"
+        )
+    failed = probed[probed["status"] != "ok"]
+    for _, r in failed.iterrows():
+        console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")
+    best = best_row(frame)
+    if best is None:
+        if summary.failure_signature:
+            console.print(f"[bold red]every plan fails the same way[/] after {len(probed)} probes: {summary.failure_signature}")
+            console.print(f"  fix: {summary.failure_fix}; logs in {output / 'probes'}/")
+        elif probed.empty:
+            console.print("[bold red]no probe ran[/]: every plan left was skipped; see report.md")
+        else:
+            console.print(f"[bold red]every probe failed[/] ({len(probed)}); see {output / 'report.md'} and {output / 'probes'}/")
+        raise typer.Exit(1)
+    check = prove_winner(output / "ds_config.json", world_size=world_size)
+    if not check.ok:
+        console.print(f"[bold red]the best config does not validate[/]: {'; '.join(check.errors)}")
+        raise typer.Exit(1)
+    # FSDP-only installs have no DeepSpeed: its parser is skipped, and the message says so.
+    validated = (
+        "config validated by zeroplan and DeepSpeed's parser"
+        if check.checked_by_deepspeed
+        else "config validated by zeroplan; its \"auto\" entries were resolved by the script in the trial's run"
+        if check.keeps_auto
+        else "config validated by zeroplan (DeepSpeed is not installed, so its parser did not check it)"
+    )
+    console.print(
+        f"[bold green]best[/]: {best['plan']} — {best['measured_samples_per_second']:.2f} samples/s "
+        f"(trial #{best['trial']}); {validated}"
+    )
+    gap = summary.gap
+    if gap is not None:
+        if gap.plan_key is None:
+            console.print("every admissible plan was probed: this is the best of the space as measured")
+        elif gap.fraction > 0:
+            console.print(
+                f"{gap.unprobed} admissible plans were not probed; the most promising, {gap.plan_key}, is predicted "
+                f"{gap.fraction:.0%} faster (predictions scaled to the measurements): more probes may pay"
+            )
+        else:
+            console.print(
+                f"{gap.unprobed} admissible plans were not probed; none is predicted faster (the most promising, "
+                f"{gap.plan_key}, at {-gap.fraction:.0%} below the best found, predictions scaled to the measurements)"
+            )
+    for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
+        if (output / name).exists():
+            console.print(f"  wrote {output / name}")
+    if trainer:
+        cfg = json.loads((output / "ds_config.json").read_text())
+        flags = (
+            f"--per_device_train_batch_size {cfg['train_micro_batch_size_per_gpu']} "
+            f"--gradient_accumulation_steps {cfg['gradient_accumulation_steps']}"
+        )
+        console.print(f"  train with: --deepspeed {output / 'ds_config.json'} {flags}", markup=False)

@@ -1,0 +1,124 @@
+"""What the estimator predicts for a probe, in the units the probe measures: the config a plan
+runs with, the comparable peak (device or CPU storage) and the host peaks per phase."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from zeroplan.runtime.api import ProbeRequest
+from zeroplan.runtime.hostmem import PHASES, estimated_host
+from zeroplan.spec import Plan, SpecError, TrainingSpec
+
+__all__ = ["comparable_estimate", "config_for_plan"]
+
+
+def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, model=None, workdir: Path) -> dict:
+    """The DeepSpeed config ``zeroplan export`` writes for ``plan`` (zeroplan.dsconfig.build_config)."""
+    from zeroplan.dsconfig import build_config
+
+    uses_nvme = "nvme" in (plan.offload_optimizer, plan.offload_param)
+    return build_config(
+        plan, world_size=world_size, training=training, model=model, nvme_path=str(workdir / "nvme") if uses_nvme else None
+    )
+
+
+def comparable_estimate(est, *, on_cpu: bool, ranks_per_node: int) -> int:
+    """The predicted number a probe's ``peak_memory`` measures.
+
+    On CUDA: ``gpu.peak_allocated`` (what ``max_memory_allocated`` counts, no allocator reserve).
+    On CPU the "device" is host memory, so states an offload plan moves to the host are live
+    tensor storage of the same rank too: their steady-state share per rank is added.
+    """
+    total = int(est.gpu.peak_allocated)
+    if on_cpu and (est.plan.offload_optimizer != "none" or est.plan.offload_param != "none"):
+        total += sum(est.host.cpu_items.values()) // max(1, ranks_per_node)
+    return total
+
+
+def _estimate(
+    request: ProbeRequest,
+    plan: Plan | None,
+    config: dict | None,
+    summary: dict,
+    world_size: int,
+    context: dict | None = None,
+    *,
+    precision: str | None = None,
+) -> tuple[int | None, str | None]:
+    """The estimator's predicted peak bytes per GPU, or (None, why not).
+
+    The sequence length is the one that ran (a task's own, else the request's); the precision
+    and optimizer are the config's when a config was given. A probe measured on CPU (live tensor storage) is
+    compared with ``device="cpu"``: no CUDA context and no allocator fragmentation.
+    """
+    from zeroplan.spec import ModelSpec
+
+    model = request.model
+    model_dict = summary.get("model_spec")
+    if model is None and model_dict:
+        try:
+            model = ModelSpec.from_dict(model_dict)
+        except (SpecError, TypeError) as exc:
+            return None, f"no estimate: task model_spec invalid ({exc})"
+    if plan is None:
+        return None, "no estimate: no plan (give a DeepSpeed config or --stage)"
+    if model is None:
+        return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
+    note = None
+    trainable, frozen = summary.get("trainable_params"), summary.get("frozen_params")
+    if model.peft is None and trainable and frozen and trainable < model.params:
+        # The run froze part of the model (a PEFT script): count gradients and optimizer states
+        # for what requires grad; activations stay those of a full fine-tune (which layers carry
+        # adapters is unknown without --lora-rank/--adapter).
+        from zeroplan.spec import PeftSpec
+
+        model = dataclasses.replace(model, peft=PeftSpec(method="partial", base_params=model.params, trainable_params=trainable))
+        note = (f"the run trains {trainable:,} of {trainable + frozen:,} parameters (requires_grad); the estimate counts "
+                "gradients and optimizer states for those only (give --lora-rank/--adapter for LoRA's activations)")
+    seq_len = summary.get("seq_len") or request.seq_len or (request.training.seq_len if request.training else None)
+    if seq_len is None:
+        return None, "no estimate: sequence length unknown (give --seq-len)"
+    training = dataclasses.replace(request.training or TrainingSpec(), seq_len=seq_len)
+    if config is not None:
+        from zeroplan.dsconfig import training_from_config
+
+        training = training_from_config(config, plan, base=training)
+        if precision is not None:
+            training = dataclasses.replace(training, precision=precision)
+    try:
+        from zeroplan import estimator, profiles
+        from zeroplan.spec import ClusterSpec
+
+        gpu, _ = profiles.default_gpu()
+        cluster = ClusterSpec(gpus=world_size, gpus_per_node=min(request.nproc, world_size), gpu=gpu)
+        on_cpu = summary.get("memory_kind") == "cpu-storage"
+        from zeroplan.estimator.optimizer import default_optimizer_impl
+
+        # A config without an ``optimizer`` block means the script brings its own (torch's AdamW
+        # under Hugging Face's Trainer), whose step temporaries differ from DeepSpeed's FusedAdam.
+        impl = default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
+        est = estimator.estimate_plan(
+            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl
+        )
+        if context is not None:
+            context.update(est=est, model=model, cluster=cluster, training=training)
+        return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), note
+    except (ImportError, AttributeError) as exc:
+        return None, f"no estimate: estimator unavailable ({exc})"
+    except SpecError as exc:
+        return None, f"no estimate: {exc}"
+
+
+def _host_estimate(context: dict, summary: dict, host: dict) -> dict:
+    """``estimated_host_peak_per_node`` and per phase for the phases that ran, with the measured baseline."""
+    if "est" not in context:
+        return {}
+    ran = [p for p in PHASES if p in host["host_phase_peaks_per_node"]] or ["model_build", "engine_init", "step"]
+    baseline = host.get("host_baseline_per_node") or 0
+    phases = estimated_host(
+        context["est"], context["model"], context["cluster"], context["training"],
+        on_cpu=summary.get("memory_kind") != "cuda", baseline_node=baseline, build=host.get("model_build"),
+    )
+    per_phase = {ph.name: ph.per_node_bytes + baseline for ph in phases.phases if ph.name in ran}
+    return {"estimated_host_phases_per_node": per_phase, "estimated_host_peak_per_node": max(per_phase.values())}
