@@ -151,6 +151,26 @@ def test_task_script_is_traced_at_its_own_seq_len():
         model.bytes(1, 128, "none")
 
 
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("x = 1\n", "has no top-level function zeroplan_task()"),
+        ("def zeroplan_task():\n    return {'build_model': None}\n", "returned dict, not zeroplan.runtime.task.Task"),
+        ("raise ValueError('bad flag --foo')\n", "fails to load: ValueError: bad flag --foo"),
+    ],
+)
+def test_task_scripts_load_as_the_probe_worker_loads_them(tmp_path, body, needle):
+    """One loader (zeroplan.spec.task.load_task) for the worker, the tuner and the tracer: a script
+    the worker would reject is rejected here too, in one line naming the script."""
+    from zeroplan.trace.source import TaskSource
+
+    script = tmp_path / "task.py"
+    script.write_text(body)
+    with pytest.raises(SpecError) as err:
+        TaskSource.from_path(script)
+    assert needle in str(err.value) and str(script) in str(err.value) and "\n" not in str(err.value)
+
+
 def test_large_config_traces_without_memory(tmp_path):
     psutil = pytest.importorskip("psutil")
     cfg = {  # Llama-3-8B's shape

@@ -192,7 +192,8 @@ class HFConfigSource(TraceSource):
 
 @dataclass
 class TaskSource(TraceSource):
-    """A zeroplan task script (``zeroplan_task()`` returns a :class:`zeroplan.runtime.task.Task`).
+    """A zeroplan task script (``zeroplan_task()`` returns a :class:`zeroplan.spec.task.Task`; loaded
+    by :func:`zeroplan.spec.task.load_task`, as the probe worker loads it).
 
     A task fixes its own sequence length (``Task.seq_len``; its batches come from
     ``make_batch(micro_batch, step, rank)``), so it is traced at that length only.
@@ -207,25 +208,16 @@ class TaskSource(TraceSource):
         path = Path(path)
         if not path.is_file():
             raise SpecError(f"task script {path} does not exist")
-        spec = importlib.util.spec_from_file_location(f"_zeroplan_task_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        saved_argv = sys.argv
-        # The worker runs zeroplan_task() with sys.argv set to the script and its arguments.
-        sys.argv = [str(path), *args]
-        # dataclasses defined in the script look their module up in sys.modules.
-        sys.modules[spec.name] = module
+        from zeroplan.spec.task import NotATask, load_task
+
         try:
-            spec.loader.exec_module(module)
-            factory = getattr(module, "zeroplan_task", None)
-            if factory is None:
-                raise SpecError(f"task script {path} defines no zeroplan_task(); see examples/gpt_task.py")
-            task = factory()
+            task = load_task(path, args)
+        except NotATask as exc:
+            raise SpecError(f"{exc}; see examples/gpt_task.py") from None
         except SpecError:
             raise
         except Exception as exc:
             raise SpecError(f"task script {path} fails to load: {_one_line(exc)}") from None
-        finally:
-            sys.argv = saved_argv
         return cls(name=str(path), task=task)
 
     @property
