@@ -168,6 +168,7 @@ def test_bad_input_through_the_real_console_script(tmp_path):
         ["validate", "X", "--params", "-5"],
         ["validate", "X", "--checkpointing", "most"],
         ["validate", "X", "--gpu-memory", "40"],  # cluster options without a model
+        ["validate", "X", "--lora-rank", "8", "--base-quant", "nf4"],  # fine-tuning options without a model
     ],
 )
 def test_bad_validate_options_exit_2(capsys, argv):
@@ -175,6 +176,8 @@ def test_bad_validate_options_exit_2(capsys, argv):
     code, out, err = run_cli(argv, capsys)
     assert code == 2 and out == ""
     assert err.startswith("zeroplan: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    if "--lora-rank" in argv:
+        assert "(--lora-rank, --base-quant)" in err and "also give --model" in err
 
 
 # ------------------------------------------------------------------------------ export
@@ -232,6 +235,7 @@ def test_export_nothing_fits_exits_1_and_writes_nothing(tmp_path, capsys):
         (["export", "--stage", "1", "--micro-batch", "1", "--lr", "-1"], "lr"),
         (["export", "--stage", "1", "--micro-batch", "1", "--total-steps", "10"], "total_steps"),
         (["export", "--stage", "1", "--micro-batch", "1", "--optimizer", "adagrad"], "--optimizer"),
+        (["export", "--stage", "1", "--micro-batch", "1", "--adapter", "a.json"], "fine-tuning options (--adapter) need a model"),
     ],
 )
 def test_export_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, needle):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -54,6 +55,7 @@ __all__ = [
     "AdapterOpt",
     "TrainableParamsOpt",
     "BaseQuantOpt",
+    "PeftOptions",
     "with_peft",
     "resolve_model",
     "resolve_cluster",
@@ -149,25 +151,39 @@ BaseQuantOpt = Annotated[
 ]
 
 
-def with_peft(
-    model_spec: ModelSpec,
-    model_arg: Optional[str],
-    *,
-    precision: str,
-    lora_rank: Optional[int],
-    lora_targets: Optional[str],
-    lora_alpha: Optional[float],
-    adapter: Optional[Path],
-    trainable_params: Optional[str],
-    base_quant: Optional[str],
-) -> ModelSpec:
-    """The model with its frozen/trainable split from the fine-tuning options (see docs/peft.md)."""
-    from zeroplan.profiles.lora import resolve_peft
+@dataclass(frozen=True)
+class PeftOptions:
+    """The fine-tuning options as given (``--lora-rank`` … ``--base-quant``; None where not given),
+    so every command resolves and checks them one way (see docs/peft.md)."""
 
-    return resolve_peft(
-        model_spec, model_arg=model_arg, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
-        lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
-    )
+    lora_rank: Optional[int] = None
+    lora_targets: Optional[str] = None
+    lora_alpha: Optional[float] = None
+    adapter: Optional[Path] = None
+    trainable_params: Optional[str] = None
+    base_quant: Optional[str] = None
+
+    @property
+    def given(self) -> list[str]:
+        """The flags given, spelled as on the command line."""
+        return ["--" + f.name.replace("_", "-") for f in fields(self) if getattr(self, f.name) is not None]
+
+    def apply(self, model_spec: ModelSpec, model_arg: Optional[str], *, precision: str) -> ModelSpec:
+        """The model with its frozen/trainable split from these options (unchanged when none is given)."""
+        from zeroplan.profiles.lora import resolve_peft
+
+        return resolve_peft(model_spec, model_arg=model_arg, precision=precision, **asdict(self))
+
+    def require_model(self, what: str) -> None:
+        """SpecError naming the options given when there is no model to apply them to (``what``
+        says what to add and why)."""
+        if self.given:
+            raise SpecError(f"the fine-tuning options ({', '.join(self.given)}) {what}")
+
+
+def with_peft(model_spec: ModelSpec, model_arg: Optional[str], *, precision: str, **options) -> ModelSpec:
+    """``PeftOptions(**options).apply(model_spec, model_arg, precision=precision)``."""
+    return PeftOptions(**options).apply(model_spec, model_arg, precision=precision)
 
 
 def check_choice_option(option: str, value: Optional[str], choices: tuple[str, ...]) -> None:

@@ -36,6 +36,7 @@ from zeroplan.cli.common import (
     OptimizerOpt,
     OutputOpt,
     ParamsOpt,
+    PeftOptions,
     PrecisionOpt,
     SeqLenOpt,
     StageOpt,
@@ -44,7 +45,6 @@ from zeroplan.cli.common import (
     resolve_cluster,
     resolve_model,
     resolve_training,
-    with_peft,
     write_output,
 )
 from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError
@@ -321,9 +321,8 @@ def estimate(
 
     from zeroplan.estimator import enumerate_plans, estimate_all
 
-    model_spec = with_peft(
-        resolve_model(params, model), model, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
-        lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
+    model_spec = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant).apply(
+        resolve_model(params, model), model, precision=precision
     )
     cluster = resolve_cluster(
         gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node

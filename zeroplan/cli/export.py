@@ -39,6 +39,7 @@ from zeroplan.cli.common import (
     OffloadParamOpt,
     OptimizerOpt,
     OutputOpt,
+    PeftOptions,
     ParamsOpt,
     PrecisionOpt,
     SeqLenOpt,
@@ -46,7 +47,6 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_model,
-    with_peft,
     resolve_training,
     write_output,
 )
@@ -142,13 +142,12 @@ def export(
         precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch,
         global_batch=global_batch, grad_accum=grad_accum,
     )
-    model_spec = resolve_model(params, model) if (params is not None or model is not None) else None
-    peft_flags = dict(lora_rank=lora_rank, lora_targets=lora_targets, lora_alpha=lora_alpha, adapter=adapter,
-                      trainable_params=trainable_params, base_quant=base_quant)
-    if model_spec is not None:
-        model_spec = with_peft(model_spec, model, precision=precision, **peft_flags)
-    elif any(v is not None for v in peft_flags.values()):
-        raise SpecError("the fine-tuning options (--lora-rank, --adapter, ...) need a model: --model NAME or config.json")
+    peft = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant)
+    model_spec = None
+    if params is not None or model is not None:
+        model_spec = peft.apply(resolve_model(params, model), model, precision=precision)
+    else:
+        peft.require_model("need a model: --model NAME or config.json")
 
     if stage is not None and micro_batch is not None:
         plan = Plan(

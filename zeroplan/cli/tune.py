@@ -33,13 +33,13 @@ from zeroplan.cli.common import (
     OffloadParamOpt,
     OptimizerOpt,
     ParamsOpt,
+    PeftOptions,
     PrecisionOpt,
     StageOpt,
     check_choice_option,
     check_plan_options,
     resolve_cluster,
     resolve_model,
-    with_peft,
     resolve_training,
 )
 from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
@@ -250,9 +250,8 @@ def tune(
             console.print(f"model {escape(found.describe())}" + (" [dim](cached)[/]" if cached else ""))
     else:
         # A LoRA/QLoRA run: the space and its pruning see the trainable count (docs/peft.md).
-        model_spec = with_peft(
-            resolve_model(params, model), model, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
-            lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
+        model_spec = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant).apply(
+            resolve_model(params, model), model, precision=precision
         )
         if kind == "task":
             _, task_seq_len = task_model_spec(script, args)

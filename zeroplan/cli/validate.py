@@ -29,12 +29,12 @@ from zeroplan.cli.common import (
     NvmeOpt,
     OutputOpt,
     ParamsOpt,
+    PeftOptions,
     SeqLenOpt,
     check_choice_option,
     check_plan_options,
     resolve_cluster,
     resolve_model,
-    with_peft,
     write_output,
 )
 from zeroplan.spec import SpecError
@@ -124,16 +124,14 @@ def validate(
     if max_steps is not None and max_steps < 1:
         raise SpecError(f"--max-steps {max_steps} is not valid; give a whole number >= 1")
 
+    peft = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant)
     model_spec = cluster = None
     notes: list[str] = []
     if params is not None or model is not None:
         # The config's precision decides whether a quantized base is allowed (it needs bf16/fp16).
         precision = "bf16" if (parsed.config.get("bf16") or {}).get("enabled") else (
             "fp16" if (parsed.config.get("fp16") or {}).get("enabled") else "fp32")
-        model_spec = with_peft(
-            resolve_model(params, model), model, precision=precision, lora_rank=lora_rank, lora_targets=lora_targets,
-            lora_alpha=lora_alpha, adapter=adapter, trainable_params=trainable_params, base_quant=base_quant,
-        )
+        model_spec = peft.apply(resolve_model(params, model), model, precision=precision)
         cluster_gpus = gpus or _implied_world_size(parsed.config)
         if cluster_gpus is None:
             notes.append("memory fit not checked: give --gpus N (the batch keys do not fix a GPU count)")
@@ -145,8 +143,8 @@ def validate(
             notes.extend(cluster.notes)
             if gpus is None:
                 notes.append(f"fit checked on {cluster_gpus} GPUs, the count the batch keys imply (set --gpus)")
-    elif any(v is not None for v in (lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant)):
-        raise SpecError("the fine-tuning options (--lora-rank, --adapter, ...) are for the memory check; also give --model")
+    elif peft.given:
+        peft.require_model("are for the memory check; also give --model")
     elif any(v is not None for v in (gpu, gpu_memory, cpu_memory, node, nvme, gpus_per_node)):
         raise SpecError("--gpu/--gpu-memory/--cpu-memory/--node/--nvme/--gpus-per-node are for the memory check; also give --params or --model")
 
