@@ -46,6 +46,11 @@ def _matches(target: str | list[str], full_name: str) -> bool:
     return any(full_name == t or full_name.endswith("." + t) for t in target)
 
 
+def _matching(modules: Iterable[BaseModule], target: str | list[str]) -> list[BaseModule]:
+    """The modules with at least one full name that ``target`` matches (:func:`_matches`)."""
+    return [m for m in modules if any(_matches(target, name) for name in m.full_names())]
+
+
 def _pattern_value(patterns: dict[str, Any], full_name: str, default: Any) -> Any:
     """peft's get_pattern_key: the first key k with ``(.*\\.)?k$`` matching the module's name."""
     for key, value in patterns.items():
@@ -90,7 +95,7 @@ def lora_spec(
             targets = [t.strip() for t in targets if t.strip()]
             if not targets:
                 raise SpecError(f"--lora-targets is empty; give module names ({_linear_names(modules)}) or all-linear")
-            unknown = [t for t in targets if not any(_matches([t], n) for m in linear_like for n in m.full_names())]
+            unknown = [t for t in targets if not _matching(linear_like, [t])]
             if unknown:
                 raise SpecError(
                     f"--lora-targets {','.join(unknown)}: no such module in {model.name}; its linear modules are "
@@ -99,7 +104,7 @@ def lora_spec(
             shown_targets = tuple(targets)
         else:
             shown_targets = (targets,)
-        chosen = [m for m in linear_like if any(_matches(targets, n) for n in m.full_names())]
+        chosen = _matching(linear_like, targets)
         if not chosen:
             raise SpecError(
                 f"target_modules {targets!r} matches no module of {model.name}; its linear modules are "
@@ -128,7 +133,7 @@ def lora_spec(
             added += per * count
             adapted.append(AdaptedModule(m.name, m.in_features, m.out_features, count, r))
     for name in modules_to_save:
-        hits = [m for m in linear_like if any(_matches([name], n) for n in m.full_names())]
+        hits = _matching(linear_like, [name])
         if not hits:
             raise SpecError(f"modules_to_save {name!r} matches no module of {model.name}")
         added += sum(m.numel * m.count for m in hits)

@@ -14,7 +14,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from zeroplan.trace.recording import _block_regions, _device_faithful_mode, _hf_eager_attention, _Recorder
+from zeroplan.trace.recording import _enter_device_modes, _Recorder
 from zeroplan.trace.tracer import Tracer, traced_mode
 
 __all__ = ["RetainedBytes", "measure_retained_bytes"]
@@ -76,12 +76,8 @@ def measure_retained_bytes(
     recorder = _Recorder(set())  # regions only; nothing is counted through it here
     allocations = Allocations()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.enable_grad())
-        stack.enter_context(_block_regions(tracer._blocks, recorder, full=checkpointing == "full"))
-        stack.enter_context(_hf_eager_attention(tracer.source, recorder, selective=checkpointing == "attention"))
-        stack.enter_context(
-            _device_faithful_mode(flash_attention=tracer.flash_attention, selective=checkpointing == "attention", recorder=recorder)
-        )
+        _enter_device_modes(stack, blocks=tracer._blocks, source=tracer.source, recorder=recorder, checkpointing=checkpointing,
+                            flash_attention=tracer.flash_attention)
         stack.enter_context(allocations)
         batch = tracer.source.make_batch(model, micro_batch=micro_batch, seq_len=seq_len)
         loss, outputs = tracer.source.forward_loss(model, batch)

@@ -254,3 +254,17 @@ def _block_regions(blocks: list, recorder: _Recorder, *, full: bool) -> Iterator
 
 # ---------------------------------------------------------------------------------------------
 # the tracer
+
+
+def _enter_device_modes(
+    stack: contextlib.ExitStack, *, blocks: list, source: TraceSource, recorder: _Recorder, checkpointing: str, flash_attention: bool
+) -> None:
+    """Enter, on ``stack``, what every trace and measurement of a step runs under: grad mode, the
+    block regions (full recomputation), the eager attention regions (selective) and the
+    device-faithful kernels for ``checkpointing`` (a traced mode)."""
+    import torch
+
+    stack.enter_context(torch.enable_grad())
+    stack.enter_context(_block_regions(blocks, recorder, full=checkpointing == "full"))
+    stack.enter_context(_hf_eager_attention(source, recorder, selective=checkpointing == "attention"))
+    stack.enter_context(_device_faithful_mode(flash_attention=flash_attention, selective=checkpointing == "attention", recorder=recorder))

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 from zeroplan.spec import CHECKPOINTING_ALIASES, SpecError
 from zeroplan.spec.errors import check_choice, check_positive_int
-from zeroplan.trace.recording import _block_regions, _device_faithful_mode, _drop_grad, _hf_eager_attention, _LiveStorages, _Recorder, _storage_keys
+from zeroplan.trace.recording import _drop_grad, _enter_device_modes, _LiveStorages, _Recorder, _storage_keys
 from zeroplan.trace.source import TraceSource, _require_torch, resolve_source
 
 __all__ = ["TracedActivations", "PeakActivations", "trace_activations", "Tracer"]
@@ -200,14 +200,9 @@ class Tracer:
         recorder = _Recorder(self._excluded)
         with self._entered():
             batch = self.source.make_batch(self._model, micro_batch=micro_batch, seq_len=seq_len)
-            function_mode = _device_faithful_mode(
-                flash_attention=self.flash_attention, selective=checkpointing == "attention", recorder=recorder
-            )
             with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.enable_grad())
-                stack.enter_context(_block_regions(self._blocks, recorder, full=checkpointing == "full"))
-                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "attention"))
-                stack.enter_context(function_mode)
+                _enter_device_modes(stack, blocks=self._blocks, source=self.source, recorder=recorder, checkpointing=checkpointing,
+                                    flash_attention=self.flash_attention)
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack))
                 try:
                     loss, outputs = self.source.forward_loss(self._model, batch)
@@ -280,12 +275,8 @@ class Tracer:
         hooks = [p.register_post_accumulate_grad_hook(_drop_grad) for p in params]
         try:
             with self._entered(), contextlib.ExitStack() as stack:
-                stack.enter_context(torch.enable_grad())
-                stack.enter_context(_block_regions(self._blocks, recorder, full=checkpointing == "full"))
-                stack.enter_context(_hf_eager_attention(self.source, recorder, selective=checkpointing == "attention"))
-                stack.enter_context(
-                    _device_faithful_mode(flash_attention=self.flash_attention, selective=checkpointing == "attention", recorder=recorder)
-                )
+                _enter_device_modes(stack, blocks=self._blocks, source=self.source, recorder=recorder, checkpointing=checkpointing,
+                                    flash_attention=self.flash_attention)
                 stack.enter_context(live)
                 batch = self.source.make_batch(self._model, micro_batch=micro_batch, seq_len=seq_len)
                 loss, outputs = self.source.forward_loss(self._model, batch)

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.failures import FAILURE_KINDS, Failure, Region, hang_rule, learned_regions, suspect_rank
-from zeroplan.tuner.space import CHECKPOINTING_MEMORY_RANK, Candidate, SearchSpace, zero_choice
+from zeroplan.tuner.space import Candidate, SearchSpace, needs_at_least
 
 __all__ = ["Knowledge", "Rejection", "admit", "duplicate", "knowledge_from_trials", "memory_overshoot", "not_enumerated", "oom_rule"]
 
@@ -59,11 +59,7 @@ def oom_rule(cand: Candidate, ooms: Sequence[tuple[int, Candidate]]) -> Optional
     for number, bad in ooms:
         if bad.key == cand.key:
             continue
-        if (
-            zero_choice(bad.plan) == zero_choice(cand.plan)
-            and cand.plan.micro_batch >= bad.plan.micro_batch
-            and CHECKPOINTING_MEMORY_RANK[cand.plan.checkpointing] <= CHECKPOINTING_MEMORY_RANK[bad.plan.checkpointing]
-        ):
+        if needs_at_least(cand.plan, bad.plan):
             return f"larger than an OOM'd micro-batch (trial #{number}: {bad.plan.label})"
     return None
 

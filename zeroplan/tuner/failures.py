@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from zeroplan.tuner.space import CHECKPOINTING_MEMORY_RANK, Candidate, zero_choice
+from zeroplan.tuner.space import Candidate, needs_at_least
 
 __all__ = [
     "Failure",
@@ -261,11 +261,7 @@ def hang_rule(cand: Candidate, failures: Sequence[tuple[int, Candidate, Failure]
     for number, bad, failure in failures:
         if failure.kind != "hang" or bad.key == cand.key or failure.phase == "start-up":
             continue
-        if (
-            zero_choice(bad.plan) == zero_choice(cand.plan)
-            and cand.plan.micro_batch >= bad.plan.micro_batch
-            and CHECKPOINTING_MEMORY_RANK[cand.plan.checkpointing] <= CHECKPOINTING_MEMORY_RANK[bad.plan.checkpointing]
-        ):
+        if needs_at_least(cand.plan, bad.plan):
             return f"micro-batch at least that of a hang (trial #{number}: {bad.plan.label}, {failure.label})"
     return None
 

@@ -29,6 +29,7 @@ __all__ = [
     "zero_choice",
     "micro_batch_choices",
     "CHECKPOINTING_MEMORY_RANK",
+    "needs_at_least",
 ]
 
 #: How much memory each checkpointing mode saves, least to most (used by the OOM rule).
@@ -36,6 +37,16 @@ CHECKPOINTING_MEMORY_RANK = {"none": 0, "attention": 1, "selective": 1, "selecti
 
 #: Largest micro-batch tried when no --global-batch bounds it.
 DEFAULT_MAX_MICRO_BATCH = 64
+
+
+def needs_at_least(plan: Plan, than: Plan) -> bool:
+    """Whether ``plan`` needs at least the memory of ``than``: the same ZeRO choice, a micro-batch
+    no smaller and checkpointing that saves no more (what an OOM or a hang at ``than`` teaches)."""
+    return (
+        zero_choice(plan) == zero_choice(than)
+        and plan.micro_batch >= than.micro_batch
+        and CHECKPOINTING_MEMORY_RANK[plan.checkpointing] <= CHECKPOINTING_MEMORY_RANK[than.checkpointing]
+    )
 
 
 def zero_choice(plan: Plan) -> str:

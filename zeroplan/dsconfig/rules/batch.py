@@ -12,19 +12,21 @@ from zeroplan.dsconfig.rules import _f, _is_int_value, Context, Finding, rule
 _MAX_BATCH = MAX_BATCH
 
 
-def _batch_values(ctx: Context, *, auto_as_missing: bool = False) -> dict[str, int | None] | None:
-    """The three batch keys as ints (None when absent); None if any is "auto" (unless
-    ``auto_as_missing``: the HF Trainer derives it like DeepSpeed would) or not a whole number."""
-    values: dict[str, int | None] = {}
+def _batch_values(ctx: Context, *, auto_as_missing: bool = False) -> tuple[int | None, int | None, int | None] | None:
+    """(train_batch_size, micro-batch, accumulation) as ints (None when absent); None if any is
+    "auto" (unless ``auto_as_missing``: the HF Trainer derives it like DeepSpeed would) or not a
+    whole number."""
+    values: list[int | None] = []
     for key in K.BATCH_INT_KEYS:
         v = ctx.cfg.get(key)
         if v is None or (auto_as_missing and v == "auto"):
-            values[key] = None
+            values.append(None)
         elif _is_int_value(v) and 0 < v <= _MAX_BATCH:
-            values[key] = int(v)
+            values.append(int(v))
         else:
             return None  # "auto", strings, fractions, <= 0: reported by ZP504 / ZP401 / ZP402
-    return values
+    tb, mb, ga = values  # K.BATCH_INT_KEYS's order
+    return tb, mb, ga
 
 
 def _tb_choices(unit: int, target: int) -> str:
@@ -40,11 +42,9 @@ def _tb_choices(unit: int, target: int) -> str:
 )
 def _batch_mismatch(ctx: Context) -> Iterator[Finding]:
     vals = _batch_values(ctx)
-    if vals is None:
+    if vals is None or None in vals:
         return
-    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
-    if tb is None or mb is None or ga is None:
-        return
+    tb, mb, ga = vals
     ws = ctx.world_size
     if ws is None:
         implied = tb / (mb * ga)
@@ -86,7 +86,7 @@ def _batch_derivation(ctx: Context) -> Iterator[Finding]:
     ws = ctx.world_size
     if vals is None or ws is None:
         return
-    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
+    tb, mb, ga = vals
     if tb is not None and mb is not None and ga is None:
         derived = tb // mb // ws
         if derived == 0 or derived * mb * ws != tb:
@@ -138,8 +138,8 @@ def _batch_derived_info(ctx: Context) -> Iterator[Finding]:
     vals = _batch_values(ctx)
     if vals is None:
         return
-    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
-    if None not in (tb, mb, ga) or (tb is None and mb is None):
+    tb, mb, ga = vals
+    if None not in vals or (tb is None and mb is None):
         return
     ws = ctx.world_size
     if ws is None:
@@ -166,9 +166,10 @@ def _batch_derived_info(ctx: Context) -> Iterator[Finding]:
 )
 def _batch_implied_world(ctx: Context) -> Iterator[Finding]:
     vals = _batch_values(ctx)
-    if vals is None or ctx.world_size is not None or None in vals.values():
+    if vals is None or ctx.world_size is not None or None in vals:
         return
-    implied = vals["train_batch_size"] / (vals["train_micro_batch_size_per_gpu"] * vals["gradient_accumulation_steps"])
+    tb, mb, ga = vals
+    implied = tb / (mb * ga)
     if implied.is_integer():
         sp = ctx.cfg.get("sequence_parallel_size")
         where = f"{int(implied)} GPUs"

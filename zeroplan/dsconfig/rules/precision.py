@@ -19,12 +19,20 @@ def _both_precisions(ctx: Context) -> Iterator[Finding]:
                  "set fp16.enabled to false on GPUs with bf16 (A100, H100 and newer), else bf16.enabled to false")
 
 
-def _fp16_dynamic(ctx: Context) -> dict | None:
+def _fp16_dynamic(ctx: Context, **defaults: int) -> dict | None:
+    """The dynamic loss scaler's settings ``defaults`` names (DeepSpeed's default where a key is
+    absent) when fp16 is on with a dynamic scale (loss_scale 0) and each is a number (the loss
+    scale power and window whole ones); None otherwise: ZP401/ZP402 report wrong types."""
     fp16 = ctx.cfg.get("fp16")
-    if not is_enabled(fp16):
+    if not is_enabled(fp16) or fp16.get("loss_scale", 0) not in (0, 0.0):
         return None
-    scale = fp16.get("loss_scale", 0)
-    return fp16 if scale in (0, 0.0) else None
+    values = {key: fp16.get(key, default) for key, default in defaults.items()}
+    for key, v in values.items():
+        number = _is_int_value(v) if key in ("initial_scale_power", "loss_scale_window") else (
+            isinstance(v, (int, float)) and not isinstance(v, bool))
+        if not number:
+            return None
+    return values
 
 
 @rule(
@@ -33,12 +41,10 @@ def _fp16_dynamic(ctx: Context) -> dict | None:
     "overflow again and again, and every overflow skips an optimizer step (0 divides by zero).",
 )
 def _loss_scale_window(ctx: Context) -> Iterator[Finding]:
-    fp16 = _fp16_dynamic(ctx)
+    fp16 = _fp16_dynamic(ctx, loss_scale_window=1000)
     if fp16 is None:
         return
-    window = fp16.get("loss_scale_window", 1000)
-    if not _is_int_value(window):
-        return
+    window = fp16["loss_scale_window"]
     if window <= 0:
         yield _f("ZP302", "fp16.loss_scale_window", f"loss_scale_window {window} is not positive: DeepSpeed rejects it",
                  "set fp16.loss_scale_window to 1000 (DeepSpeed's default)", severity="error")
@@ -54,12 +60,10 @@ def _loss_scale_window(ctx: Context) -> Iterator[Finding]:
     "raises 'Current loss scale already at minimum' on the first overflow (or raises the scale when it should lower it).",
 )
 def _min_loss_scale(ctx: Context) -> Iterator[Finding]:
-    fp16 = _fp16_dynamic(ctx)
+    fp16 = _fp16_dynamic(ctx, initial_scale_power=16, min_loss_scale=1)
     if fp16 is None:
         return
-    power, minimum = fp16.get("initial_scale_power", 16), fp16.get("min_loss_scale", 1)
-    if not (_is_int_value(power) and isinstance(minimum, (int, float)) and not isinstance(minimum, bool)):
-        return
+    power, minimum = fp16["initial_scale_power"], fp16["min_loss_scale"]
     if not 0 <= power <= _MAX_SCALE_POWER:
         return  # ZP304
     if minimum <= 0:
@@ -81,11 +85,9 @@ _MAX_SCALE_POWER = 32
     "power wastes the first steps (or overflows a float outright), a negative one starts below 1.",
 )
 def _initial_scale_power(ctx: Context) -> Iterator[Finding]:
-    fp16 = _fp16_dynamic(ctx)
-    if fp16 is None:
-        return
-    power = fp16.get("initial_scale_power", 16)
-    if _is_int_value(power) and not 0 <= power <= _MAX_SCALE_POWER:
+    fp16 = _fp16_dynamic(ctx, initial_scale_power=16)
+    if fp16 is not None and not 0 <= fp16["initial_scale_power"] <= _MAX_SCALE_POWER:
+        power = fp16["initial_scale_power"]
         yield _f("ZP304", "fp16.initial_scale_power",
                  f"initial_scale_power {_fmt(power)}: the loss scale would start at 2**{_fmt(power)}",
                  "set fp16.initial_scale_power to 16 (DeepSpeed's default)")
