@@ -5,8 +5,9 @@ offload and FSDP2, world size 1, a few steps each.
     PYTHONPATH=. python benchmarks/gpu_check.py --cpu      # tiny Llama on CPU (gloo), seconds
 
 Per plan: ``torch.cuda.max_memory_allocated`` beside the estimate's ``peak_allocated``,
-``max_memory_reserved`` beside the estimate's total (allocated + CUDA context + allocator
-reserve), and the measured step time beside the predicted one. Writes one table to
+``max_memory_reserved`` beside the estimate's ``peak_reserved`` (allocated + the caching
+allocator's reserve, zeroplan.estimator.allocator; the CUDA context is in neither), the
+estimate's total (+ CUDA context) beside them, and the measured step time beside the predicted one. Writes one table to
 benchmarks/results/gpu_check.txt (``--cpu``: gpu_check_cpu.txt; live tensor storage, no reserve)
 and the rows as JSON beside it. The GPU profile is the one NVML finds (``profiles.default_gpu``).
 """
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({
             "plan": name, "engine": engine, "status": result.status, "error": result.error,
             "measured_allocated": result.peak_memory, "estimated_allocated": result.estimated_peak_memory,
-            "measured_reserved": reserved, "estimated_total": int(est.gpu.total),
+            "measured_reserved": reserved, "estimated_reserved": int(est.gpu.peak_reserved), "estimated_total": int(est.gpu.total),
             "measured_step_s": result.step_time, "predicted_step_s": est.step_time, "memory_kind": result.memory_kind,
         })
     elapsed = time.monotonic() - started
@@ -104,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     kind = "CPU (gloo, live tensor storage)" if args.cpu else f"{gpu.name} ({gpu_note})"
     table = Table(title=f"{model.name} ({model.params / 1e9:.3g}B params, random weights), seq {training.seq_len}, "
                         f"micro-batch {args.micro_batch}, bf16, world size 1 on {kind}; {unit}", title_justify="left")
-    for col in ("plan", "status", "alloc meas", "alloc est", "err", "reserved meas", "total est", "err", "step s meas", "step s pred"):
+    for col in ("plan", "status", "alloc meas", "alloc est", "err", "reserved meas", "reserved est", "err", "total est", "step s meas", "step s pred"):
         table.add_column(col, justify="left" if col in ("plan", "status") else "right")
     for r in rows:
         table.add_row(
             r["plan"], r["status"] if r["status"] == "ok" else f"{r['status']}: {(r['error'] or '')[:30]}",
             mib(r["measured_allocated"]), mib(r["estimated_allocated"]), err(r["estimated_allocated"], r["measured_allocated"]),
-            mib(r["measured_reserved"]), mib(r["estimated_total"]), err(r["estimated_total"], r["measured_reserved"]),
+            mib(r["measured_reserved"]), mib(r["estimated_reserved"]), err(r["estimated_reserved"], r["measured_reserved"]),
+            mib(r["estimated_total"]),
             f"{r['measured_step_s']:.3f}" if r["measured_step_s"] else "—", f"{r['predicted_step_s']:.3f}",
         )
     out_path = args.output or ROOT / "benchmarks" / "results" / ("gpu_check_cpu.txt" if args.cpu else "gpu_check.txt")

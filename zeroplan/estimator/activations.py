@@ -15,7 +15,7 @@ from zeroplan.spec import LOSSES, ModelSpec, Plan, TrainingSpec, bytes_per_param
 from zeroplan.spec.errors import check_choice
 
 __all__ = ["ActivationMemory", "layer_activation_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate",
-           "loss_activation_bytes", "LOSS_CHUNKS"]
+           "loss_activation_bytes", "loss_backward_transients", "LOSS_CHUNKS"]
 
 
 def layer_activation_bytes(
@@ -174,11 +174,38 @@ class ActivationMemory:
     """Bytes alive at the loss's backward (:func:`loss_activation_bytes`; (12 + e)·s·b·V for ``hf``)."""
     on_cpu: int
     """Checkpointed block inputs held on the host instead (cpu_checkpointing)."""
+    logits_held: int = 0
+    """Part of ``logits`` still alive after the loss's backward (the logits a Hugging Face model
+    returns, held by the loop through backward)."""
+    loss_transients: int = 0
+    """Part of ``logits`` allocated in the loss's backward and freed right after it (the fp32
+    gradients over the logits): short-lived tensors the CUDA allocator strands
+    (:mod:`zeroplan.estimator.allocator`)."""
+    saved_tensors: int = 0
+    """Tensors kept for backward on the GPU at the peak (each block's saved tensors, counted per term)."""
 
     @property
     def total(self) -> int:
-        """GPU activation bytes at the peak."""
+        """Every activation term added up (the loss's term and the recompute working set included)."""
         return self.layers + self.recompute_working_set + self.embeddings + self.logits
+
+    @property
+    def backward_peak(self) -> int:
+        """GPU activation bytes at the peak of backward.
+
+        The loss's backward and the rebuild of the last checkpointed block come one after the
+        other: autograd runs the loss and the output projection's backward first, and frees the
+        loss's fp32 arrays, before ``torch.utils.checkpoint`` replays the last block's forward in
+        that block's backward. The larger moment counts; only ``logits_held`` survives into the
+        rebuild. Without recomputation this is :attr:`total`.
+        """
+        base = self.layers + self.embeddings
+        return max(base + self.logits, base + self.recompute_working_set + self.logits_held)
+
+    @property
+    def peak_at_loss(self) -> bool:
+        """True when the loss's backward, not a block's rebuild, is the activation peak."""
+        return self.logits >= self.recompute_working_set + self.logits_held
 
 
 def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> ActivationMemory:
@@ -216,17 +243,20 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
 
         return frozen_base_activation_terms(model, terms, **kwargs)
 
-    full_layer = sum(layer_terms().values())
+    full_terms = layer_terms()
+    full_layer = sum(full_terms.values())
     if plan.checkpointing == "none":
-        per_layer, working = full_layer, 0
+        per_layer, working, kept = full_layer, 0, len(full_terms)
     elif plan.checkpointing == "attention":
-        per_layer = sum(layer_terms(recompute_attention=True).values())
+        attention_terms = layer_terms(recompute_attention=True)
+        per_layer, kept = sum(attention_terms.values()), len(attention_terms)
         working = full_layer - per_layer
     elif plan.checkpointing == "selective-op":
-        per_layer = min(full_layer, sum(selective_op_layer_bytes(model, **kwargs).values()))
+        op_terms = selective_op_layer_bytes(model, **kwargs)
+        per_layer, kept = min(full_layer, sum(op_terms.values())), len(op_terms)
         working = full_layer - per_layer
     else:
-        per_layer, working = e * s * b * h, full_layer
+        per_layer, working, kept = e * s * b * h, full_layer, 1
     on_cpu = 0
     layers = per_layer * model.num_layers
     if plan.cpu_checkpointing and plan.checkpointing == "full":
@@ -242,7 +272,8 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     # plus the e-byte logits themselves, which Hugging Face models return in their output and
     # so keep alive through backward (a loop that drops them saves e·sbV; the traced peak of
     # Llama-3-8B agrees with 12 + e).
-    logits = sum(loss_activation_bytes(model, seq_len=s, micro_batch=b, precision=training.precision, loss=training.loss).values())
+    loss_terms = loss_activation_bytes(model, seq_len=s, micro_batch=b, precision=training.precision, loss=training.loss)
+    logits = sum(loss_terms.values())
     return ActivationMemory(
         per_layer=per_layer,
         layers=layers,
@@ -250,4 +281,21 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
         embeddings=embeddings,
         logits=logits,
         on_cpu=on_cpu,
+        logits_held=loss_terms.get("returned_logits", 0) + loss_terms.get("logits", 0),
+        loss_transients=loss_backward_transients(loss_terms),
+        saved_tensors=kept * (1 if on_cpu else model.num_layers),
     )
+
+
+def loss_backward_transients(loss_terms: dict[str, int]) -> int:
+    """Bytes of :func:`loss_activation_bytes` allocated in the loss's backward and freed after it.
+
+    plain/hf/chunked: the two fp32 gradients of the three arrays (log-softmax's output was saved
+    in forward); megatron: the e-byte gradient cast back (the softmax is rewritten in place);
+    fused: one chunk's logits, re-projected per chunk.
+    """
+    if "log_softmax_and_gradients" in loss_terms:
+        return 2 * loss_terms["log_softmax_and_gradients"] // 3
+    if "chunk_log_softmax_and_gradients" in loss_terms:
+        return 2 * loss_terms["chunk_log_softmax_and_gradients"] // 3
+    return loss_terms.get("logits_gradient", 0) + loss_terms.get("chunk_logits", 0)

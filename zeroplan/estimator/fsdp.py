@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.memory import ModelStates
 from zeroplan.estimator.optimizer import optimizer_step_temporaries
+from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 
 __all__ = [
@@ -184,11 +185,20 @@ def fsdp_memory(
 
     if plan.stage <= 1:
         params, grads = m * psi, m * psi_t
+        quantized, workspace = 0, {}
+        if model.peft is not None and model.peft.base_quant != "none":
+            # A quantized base (QLoRA) stays as bitsandbytes stores it (Linear4bit/Linear8bitLt
+            # weights, never an fp32 copy); peft's prepare_model_for_kbit_training keeps every
+            # other parameter — norms, embeddings, head, adapters — in fp32. bitsandbytes
+            # dequantizes one weight per matmul into the compute dtype instead of autocast.
+            quantized = model.peft.quantized_params
+            params = parameter_bytes(model, "fp32").total
+            workspace = {"dequantized_weight": dequant_workspace_bytes(model, training.precision)}
         optimizer = moments * (shard(psi_t) if plan.stage == 1 else psi_t)
         # autocast casts each matmul weight once per forward (the cast cache) and the matmul's
-        # backward saves it: every weight but the untied input embedding's, p bytes.
-        cast_cache = p * (psi - (0 if model.tied_embeddings else model.embedding_params)) if p < 4 else 0
-        bucket = {"ddp_gradient_buckets": m * psi_t}
+        # backward saves it: every floating-point weight but the untied input embedding's, p bytes.
+        cast_cache = p * (psi - quantized - (0 if model.tied_embeddings else model.embedding_params)) if p < 4 else 0
+        bucket = {"ddp_gradient_buckets": m * psi_t, **workspace}
         partition = shard(psi_t) if plan.stage == 1 else psi_t
         temps = optimizer_step_temporaries(
             impl=optimizer_impl, optimizer=training.optimizer, partition_params=partition, largest_param=largest_t, on_gpu=on_gpu

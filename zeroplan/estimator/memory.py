@@ -32,14 +32,11 @@ __all__ = [
     "largest_param_numel",
     "host_memory",
     "CUDA_CONTEXT_BYTES",
-    "ALLOCATOR_FRAGMENTATION",
 ]
 
 #: CUDA context, cuBLAS workspace and NCCL communicator buffers: memory a process holds that
 #: ``torch.cuda.max_memory_allocated`` never reports (typically 0.5–1.5 GiB on A100/H100).
 CUDA_CONTEXT_BYTES = 1 * 1024**3
-#: Fraction of allocated bytes the caching allocator holds on top as fragmentation.
-ALLOCATOR_FRAGMENTATION = 0.05
 
 
 @dataclass(frozen=True)

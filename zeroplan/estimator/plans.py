@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
+from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
 from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.host import HostPhases, host_phases
 from zeroplan.estimator.memory import (
-    ALLOCATOR_FRAGMENTATION,
-    CUDA_CONTEXT_BYTES,
     EngineOverhead,
     HostMemory,
     ModelStates,
@@ -38,7 +37,6 @@ __all__ = [
 #: Engines the estimator models: DeepSpeed's ZeRO, or PyTorch's DDP/FSDP2 (``--engine``).
 ENGINES = ("deepspeed", "fsdp")
 
-
 @dataclass(frozen=True)
 class GpuMemory:
     """Per-GPU memory at the step's peak, in bytes (the ``gpu`` object of docs/design.md)."""
@@ -54,9 +52,13 @@ class GpuMemory:
     """Everything the GPU must hold at the peak: params + gradients + optimizer_states + activations + overhead."""
     peak_allocated: int
     """``total`` less the CUDA reserve: what ``torch.cuda.max_memory_allocated`` should report."""
+    peak_reserved: int = 0
+    """``peak_allocated`` plus the caching allocator's reserve (:mod:`zeroplan.estimator.allocator`):
+    what ``torch.cuda.max_memory_reserved`` should report (``total`` less the CUDA context)."""
 
     def as_dict(self) -> dict[str, int]:
         return {
+            "peak_reserved": self.peak_reserved,
             "params": self.params,
             "gradients": self.gradients,
             "optimizer_states": self.optimizer_states,
@@ -90,6 +92,8 @@ class PlanEstimate:
     """Host RAM per rank and per node by phase (model build, engine init, step, checkpoint save)."""
     engine: str = "deepspeed"
     """The engine modelled: ``deepspeed`` or ``fsdp`` (PyTorch's DDP/FSDP2)."""
+    allocator: Optional[AllocatorReserve] = None
+    """What the CUDA caching allocator reserves beyond ``gpu.peak_allocated`` (None on CPU)."""
 
     @property
     def cpu_per_node(self) -> int:
@@ -129,6 +133,7 @@ class PlanEstimate:
                 "overhead_items": dict(self.overhead_items),
                 "peak_phase": self.peak_phase,
                 "engine": self.engine,
+                "allocator_reserve": self.allocator.as_dict() if self.allocator is not None else {},
                 "cpu_per_node": self.cpu_per_node,
                 "cpu_worst_phase": self.cpu_worst_phase,
                 "cpu_phases": self.host_phases.as_dict() if self.host_phases is not None else {},
@@ -168,6 +173,7 @@ def estimate_plan(
     activation_bytes: Optional[Callable[[Plan], int]] = None,
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
+    expandable_segments: bool = False,
 ) -> PlanEstimate:
     """Memory, traffic, time and fit of ``plan`` on ``cluster``.
 
@@ -179,7 +185,9 @@ def estimate_plan(
 
     Peak GPU bytes = model states + always-resident engine extras + max(activations + buffers
     alive in backward, buffers alive only in the optimizer step), plus on CUDA the context and
-    allocator fragmentation (``device="cpu"`` leaves those out, for probes measured on CPU).
+    the caching allocator's reserve (:func:`~zeroplan.estimator.allocator.allocator_reserve`;
+    ``expandable_segments`` as with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
+    ``device="cpu"`` leaves those out, for probes measured on CPU).
     ``activation_bytes`` replaces the Korthikanti formula with traced numbers
     (``zeroplan estimate --trace``).
     """
@@ -188,9 +196,12 @@ def estimate_plan(
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
     if engine == "fsdp":
-        return _estimate_fsdp(
+        from zeroplan.estimator.plans_fsdp import estimate_fsdp
+
+        return estimate_fsdp(
             model, cluster, training, plan, device=device, activation_bytes=activation_bytes,
             optimizer_impl=resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan),
+            expandable_segments=expandable_segments,
         )
     notes: list[str] = []
     states = model_states(model, cluster, training, plan)
@@ -214,7 +225,15 @@ def estimate_plan(
     # loss's backward) are never live together (docs/notes/memory-gaps.md).
     logits = acts.logits if acts is not None else 0
     credit = min(extra.deferred_bytes, logits)
-    backward = act_total - credit + sum(extra.during_backward.values())
+    at_loss = act_total  # activations shown at a backward peak
+    rebuild = 0
+    if acts is not None and acts.recompute_working_set:
+        # The loss's backward and the last checkpointed block's rebuild come one after the other
+        # (ActivationMemory.backward_peak): by the rebuild the deferred gradients may exist.
+        at_loss = acts.layers + acts.embeddings + acts.logits
+        rebuild = acts.layers + acts.embeddings + acts.recompute_working_set + acts.logits_held
+    at_rebuild = rebuild > at_loss - credit
+    backward = (rebuild if at_rebuild else at_loss - credit) + sum(extra.during_backward.values())
     step_phase = sum(extra.during_step.values())
     allocated = states.total + always + max(backward, step_phase)
     if step_phase > backward:
@@ -223,28 +242,42 @@ def estimate_plan(
             f"> activations and buckets {_gib(backward)})"
         )
     reserve = 0
+    allocator = None
     overhead_items = extra.items()
     if device == "cuda":
-        fragmentation = int(ALLOCATOR_FRAGMENTATION * allocated)
-        overhead_items["allocator_fragmentation"] = fragmentation
-        reserve = fragmentation + sum(extra.unallocated.values())
+        if step_phase > backward:
+            transients = dict(extra.during_step)
+        elif acts is None:
+            transients = {}
+        elif at_rebuild:
+            transients = {"rebuilt_block": acts.recompute_working_set}
+        else:
+            transients = {"loss_gradients": acts.loss_transients}
+        allocator = allocator_reserve(
+            transients=transients,
+            live_large_tensors=(acts.saved_tensors if acts is not None else 0) + _STATE_TENSORS_DEEPSPEED,
+            expandable_segments=expandable_segments,
+        )
+        overhead_items["allocator_fragmentation"] = allocator.total
+        reserve = allocator.total + sum(extra.unallocated.values())
     total = allocated + reserve
     # The breakdown is a snapshot at the peak. At a backward peak (the loss's backward) the
     # deferred gradient buffers are not allocated yet, so ``gradients`` shows the model-state
     # gradients less that credit; at an optimizer-step peak the activations are already freed.
     # ``model_states`` in the JSON keeps the paper's full categories either way.
     if backward >= step_phase:
-        absent = credit
+        absent = 0 if at_rebuild else credit
         if absent:
             notes.append(f"peak at the loss's backward, before DeepSpeed allocates {_gib(absent)} of gradients")
         gpu = GpuMemory(
             params=states.params,
             gradients=states.gradients - absent,
             optimizer_states=states.optimizer_states,
-            activations=act_total,
+            activations=rebuild if at_rebuild else at_loss,
             overhead=always + sum(extra.during_backward.values()) + reserve,
             total=total,
             peak_allocated=allocated,
+            peak_reserved=allocated + (allocator.total if allocator is not None else 0),
         )
     else:
         notes.append(f"activations ({_gib(act_total)}) are freed before this optimizer-step peak")
@@ -256,6 +289,7 @@ def estimate_plan(
             overhead=always + step_phase + reserve,
             total=total,
             peak_allocated=allocated,
+            peak_reserved=allocated + (allocator.total if allocator is not None else 0),
         )
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
     phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu)
@@ -307,100 +341,13 @@ def estimate_plan(
         notes=tuple(notes),
         peak_phase="step" if step_phase > backward else "backward",
         host_phases=phases,
+        allocator=allocator,
     )
 
 
-def _fit_notes(total: int, host: HostMemory, cluster: ClusterSpec) -> tuple[bool, list[str]]:
-    """(fits, reasons) for GPU, host RAM and NVMe needs against ``cluster``."""
-    notes: list[str] = []
-    if total > cluster.gpu_memory_bytes:
-        notes.append(f"GPU needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
-    if host.cpu_per_node > cluster.cpu_memory_per_node_bytes > 0:
-        notes.append(f"CPU needs {_gib(host.cpu_per_node)}/node > {_gib(cluster.cpu_memory_per_node_bytes)}")
-    return not notes, notes
-
-
-def _estimate_fsdp(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    plan: Plan,
-    *,
-    device: str,
-    activation_bytes: Optional[Callable[[Plan], int]],
-    optimizer_impl: str,
-) -> PlanEstimate:
-    """:func:`estimate_plan` for PyTorch's engines (memory from :func:`zeroplan.estimator.fsdp.fsdp_memory`).
-
-    Traffic and time use the ZeRO model of the same stage (FSDP2 moves the same 3Ψ per step in
-    stage 3 and 2Ψ in stage 2, ZeRO §7).
-    """
-    from zeroplan.estimator.fsdp import fsdp_memory
-
-    acts = activation_memory(model, training, plan)
-    act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
-    mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total)
-    notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
-    duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
-    if duplicate:
-        notes.append(duplicate)
-    phase = mem.peak_phase
-    items = dict(mem.phases[phase])
-    allocated = mem.peak_allocated
-    overhead_items = {f"{k}@{name}": v for name, ph in mem.phases.items() for k, v in ph.items() if k not in ("activations", "sharded_gradients", "gradients") and v}
-    reserve = 0
-    if device == "cuda":
-        fragmentation = int(ALLOCATOR_FRAGMENTATION * allocated)
-        overhead_items["allocator_fragmentation"] = fragmentation
-        overhead_items["cuda_context"] = CUDA_CONTEXT_BYTES
-        reserve = fragmentation + CUDA_CONTEXT_BYTES
-    act_at_peak = items.pop("activations", 0)
-    grads_at_peak = items.pop("sharded_gradients", 0) + items.pop("gradients", 0)
-    gpu = GpuMemory(
-        params=mem.states.params,
-        gradients=grads_at_peak,
-        optimizer_states=mem.states.optimizer_states,
-        activations=act_at_peak,
-        overhead=sum(items.values()) + reserve,
-        total=allocated + reserve,
-        peak_allocated=allocated,
-    )
-    notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {_FSDP_KIND[plan.stage]})")
-    g = cluster.gpus_in_node
-    host = HostMemory(
-        cpu_items={k: g * v for k, v in mem.host_items.items()},
-        nvme_items={},
-        # Each rank builds the whole model in fp32 before fully_shard shards it (the runtime does).
-        startup_cpu=g * 4 * model.params,
-    )
-    comm = comm_volume(model, cluster, training, plan)
-    timing = step_time(model, cluster, training, plan, comm)
-    tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
-    fits, reasons = _fit_notes(gpu.total, host, cluster)
-    return PlanEstimate(
-        plan=plan,
-        gpu=gpu,
-        overhead_items=overhead_items,
-        states=mem.states,
-        activation_breakdown=acts if act_total is None else None,
-        host=host,
-        comm=comm,
-        time=timing,
-        tokens_per_second=tokens / timing.total if timing.total > 0 else 0.0,
-        fits=fits,
-        notes=tuple(reasons + notes),
-        peak_phase="step" if phase == "optimizer_step" else "backward",
-        engine="fsdp",
-    )
-
-
-#: What each stage runs as under ``engine="fsdp"`` (zeroplan/runtime/backends/fsdp.py).
-_FSDP_KIND = {
-    0: "DDP",
-    1: "DDP + ZeroRedundancyOptimizer",
-    2: "FSDP2 reshard_after_forward=False",
-    3: "FSDP2 reshard_after_forward=True",
-}
+#: Large model-state tensors DeepSpeed keeps alive: its flat 16-bit, fp32 and moment buffers per
+#: parameter group (two groups, weight decay or not) — each wastes part of a 2 MiB round-up.
+_STATE_TENSORS_DEEPSPEED = 8
 
 
 def estimate_all(
@@ -413,11 +360,13 @@ def estimate_all(
     activation_bytes: Optional[Callable[[Plan], int]] = None,
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
+    expandable_segments: bool = False,
 ) -> list[PlanEstimate]:
     """Estimate ``plans`` and sort best-first: plans that fit, fastest first, then the rest by memory."""
     estimates = [
         estimate_plan(
-            model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl
+            model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
+            expandable_segments=expandable_segments,
         )
         for p in plans
     ]

@@ -1,0 +1,138 @@
+"""Estimate one plan under PyTorch's engines (DDP, ZeroRedundancyOptimizer, FSDP2): the
+:func:`~zeroplan.estimator.plans.estimate_plan` path for ``engine="fsdp"``."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
+from zeroplan.estimator.allocator import allocator_reserve
+from zeroplan.estimator.comm import comm_volume
+from zeroplan.estimator.memory import CUDA_CONTEXT_BYTES, HostMemory
+from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib
+from zeroplan.estimator.timing import step_time
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
+
+__all__ = ["estimate_fsdp"]
+
+
+def _fit_notes(total: int, host: HostMemory, cluster: ClusterSpec) -> tuple[bool, list[str]]:
+    """(fits, reasons) for GPU, host RAM and NVMe needs against ``cluster``."""
+    notes: list[str] = []
+    if total > cluster.gpu_memory_bytes:
+        notes.append(f"GPU needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
+    if host.cpu_per_node > cluster.cpu_memory_per_node_bytes > 0:
+        notes.append(f"CPU needs {_gib(host.cpu_per_node)}/node > {_gib(cluster.cpu_memory_per_node_bytes)}")
+    return not notes, notes
+
+
+def estimate_fsdp(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    *,
+    device: str,
+    activation_bytes: Optional[Callable[[Plan], int]],
+    optimizer_impl: str,
+    expandable_segments: bool = False,
+) -> PlanEstimate:
+    """:func:`estimate_plan` for PyTorch's engines (memory from :func:`zeroplan.estimator.fsdp.fsdp_memory`).
+
+    Traffic and time use the ZeRO model of the same stage (FSDP2 moves the same 3Ψ per step in
+    stage 3 and 2Ψ in stage 2, ZeRO §7).
+    """
+    from zeroplan.estimator.fsdp import fsdp_memory
+
+    acts = activation_memory(model, training, plan)
+    act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
+    mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total)
+    notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
+    duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
+    if duplicate:
+        notes.append(duplicate)
+    phase = mem.peak_phase
+    items = dict(mem.phases[phase])
+    allocated = mem.peak_allocated
+    overhead_items = {f"{k}@{name}": v for name, ph in mem.phases.items() for k, v in ph.items() if k not in ("activations", "sharded_gradients", "gradients") and v}
+    reserve = 0
+    allocator = None
+    if device == "cuda":
+        allocator = allocator_reserve(
+            transients=_fsdp_transients(phase, mem.phases[phase], acts if act_total is None else None),
+            live_large_tensors=(acts.saved_tensors if act_total is None else 0) + _fsdp_state_tensors(model),
+            expandable_segments=expandable_segments,
+        )
+        overhead_items["allocator_fragmentation"] = allocator.total
+        overhead_items["cuda_context"] = CUDA_CONTEXT_BYTES
+        reserve = allocator.total + CUDA_CONTEXT_BYTES
+    act_at_peak = items.pop("activations", 0)
+    grads_at_peak = items.pop("sharded_gradients", 0) + items.pop("gradients", 0)
+    gpu = GpuMemory(
+        params=mem.states.params,
+        gradients=grads_at_peak,
+        optimizer_states=mem.states.optimizer_states,
+        activations=act_at_peak,
+        overhead=sum(items.values()) + reserve,
+        total=allocated + reserve,
+        peak_allocated=allocated,
+        peak_reserved=allocated + (allocator.total if allocator is not None else 0),
+    )
+    notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {_FSDP_KIND[plan.stage]})")
+    g = cluster.gpus_in_node
+    host = HostMemory(
+        cpu_items={k: g * v for k, v in mem.host_items.items()},
+        nvme_items={},
+        # Each rank builds the whole model in fp32 before fully_shard shards it (the runtime does).
+        startup_cpu=g * 4 * model.params,
+    )
+    comm = comm_volume(model, cluster, training, plan)
+    timing = step_time(model, cluster, training, plan, comm)
+    tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
+    fits, reasons = _fit_notes(gpu.total, host, cluster)
+    return PlanEstimate(
+        plan=plan,
+        gpu=gpu,
+        overhead_items=overhead_items,
+        states=mem.states,
+        activation_breakdown=acts if act_total is None else None,
+        host=host,
+        comm=comm,
+        time=timing,
+        tokens_per_second=tokens / timing.total if timing.total > 0 else 0.0,
+        fits=fits,
+        notes=tuple(reasons + notes),
+        peak_phase="step" if phase == "optimizer_step" else "backward",
+        engine="fsdp",
+        allocator=allocator,
+    )
+
+
+def _fsdp_transients(phase: str, items: dict[str, int], acts: Optional[ActivationMemory]) -> dict[str, int]:
+    """The short-lived tensors of an FSDP/DDP peak moment (allocated for it, freed right after)."""
+    if phase == "loss_backward":
+        return {"loss_gradients": acts.loss_transients} if acts is not None else {}
+    if phase == "optimizer_step":
+        return {k: v for k, v in items.items() if k not in ("sharded_gradients", "gradients", "ddp_gradient_buckets")}
+    # A block's (or the root's) unsharded gradients and their reduce-scatter input; the rebuilt
+    # block's activations under recomputation.
+    out = {k: v for k, v in items.items() if k.endswith("unsharded_gradients") or k == "reduce_scatter_input"}
+    if acts is not None and acts.recompute_working_set and phase == "block_backward":
+        out["rebuilt_block"] = acts.recompute_working_set
+    return out
+
+
+def _fsdp_state_tensors(model: ModelSpec) -> int:
+    """Large model-state tensors FSDP2 keeps per parameter (DTensor shards: parameter and two
+    Adam moments) — the block matrices (7 gated, 4 GPT-style per block) and the embeddings."""
+    per_block = 7 if model.gated_mlp else 4
+    return 3 * (per_block * model.num_layers + (1 if model.tied_embeddings else 2))
+
+
+#: What each stage runs as under ``engine="fsdp"`` (zeroplan/runtime/backends/fsdp.py).
+_FSDP_KIND = {
+    0: "DDP",
+    1: "DDP + ZeroRedundancyOptimizer",
+    2: "FSDP2 reshard_after_forward=False",
+    3: "FSDP2 reshard_after_forward=True",
+}
