@@ -16,7 +16,7 @@ SURFACE = {
         "--precision", "--quick", "--task", "--torch-adam", "-o",
     }),
     "estimate": ((), {
-        "--adapter", "--all", "--base-quant", "--checkpointing", "--cpu-memory", "--engine", "--format",
+        "--adapter", "--all", "--base-quant", "--checkpointing", "--cpu-memory", "--engine", "--expandable-segments", "--format",
         "--global-batch", "--gpu", "--gpu-memory", "--gpus", "--gpus-per-node", "--grad-accum", "--lora-alpha",
         "--lora-rank", "--lora-targets", "--micro-batch", "--model", "--no-flash", "--node", "--nvme",
         "--offload-optimizer", "--offload-param", "--optimizer", "--optimizer-impl", "--output", "--params",

@@ -282,6 +282,7 @@ def estimate(
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
     no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
+    expandable_segments: Annotated[bool, typer.Option("--expandable-segments", help="The run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the CUDA allocator strands no transient segments (docs/estimate.md).")] = False,
     loss: Annotated[str, typer.Option("--loss", help="hf | plain | megatron | fused | chunked: how the loss treats the logits (docs/estimate.md).", rich_help_panel="Training")] = "hf",
     buckets: Annotated[str, typer.Option("--buckets", help="hf (reduce h², prefetch 0.9·h²: Trainer's 'auto') | deepspeed (5e8/5e8/5e7 elements: plain DeepSpeed, Megatron-DeepSpeed).", rich_help_panel="Plan")] = "hf",
     reduce_bucket_size: Annotated[Optional[float], typer.Option("--reduce-bucket-size", help="Elements per gradient reduce bucket (overrides --buckets).", rich_help_panel="Plan")] = None,
@@ -380,7 +381,10 @@ def estimate(
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
         optimizer_impl=optimizer_impl, buckets=plan_buckets,
     )
-    estimates = estimate_all(model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl)
+    estimates = estimate_all(
+        model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
+        expandable_segments=expandable_segments,
+    )
 
     if fmt == "json":
         doc = estimates_to_json(model_spec, cluster, training, estimates)
