@@ -46,7 +46,8 @@ KNOWN_DISAGREEMENTS = {
     # single-GPU loop has no DDP gradient buckets; zeroplan models neither.
     "qlora-llama-65b-48gb",
     "qlora-llama-33b-24gb",
-    # 77 GiB allocated at the OOM against 66 GiB estimated: the missing 11 GiB are not explained.
+    # 77 GiB allocated at the OOM against 66 GiB estimated; the thread does not pin down the
+    # failing run's offload setting or sequence length.
     "deepseek-coder-33b-z3-8xa800",
 }
 
