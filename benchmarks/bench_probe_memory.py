@@ -35,15 +35,6 @@ PLANS = {
 }
 
 
-def _gpt_task_module():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import gpt_task
-    finally:
-        sys.path.pop(0)
-    return gpt_task
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=4)
@@ -54,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated subset of {', '.join(PLANS)}")
     p.add_argument("--timeout", type=float, default=300.0)
@@ -76,14 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in PLANS]
     if unknown:
         p.error(f"unknown plans {unknown}; choose from {', '.join(PLANS)}")
-    gpt = _gpt_task_module()
-    cfg = gpt.GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq_len=args.seq_len)
-    model = gpt.model_spec(cfg)
-    training = TrainingSpec(precision=args.precision, seq_len=args.seq_len)
-    gpu, _ = profiles.default_gpu()
-    cluster = ClusterSpec(gpus=args.nproc, gpus_per_node=args.nproc, gpu=gpu)
+    from zeroplan.runtime.task import load_task
+
     script_args = ("--layers", str(args.layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
                    "--vocab", str(args.vocab), "--seq-len", str(args.seq_len))
+    # The task's own model spec (no dropout) and loss (its loop drops the logits: plain), as the
+    # probe's own estimate uses them.
+    task = load_task(ROOT / "examples" / "gpt_task.py", script_args)
+    model = task.model_spec
+    training = TrainingSpec(precision=args.precision, seq_len=args.seq_len, loss=task.loss or "hf")
+    gpu, _ = profiles.default_gpu()
+    cluster = ClusterSpec(gpus=args.nproc, gpus_per_node=args.nproc, gpu=gpu)
 
     rows = []
     console = Console(stderr=True)
@@ -108,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 "estimated_state_memory": est.states.total + always + host_share,
                 "measured_state_memory_per_rank": result.state_memory_per_rank,
                 "estimated_peak": comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=args.nproc),
+                "probe_estimated_peak": result.estimated_peak_memory,
                 "measured_peak_per_rank": result.peak_memory_per_rank,
                 "estimated_activations": est.gpu.activations,
                 "overhead_items": est.overhead_items,

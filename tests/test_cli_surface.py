@@ -21,6 +21,7 @@ SURFACE = {
         "--lora-rank", "--lora-targets", "--micro-batch", "--model", "--no-flash", "--node", "--nvme",
         "--offload-optimizer", "--offload-param", "--optimizer", "--optimizer-impl", "--output", "--params",
         "--plot", "--precision", "--seq-len", "--stage", "--top", "--trace", "--trainable-params", "-o",
+        "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size",
     }),
     "export": ((), {
         "--adapter", "--base-quant", "--checkpointing", "--cpu-checkpointing", "--cpu-memory", "--global-batch",
@@ -28,13 +29,16 @@ SURFACE = {
         "--lora-targets", "--lr", "--micro-batch", "--model", "--node", "--nvme", "--nvme-path",
         "--offload-optimizer", "--offload-param", "--optimizer", "--output", "--params", "--precision", "--seq-len",
         "--stage", "--total-steps", "--trainable-params", "--warmup-steps", "-o",
+        "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
+        "--prefetch-bucket-size",
     }),
     "probe": (('script',), {
         "--backend", "--checkpointing", "--config", "--config-arg", "--format", "--gpus", "--gpus-per-node",
         "--grad-accum", "--launcher", "--micro-batch", "--model", "--nnodes", "--node-rank", "--offload-optimizer",
         "--offload-param", "--optimizer", "--output", "--params", "--precision", "--rdzv-endpoint", "--rdzv-timeout",
         "--seq-len", "--stage", "--steps", "--timeout", "--torchrun-arg", "--verbose", "--warmup", "--workdir", "-o",
-        "-v",
+        "-v", "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
+        "--prefetch-bucket-size",
     }),
     "profiles": ((), {
         "--format", "--output", "-o",

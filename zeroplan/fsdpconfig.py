@@ -17,8 +17,9 @@ __all__ = ["fsdp_settings"]
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 
 
-def fsdp_settings(plan: Plan, training: TrainingSpec, *, world_size: int) -> dict:
-    """The PyTorch-engine settings of ``plan`` (SpecError for what PyTorch's engines lack)."""
+def fsdp_settings(plan: Plan, training: TrainingSpec, *, world_size: int, optimizer_impl: str | None = None) -> dict:
+    """The PyTorch-engine settings of ``plan`` (SpecError for what PyTorch's engines lack);
+    ``optimizer_impl="torch-fused"`` writes ``fused: true`` (``AdamW(fused=True)``)."""
     from zeroplan.estimator.fsdp import check_fsdp_plan
 
     check_fsdp_plan(plan)
@@ -36,6 +37,11 @@ def fsdp_settings(plan: Plan, training: TrainingSpec, *, world_size: int) -> dic
         checkpointing["how"] = "torch.utils.checkpoint(block, use_reentrant=False) per transformer block"
     optimizer = {"type": "torch.optim.AdamW" if training.optimizer in ("adamw", "adam") else training.optimizer,
                  "note": "foreach (the CUDA default) allocates one fp32 copy of the partition in step(); fused=True none"}
+    if optimizer_impl is not None:
+        from zeroplan.estimator.optimizer import resolve_optimizer_impl
+
+        resolve_optimizer_impl(optimizer_impl, engine="fsdp", plan=plan)
+        optimizer["fused"] = optimizer_impl == "torch-fused"
     if plan.stage <= 1:
         engine = {
             "wrapper": "torch.nn.parallel.DistributedDataParallel",

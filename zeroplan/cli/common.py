@@ -56,6 +56,13 @@ __all__ = [
     "TrainableParamsOpt",
     "BaseQuantOpt",
     "PeftOptions",
+    "LossOpt",
+    "OptimizerImplOpt",
+    "BucketsOpt",
+    "ReduceBucketOpt",
+    "AllgatherBucketOpt",
+    "PrefetchBucketOpt",
+    "resolve_engine_options",
     "with_peft",
     "resolve_model",
     "resolve_cluster",
@@ -149,6 +156,77 @@ TrainableParamsOpt = Annotated[
 BaseQuantOpt = Annotated[
     Optional[str], typer.Option("--base-quant", help="Frozen base stored as none | nf4 (QLoRA) | int8.", rich_help_panel=_PEFT)
 ]
+
+
+LossOpt = Annotated[
+    Optional[str],
+    typer.Option("--loss", help="hf | plain | megatron | fused | chunked: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own].", rich_help_panel=_TRAIN),
+]
+OptimizerImplOpt = Annotated[
+    Optional[str],
+    typer.Option("--optimizer-impl", help="torch | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp; a config without an optimizer block: torch].", rich_help_panel=_TRAIN),
+]
+BucketsOpt = Annotated[
+    str,
+    typer.Option("--buckets", help="hf (reduce h², prefetch 0.9·h²: Trainer's 'auto') | deepspeed (5e8/5e8/5e7 elements: plain DeepSpeed, Megatron-DeepSpeed).", rich_help_panel=_PLAN),
+]
+ReduceBucketOpt = Annotated[
+    Optional[float], typer.Option("--reduce-bucket-size", help="Elements per gradient reduce bucket (overrides --buckets).", rich_help_panel=_PLAN)
+]
+AllgatherBucketOpt = Annotated[
+    Optional[float], typer.Option("--allgather-bucket-size", help="Elements per stage 1-2 all-gather bucket (overrides --buckets).", rich_help_panel=_PLAN)
+]
+PrefetchBucketOpt = Annotated[
+    Optional[float], typer.Option("--prefetch-bucket-size", help="Elements prefetched ahead in stage 3 (overrides --buckets).", rich_help_panel=_PLAN)
+]
+
+
+def resolve_engine_options(
+    *,
+    engine: str,
+    optimizer_impl: Optional[str] = None,
+    loss: Optional[str] = None,
+    offload_optimizer: Optional[str] = None,
+    offload_param: Optional[str] = None,
+    zero_hpz: bool = False,
+    buckets: str = "hf",
+    reduce_bucket_size: Optional[float] = None,
+    allgather_bucket_size: Optional[float] = None,
+    prefetch_bucket_size: Optional[float] = None,
+) -> dict[str, int]:
+    """Checks of the engine-dependent flags, each naming the flag; returns the plan's bucket fields.
+
+    An optimizer implementation the engine lacks (``--engine fsdp --optimizer-impl deepspeed-cpu``),
+    DeepSpeed-only features with ``--engine fsdp`` (NVMe offload, ZeRO++), an unknown ``--loss`` or
+    ``--buckets`` and a bucket size ≤ 0 are errors (exit 2). Combinations with the plan
+    (``deepspeed-cpu`` without optimizer offload) are checked where the plan is known
+    (:func:`zeroplan.estimator.optimizer.resolve_optimizer_impl`).
+    """
+    from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, OPTIMIZER_IMPLS
+    from zeroplan.estimator.plans import BUCKET_CONVENTIONS, ENGINES, bucket_sizes
+    from zeroplan.spec import LOSSES
+
+    check_choice_option("--engine", engine, ENGINES)
+    check_choice_option("--optimizer-impl", optimizer_impl, OPTIMIZER_IMPLS)
+    if optimizer_impl is not None and optimizer_impl not in ENGINE_OPTIMIZER_IMPLS[engine]:
+        raise SpecError(
+            f"--optimizer-impl {optimizer_impl!r} does not exist for --engine {engine}; "
+            f"choose one of {', '.join(ENGINE_OPTIMIZER_IMPLS[engine])}"
+        )
+    if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
+        raise SpecError("--engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
+    if engine == "fsdp" and zero_hpz:
+        raise SpecError("--engine fsdp has no ZeRO++ (hpZ, qwZ, qgZ are DeepSpeed features); drop them or use --engine deepspeed")
+    check_choice_option("--loss", loss, LOSSES)
+    check_choice_option("--buckets", buckets, BUCKET_CONVENTIONS)
+    sizes = {}
+    for flag, name, value in (("--reduce-bucket-size", "reduce_bucket_size", reduce_bucket_size),
+                              ("--allgather-bucket-size", "allgather_bucket_size", allgather_bucket_size),
+                              ("--prefetch-bucket-size", "prefetch_bucket_size", prefetch_bucket_size)):
+        if value is not None and not (value > 0 and float(value).is_integer()):
+            raise SpecError(f"{flag} {value:g} is not valid; give a positive whole number of elements such as 5e8")
+        sizes[name] = int(value) if value is not None else None
+    return bucket_sizes(buckets, **sizes)
 
 
 @dataclass(frozen=True)

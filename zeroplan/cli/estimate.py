@@ -13,7 +13,13 @@ from zeroplan import __version__
 from zeroplan.cli import app
 from zeroplan.cli.common import (
     AdapterOpt,
+    AllgatherBucketOpt,
     BaseQuantOpt,
+    BucketsOpt,
+    LossOpt,
+    OptimizerImplOpt,
+    PrefetchBucketOpt,
+    ReduceBucketOpt,
     LoraAlphaOpt,
     LoraRankOpt,
     LoraTargetsOpt,
@@ -43,6 +49,7 @@ from zeroplan.cli.common import (
     check_choice_option,
     check_plan_options,
     resolve_cluster,
+    resolve_engine_options,
     resolve_model,
     resolve_training,
     write_output,
@@ -283,13 +290,13 @@ def estimate(
     base_quant: BaseQuantOpt = None,
     no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
     expandable_segments: Annotated[bool, typer.Option("--expandable-segments", help="The run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the CUDA allocator strands no transient segments (docs/estimate.md).")] = False,
-    loss: Annotated[str, typer.Option("--loss", help="hf | plain | megatron | fused | chunked: how the loss treats the logits (docs/estimate.md).", rich_help_panel="Training")] = "hf",
-    buckets: Annotated[str, typer.Option("--buckets", help="hf (reduce h², prefetch 0.9·h²: Trainer's 'auto') | deepspeed (5e8/5e8/5e7 elements: plain DeepSpeed, Megatron-DeepSpeed).", rich_help_panel="Plan")] = "hf",
-    reduce_bucket_size: Annotated[Optional[float], typer.Option("--reduce-bucket-size", help="Elements per gradient reduce bucket (overrides --buckets).", rich_help_panel="Plan")] = None,
-    allgather_bucket_size: Annotated[Optional[float], typer.Option("--allgather-bucket-size", help="Elements per stage 1-2 all-gather bucket (overrides --buckets).", rich_help_panel="Plan")] = None,
-    prefetch_bucket_size: Annotated[Optional[float], typer.Option("--prefetch-bucket-size", help="Elements prefetched ahead in stage 3 (overrides --buckets).", rich_help_panel="Plan")] = None,
+    loss: LossOpt = None,
+    buckets: BucketsOpt = "hf",
+    reduce_bucket_size: ReduceBucketOpt = None,
+    allgather_bucket_size: AllgatherBucketOpt = None,
+    prefetch_bucket_size: PrefetchBucketOpt = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
-    optimizer_impl: Annotated[Optional[str], typer.Option("--optimizer-impl", help="torch | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp].", rich_help_panel="Training")] = None,
+    optimizer_impl: OptimizerImplOpt = None,
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
@@ -303,19 +310,11 @@ def estimate(
     """
     check_choice_option("--format", fmt, ("table", "json", "csv"))
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
-    from zeroplan.estimator.plans import ENGINES
-
-    check_choice_option("--engine", engine, ENGINES)
-    if optimizer_impl is not None:
-        from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS
-
-        if optimizer_impl not in ENGINE_OPTIMIZER_IMPLS[engine]:
-            raise SpecError(
-                f"--optimizer-impl {optimizer_impl!r} does not exist for --engine {engine}; "
-                f"choose one of {', '.join(ENGINE_OPTIMIZER_IMPLS[engine])}"
-            )
-    if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
-        raise SpecError("--engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
+    plan_buckets = resolve_engine_options(
+        engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
+        buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
+        prefetch_bucket_size=prefetch_bucket_size,
+    )
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
     from dataclasses import replace
@@ -333,22 +332,7 @@ def estimate(
     )
     if no_flash:
         training = replace(training, flash_attention=False)
-    from zeroplan.estimator.plans import BUCKET_CONVENTIONS, bucket_sizes
-    from zeroplan.spec import LOSSES
-
-    check_choice_option("--loss", loss, LOSSES)
-    training = replace(training, loss=loss)
-    check_choice_option("--buckets", buckets, BUCKET_CONVENTIONS)
-    for flag, value in (("--reduce-bucket-size", reduce_bucket_size), ("--allgather-bucket-size", allgather_bucket_size),
-                        ("--prefetch-bucket-size", prefetch_bucket_size)):
-        if value is not None and not (value > 0 and float(value).is_integer()):
-            raise SpecError(f"{flag} {value:g} is not valid; give a positive whole number of elements such as 5e8")
-    plan_buckets = bucket_sizes(
-        buckets,
-        reduce_bucket_size=int(reduce_bucket_size) if reduce_bucket_size is not None else None,
-        allgather_bucket_size=int(allgather_bucket_size) if allgather_bucket_size is not None else None,
-        prefetch_bucket_size=int(prefetch_bucket_size) if prefetch_bucket_size is not None else None,
-    )
+    training = replace(training, loss=loss or "hf")
     alias_note = None
     if checkpointing in CHECKPOINTING_ALIASES:
         alias_note = f"--checkpointing {checkpointing} is now called {CHECKPOINTING_ALIASES[checkpointing]} (Korthikanti's attention-core recomputation)"
@@ -358,14 +342,17 @@ def estimate(
 
         duplicate = checkpointing_duplicate(model_spec, training, checkpointing)
         alias_note = "; ".join(n for n in (alias_note, duplicate) if n) or None
-    if trace and checkpointing == "selective-op":
-        raise SpecError("--trace does not trace selective-op yet; drop --trace (the formula covers it) or choose none, attention or full")
     activation_bytes = None
     trace_note = None
     traced = None
+    if trace and (model is None or not model.endswith(".json")):
+        raise SpecError("--trace needs --model path/to/config.json (a Hugging Face config to trace)")
+    if trace and checkpointing == "selective-op":
+        # The tracer applies none, attention and full (zeroplan.trace.tracer.TRACED_CHECKPOINTING).
+        trace_note = ("--trace: selective-op is not traced; its activations come from the formula "
+                      "(selective_op_layer_bytes: block input, SDPA output and log-sum-exp, every other matmul)")
+        trace = False
     if trace:
-        if model is None or not model.endswith(".json"):
-            raise SpecError("--trace needs --model path/to/config.json (a Hugging Face config to trace)")
         from rich.console import Console
 
         from zeroplan.trace import activation_override
@@ -388,7 +375,9 @@ def estimate(
 
     if fmt == "json":
         doc = estimates_to_json(model_spec, cluster, training, estimates)
-        if trace_note:
+        if trace_note and traced is None:
+            doc["activation_trace"] = {"note": trace_note, "method": "formula"}
+        elif trace_note:
             from zeroplan.estimator import activation_memory
 
             doc["activation_trace"] = {"note": trace_note, **traced.as_dict()}

@@ -17,6 +17,13 @@ import typer
 from zeroplan.cli import app
 from zeroplan.cli.common import (
     AdapterOpt,
+    AllgatherBucketOpt,
+    BucketsOpt,
+    LossOpt,
+    OptimizerImplOpt,
+    PrefetchBucketOpt,
+    ReduceBucketOpt,
+    resolve_engine_options,
     BaseQuantOpt,
     LoraAlphaOpt,
     LoraRankOpt,
@@ -106,6 +113,12 @@ def export(
     adapter: AdapterOpt = None,
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
+    optimizer_impl: OptimizerImplOpt = None,
+    loss: LossOpt = None,
+    buckets: BucketsOpt = "hf",
+    reduce_bucket_size: ReduceBucketOpt = None,
+    allgather_bucket_size: AllgatherBucketOpt = None,
+    prefetch_bucket_size: PrefetchBucketOpt = None,
     target: Annotated[
         str, typer.Option("--for", help='deepspeed | hf: hf writes "auto" wherever Hugging Face Trainer fills the value.', rich_help_panel="Output")
     ] = "deepspeed",
@@ -132,8 +145,11 @@ def export(
     check_choice_option("--engine", engine, ("deepspeed", "fsdp"))
     if engine == "fsdp" and (target != "deepspeed" or accelerate_config is not None):
         raise SpecError("--engine fsdp writes PyTorch settings; --for hf and --accelerate-config are for DeepSpeed configs")
-    if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
-        raise SpecError("--engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
+    plan_buckets = resolve_engine_options(
+        engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
+        buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
+        prefetch_bucket_size=prefetch_bucket_size,
+    )
     if accelerate_config is not None and output is None:
         raise SpecError("--accelerate-config points accelerate at the exported file: also give --output ds.json")
     if gpus < 1:
@@ -142,6 +158,10 @@ def export(
         precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch,
         global_batch=global_batch, grad_accum=grad_accum,
     )
+    if loss is not None:
+        from dataclasses import replace as _replace
+
+        training = _replace(training, loss=loss)
     peft = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant)
     model_spec = None
     if params is not None or model is not None:
@@ -158,7 +178,15 @@ def export(
             micro_batch=micro_batch,
             gradient_accumulation_steps=training.accumulation_for(micro_batch, gpus),
             cpu_checkpointing=cpu_checkpointing,
+            **plan_buckets,
         )
+        if optimizer_impl is not None:
+            from zeroplan.estimator.optimizer import resolve_optimizer_impl
+
+            try:
+                resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan)
+            except SpecError as exc:
+                raise SpecError(f"--optimizer-impl: {exc}") from None
     else:
         if model_spec is None:
             raise SpecError(
@@ -173,7 +201,7 @@ def export(
         choice = best_plan(
             model_spec, cluster, training,
             stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
-            engine=engine,
+            engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets,
         )
         if choice.best is None:
             _note(f"no plan fits {model_spec.name} on {gpus} × {cluster.gpu.name}; nothing written (see `zeroplan estimate`)")
@@ -192,11 +220,11 @@ def export(
     if engine == "fsdp":
         from zeroplan.fsdpconfig import fsdp_settings
 
-        write_output(json.dumps(fsdp_settings(plan, training, world_size=gpus), indent=2), output)
+        write_output(json.dumps(fsdp_settings(plan, training, world_size=gpus, optimizer_impl=optimizer_impl), indent=2), output)
         return
     cfg, notes = build_config_with_notes(
         plan, world_size=gpus, training=training, model=model_spec, lr=lr,
-        warmup_steps=warmup_steps, total_steps=total_steps, nvme_path=nvme_path,
+        warmup_steps=warmup_steps, total_steps=total_steps, nvme_path=nvme_path, optimizer_impl=optimizer_impl,
     )
     cluster_for_fit = None
     if model_spec is not None and stage is not None and micro_batch is not None:

@@ -20,6 +20,13 @@ import typer
 from zeroplan.cli import app
 from zeroplan.cli.common import (
     require_runtime,
+    AllgatherBucketOpt,
+    BucketsOpt,
+    LossOpt,
+    OptimizerImplOpt,
+    PrefetchBucketOpt,
+    ReduceBucketOpt,
+    resolve_engine_options,
     CheckpointingOpt,
     FormatOpt,
     GpusOpt,
@@ -149,6 +156,12 @@ def probe(
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_param: OffloadParamOpt = None,
     checkpointing: CheckpointingOpt = None,
+    optimizer_impl: OptimizerImplOpt = None,
+    loss: LossOpt = None,
+    buckets: BucketsOpt = "hf",
+    reduce_bucket_size: ReduceBucketOpt = None,
+    allgather_bucket_size: AllgatherBucketOpt = None,
+    prefetch_bucket_size: PrefetchBucketOpt = None,
     format: FormatOpt = "table",
     output: OutputOpt = None,
     verbose: VerboseOpt = False,
@@ -171,6 +184,13 @@ def probe(
     check_choice_option("--backend", backend, BACKENDS)
     require_runtime("probe")
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    bucket_flags = dict(reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size, prefetch_bucket_size=prefetch_bucket_size)
+    plan_buckets = resolve_engine_options(
+        engine=backend, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
+        buckets=buckets, **bucket_flags,
+    )
+    if config is not None and (buckets != "hf" or any(v is not None for v in bucket_flags.values())):
+        raise SpecError("bucket sizes come from --config; drop --buckets and --*-bucket-size (they size the config built from --stage)")
     torchrun_args = tuple(torchrun_arg or ())
     nproc, nodes = resolve_nodes(
         gpus=gpus,
@@ -213,9 +233,19 @@ def probe(
             checkpointing=checkpointing or "none",
             micro_batch=micro_batch or 1,
             gradient_accumulation_steps=grad_accum or 1,
+            **plan_buckets,
         )
     elif backend == "fsdp" or ds_config is None:
         raise SpecError("give a DeepSpeed config (--config ds.json) or a plan (--stage 0|1|2|3, --micro-batch ...)")
+    if backend == "fsdp" and plan is not None and (plan.zero_hpz_partition_size > 1 or plan.zero_quantized_weights or plan.zero_quantized_gradients):
+        raise SpecError("--backend fsdp has no ZeRO++ (hpZ, qwZ, qgZ are DeepSpeed features); drop them from the config or use --backend deepspeed")
+    if optimizer_impl is not None and plan is not None:
+        from zeroplan.estimator.optimizer import resolve_optimizer_impl
+
+        try:
+            resolve_optimizer_impl(optimizer_impl, engine=backend, plan=plan)
+        except SpecError as exc:
+            raise SpecError(f"--optimizer-impl: {exc}") from None
     if seq_len is not None and seq_len < 1:
         raise SpecError(f"--seq-len {seq_len} is not valid; give a whole number >= 1")
     # The training spec's seq_len only matters when given: a task brings its own, and a plain
@@ -240,6 +270,8 @@ def probe(
         torchrun_args=torchrun_args,
         seq_len=seq_len,
         nodes=nodes,
+        optimizer_impl=optimizer_impl,
+        loss=loss,
     )
 
     from rich.console import Console

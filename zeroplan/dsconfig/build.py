@@ -138,6 +138,7 @@ def build_config_with_notes(
     warmup_steps: int = 100,
     total_steps: int | None = None,
     nvme_path: str | None = None,
+    optimizer_impl: str | None = None,
 ) -> tuple[dict, list[str]]:
     """:func:`build_config` plus the notes a user should read alongside the config."""
     import math
@@ -182,6 +183,16 @@ def build_config_with_notes(
     cfg.update(_precision_blocks(training.precision))
     cfg["zero_optimization"] = _zero_block(plan, buckets, nvme_path)
     cfg["optimizer"] = _optimizer_block(training.optimizer, lr=float(lr), weight_decay=float(weight_decay))
+    if optimizer_impl is not None:
+        from zeroplan.estimator.optimizer import resolve_optimizer_impl
+
+        resolve_optimizer_impl(optimizer_impl, engine="deepspeed", plan=plan)
+        if optimizer_impl in ("torch", "torch-fused"):
+            if training.optimizer not in ("adam", "adamw"):
+                raise SpecError(f"optimizer_impl={optimizer_impl!r} selects torch's Adam/AdamW; the optimizer is {training.optimizer}")
+            cfg["optimizer"]["params"]["torch_adam"] = True
+            if optimizer_impl == "torch-fused":
+                cfg["optimizer"]["params"]["fused"] = True
     cfg["scheduler"] = _scheduler_block(lr=float(lr), warmup_steps=warmup_steps, total_steps=total_steps)
     if plan.stage > 0 and training.optimizer in _UNTESTED_UNDER_ZERO:
         cfg["zero_allow_untested_optimizer"] = True
@@ -222,6 +233,7 @@ def build_config(
     warmup_steps: int = 100,
     total_steps: int | None = None,
     nvme_path: str | None = None,
+    optimizer_impl: str | None = None,
 ) -> dict:
     """A complete DeepSpeed config for ``plan`` on ``world_size`` data-parallel GPUs.
 
@@ -233,6 +245,11 @@ def build_config(
       refuses combinations DeepSpeed ignores); ``nvme_path`` only for NVMe, and required then.
     * ``optimizer`` (AdamW, Adam with ``adam_w_mode: false``, SGD, Lion, or torch's Adafactor)
       and a WarmupLR scheduler (WarmupDecayLR when ``total_steps`` is given), numbers as numbers.
+      ``optimizer_impl`` (Adam/AdamW only) says who runs the step: ``deepspeed-fused`` /
+      ``deepspeed-cpu`` (or None) leave the choice to DeepSpeed (FusedAdam, CPU Adam with
+      offload); ``torch`` sets ``torch_adam: true`` (DeepSpeed builds ``torch.optim.AdamW``,
+      runtime/engine.py ``get_optimizer_configuration``) and ``torch-fused`` adds ``fused: true``,
+      which DeepSpeed passes on to it.
     * ``activation_checkpointing`` when the plan checkpoints.
 
     Raises SpecError for inconsistent input (a global batch that disagrees, NVMe without a path).
@@ -248,5 +265,6 @@ def build_config(
         warmup_steps=warmup_steps,
         total_steps=total_steps,
         nvme_path=nvme_path,
+        optimizer_impl=optimizer_impl,
     )
     return cfg

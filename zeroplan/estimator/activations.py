@@ -15,7 +15,7 @@ from zeroplan.spec import LOSSES, ModelSpec, Plan, TrainingSpec, bytes_per_param
 from zeroplan.spec.errors import check_choice
 
 __all__ = ["ActivationMemory", "layer_activation_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate",
-           "loss_activation_bytes", "loss_backward_transients", "LOSS_CHUNKS"]
+           "loss_activation_bytes", "loss_backward_transients", "fused_chunk_rows", "LOSS_CHUNKS"]
 
 
 def layer_activation_bytes(
@@ -31,8 +31,8 @@ def layer_activation_bytes(
 
     With s = seq_len, b = micro_batch, h = hidden, a = heads, kv = kv_heads·head_dim,
     f = ffn_size, e = bytes per activation element (2 in 16-bit, 4 in fp32), and 1-byte dropout
-    masks (GPT-style models only — we take ``gated_mlp`` models, the Llama family, to have no
-    dropout):
+    masks where the model trains with dropout (``ModelSpec.has_dropout``: GPT-style models unless
+    the spec says otherwise; ``gated_mlp`` models, the Llama family, have none):
 
     * norms: each LayerNorm/RMSNorm keeps its input: 2 · e·sbh
     * QKV projection input: e·sbh; Q: e·sbh; K and V: e·sb·kv each
@@ -49,7 +49,7 @@ def layer_activation_bytes(
     f = model.ffn_size
     e = bytes_per_param(precision)
     sbh = s * b * h
-    dropout = not model.gated_mlp
+    dropout = model.has_dropout
     terms: dict[str, int] = {
         "norm_inputs": 2 * e * sbh,
         "qkv_input": e * sbh,
@@ -121,13 +121,20 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
       array, and builds the gradient in place of it in backward: 4·N·V, plus the e-byte gradient
       cast back to the logits' dtype: (4 + e)·N·V.
     * ``fused``: Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py)
-      never materialises the logits: it projects ``chunk_size = next_pow2(ceil(N / ceil(V/h)))``
-      rows at a time (≈ N·h/V rows, so e·N·h bytes of chunk logits, whose gradient the kernel
-      writes in place), and computes the input gradient (e·N·h) and the head's weight gradient
-      (e·V·h) during forward, held until backward.
-    * ``chunked``: cross-entropy over C = 8 chunks of the logits (torchtune
-      ``CEWithChunkedOutputLoss``): the e-byte logits, and one chunk's three fp32 arrays at a
-      time: (12/C + e)·N·V.
+      never materialises the logits: it projects ``chunk = next_pow2(ceil(N / ceil(V/h)))`` rows
+      at a time (e·chunk·V bytes of chunk logits, whose gradient the kernel writes in place), and
+      computes the input gradient (e·N·h) and the head's weight gradient (e·V·h, accumulated in
+      place with ``addmm(out=grad_weight)``) during forward, held until backward. Measured with
+      the same algorithm in torch (benchmarks/bench_loss_memory.py): exact once the CPU version's
+      fp32 chunk, which the Triton kernel keeps in registers, is set aside.
+    * ``chunked``: torchtune's ``CEWithChunkedOutputLoss`` with C = 8 chunks, run eagerly
+      (torchtune/modules/loss/ce_chunked_output_loss.py): the model returns the e-byte logits of
+      every chunk (alive until the recipe's ``del logits`` after the loss), each chunk's
+      ``F.cross_entropy(chunk.float(), ...)`` saves its fp32 log-softmax output until backward
+      (4·N·V over all chunks), and the chunk being upcast adds 4·N·V/C: the peak is the end of
+      the loss's forward, (e + 4 + 4/C)·N·V (measured to 0.01 %, benchmarks/results/loss_memory.txt).
+      Chunking saves only the full fp32 upcast and the 12·N·V of one backward; what torchtune's
+      compiled ``compute_cross_entropy`` saves instead is not measured here.
     """
     check_choice("loss", loss, LOSSES)
     n, v, h = seq_len * micro_batch, model.vocab_size, model.hidden_size
@@ -139,8 +146,18 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
     if loss == "megatron":
         return {"softmax_in_place": 4 * n * v, "logits_gradient": e * n * v}
     if loss == "fused":
-        return {"chunk_logits": e * n * h, "input_gradient": e * n * h, "head_weight_gradient": e * v * h}
-    return {"chunk_log_softmax_and_gradients": 12 * n * v // LOSS_CHUNKS, "logits": e * n * v}
+        return {"chunk_logits": e * fused_chunk_rows(n, vocab_size=v, hidden_size=h) * v, "input_gradient": e * n * h,
+                "head_weight_gradient": e * v * h}
+    return {"output_logits": e * n * v, "saved_log_softmax": 4 * n * v, "chunk_upcast": 4 * n * v // LOSS_CHUNKS}
+
+
+def fused_chunk_rows(tokens: int, *, vocab_size: int, hidden_size: int) -> int:
+    """Rows Liger's fused linear cross-entropy projects at once: ``next_power_of_2(ceil(N /
+    ceil(V / h)))``, at most N (liger_kernel/ops/fused_linear_cross_entropy.py, ``inc_factor`` and
+    ``chunk_size``), so that a chunk's logits take about N·h elements."""
+    inc_factor = -(-vocab_size // hidden_size)
+    rows = -(-tokens // inc_factor)
+    return min(tokens, 1 << (rows - 1).bit_length())
 
 
 def checkpointing_duplicate(model: ModelSpec, training: TrainingSpec, checkpointing: str) -> str | None:
@@ -261,7 +278,7 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     layers = per_layer * model.num_layers
     if plan.cpu_checkpointing and plan.checkpointing == "full":
         on_cpu, layers = layers, per_layer
-    dropout = not model.gated_mlp
+    dropout = model.has_dropout
     embeddings = (s * b * h if dropout else 0) + e * s * b * h
     if model.peft is not None and model.peft.method == "lora" and model.gated_mlp:
         # Frozen final RMSNorm and LM head save neither the normalized tensor nor the head's input
@@ -290,12 +307,13 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
 def loss_backward_transients(loss_terms: dict[str, int]) -> int:
     """Bytes of :func:`loss_activation_bytes` allocated in the loss's backward and freed after it.
 
-    plain/hf/chunked: the two fp32 gradients of the three arrays (log-softmax's output was saved
-    in forward); megatron: the e-byte gradient cast back (the softmax is rewritten in place);
+    plain/hf: the two fp32 gradients of the three arrays (log-softmax's output was saved in
+    forward); chunked: those of one chunk (4·N·V/C each); megatron: the e-byte gradient cast back (the softmax is rewritten in place);
     fused: one chunk's logits, re-projected per chunk.
     """
     if "log_softmax_and_gradients" in loss_terms:
         return 2 * loss_terms["log_softmax_and_gradients"] // 3
-    if "chunk_log_softmax_and_gradients" in loss_terms:
-        return 2 * loss_terms["chunk_log_softmax_and_gradients"] // 3
+    if "chunk_upcast" in loss_terms:
+        # Eager chunked: one chunk's two fp32 gradients at a time; its logits are gone by backward.
+        return 2 * loss_terms["chunk_upcast"]
     return loss_terms.get("logits_gradient", 0) + loss_terms.get("chunk_logits", 0)

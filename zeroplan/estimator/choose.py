@@ -36,17 +36,22 @@ def best_plan(
     device: str = "cuda",
     activation_bytes: Optional[Callable[[Plan], int]] = None,
     engine: str = "deepspeed",
+    optimizer_impl: Optional[str] = None,
+    buckets: Optional[dict] = None,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
     Enumerates plans with :func:`~zeroplan.estimator.enumerate_plans`, estimates and ranks them
     with :func:`~zeroplan.estimator.estimate_all` (fitting plans first, fastest first) and takes
-    the first that fits.
+    the first that fits. ``optimizer_impl`` and ``buckets`` (plan bucket fields, e.g. from
+    ``bucket_sizes``) are passed to both.
     """
     plans = enumerate_plans(
         model, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
+        optimizer_impl=optimizer_impl, buckets=buckets,
     )
-    ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine)
+    ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
+                          optimizer_impl=optimizer_impl)
     fitting = [e for e in ranked if e.fits]
     return PlanChoice(best=fitting[0] if fitting else None, fitting=len(fitting), considered=len(ranked))

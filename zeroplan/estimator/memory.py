@@ -114,6 +114,15 @@ def model_states(
         and (plan.gradient_accumulation_steps == 1 or plan.offload_optimizer != "none")
     )
     gradients = p * (shard(psi) if partitions_grads else psi)
+    if (engine == "deepspeed" and training.precision == "fp32"
+            and (plan.stage in (1, 2) or (plan.stage == 3 and plan.offload_optimizer != "none"))):
+        # In fp32 there is no separate master copy in the paper's accounting (K drops by 4), but
+        # DeepSpeed makes one anyway: stage_1_and_2.py ``weights_partition = ...detach().clone()
+        # .to(master_weights_and_grads_dtype)`` (single_partition_of_fp32_groups), and stage3.py
+        # ``converted.clone().detach()`` under optimizer offload (without offload stage 3 aliases
+        # the fp32 partition). Measured on 4 CPU ranks, stage 1 fp32: 4Ψ + 4Ψ/N + 12Ψ/N before
+        # the step, to 0.01 % (benchmarks/results/probe_memory_4ranks_fp32_z1_z2.json).
+        k += 4
     optimizer = k * (shard(psi) if plan.stage >= 1 else psi)
 
     offloaded_params = offloaded_grads = offloaded_opt = 0
@@ -225,14 +234,16 @@ def engine_overhead(
             # gradients), a p-byte copy of the partition, then single_grad_partition =
             # flat_grad_partition.to(fp32), the fp32 partition the optimizer consumes: both live
             # at once next to the partition itself (measured: before-step + 6Ψ/N_d in bf16).
-            step["flat_gradient_partition"] = p * shard
+            # In fp32 ``.to(fp32)`` returns the flat copy itself: one 4-byte buffer.
+            if p != 4:
+                step["flat_gradient_partition"] = p * shard
             step["fp32_gradient_partition"] = 4 * shard
             # Then the p-byte copy and the partition itself are freed (averaged_gradients[i] =
             # None) and _optimizer_step(i) runs on the fp32 partition: a client torch AdamW adds
             # its temporaries there (measured on 2 CPU ranks, stages 1 and 2: for-loop
             # before-step + 10Ψ/N_d, foreach and FusedAdam + 6Ψ/N_d, docs/estimate.md).
             temps = temporaries(shard)
-            if temps > 2 * p * shard:
+            if temps - p * shard > step.get("flat_gradient_partition", 0):
                 step = {"fp32_gradient_partition": 4 * shard, "optimizer_temporaries": temps - p * shard}
             if single_step:
                 # The partition (grads_in_partition, torch.empty at line 2192) is allocated by the
@@ -271,14 +282,20 @@ def engine_overhead(
             persistent = (2 * model.num_layers + 1) * model.hidden_size
             always["persistent_params"] = p * (persistent - persistent // n)
         if plan.offload_optimizer == "none":
-            # stage3.py _prepare_fp32_grad_for_sub_group: one sub-group's gradients as fp32 at a time.
-            step["fp32_gradient_partition"] = 4 * min(shard, knobs["sub_group_size"])
-            # stage3.py _optimizer_step(sub_group_id) runs the optimizer on one sub-group's fp32
-            # partition at a time: a client torch AdamW's temporaries come on top (measured on 2
-            # CPU ranks: foreach +4Ψ/N_d, for-loop +8Ψ/N_d over FusedAdam's step, within 3 %).
-            temps = temporaries(min(shard, knobs["sub_group_size"]))
-            if temps:
-                step["optimizer_temporaries"] = temps
+            sub_group = min(shard, knobs["sub_group_size"])
+            # stage3.py _prepare_fp32_grad_for_sub_group: ``self.flatten(averaged_gradients[i])
+            # .to(fp32)`` — averaged_gradients are views of the rank's gradient partition, so the
+            # flatten is a new p-byte copy of one sub-group and ``.to`` an fp32 one, both alive
+            # until the statement ends (in fp32 ``.to`` returns the flat copy itself).
+            step["fp32_gradient_partition"] = 4 * sub_group
+            if p != 4:
+                step["flat_gradient_partition"] = p * sub_group
+            # stage3.py _optimizer_step(sub_group_id) then runs the optimizer on that fp32
+            # partition, the flat copy gone: a client torch AdamW's temporaries come there
+            # (measured on 2 CPU ranks: foreach +4Ψ/N_d, for-loop +8Ψ/N_d over the fp32 gradient).
+            temps = temporaries(sub_group)
+            if temps > step.get("flat_gradient_partition", 0):
+                step = {"fp32_gradient_partition": 4 * sub_group, "optimizer_temporaries": temps}
     workspace = dequant_workspace_bytes(model, training.precision)
     if workspace:
         backward["dequantized_weight"] = workspace

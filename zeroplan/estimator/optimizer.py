@@ -68,6 +68,8 @@ def default_optimizer_impl(*, engine: str, plan: Plan, ds_config: Optional[dict]
     """The implementation a run of ``plan`` uses when nobody says.
 
     * fsdp: ``torch`` (torch.optim.AdamW with its default foreach/for-loop choice).
+    * deepspeed with an Adam block whose params say ``torch_adam: true``: ``torch`` (``torch-fused``
+      with ``fused: true``).
     * deepspeed with a config that has no ``optimizer`` block: the script passes its own
       optimizer to ``deepspeed.initialize``; Hugging Face's Trainer creates torch's AdamW
       (transformers/integrations/deepspeed.py ``deepspeed_optim_sched``: "if 'optimizer' not in
@@ -79,6 +81,11 @@ def default_optimizer_impl(*, engine: str, plan: Plan, ds_config: Optional[dict]
         return "torch"
     if ds_config is not None and "optimizer" not in ds_config:
         return "torch"
+    params = (ds_config or {}).get("optimizer", {}).get("params") if isinstance((ds_config or {}).get("optimizer"), dict) else None
+    if isinstance(params, dict) and params.get("torch_adam") is True:
+        # runtime/engine.py get_optimizer_configuration: torch_adam builds torch.optim.AdamW with
+        # the block's other params (``fused: true`` included), before any CPU Adam choice.
+        return "torch-fused" if params.get("fused") is True else "torch"
     return "deepspeed-cpu" if plan.offload_optimizer != "none" else "deepspeed-fused"
 
 

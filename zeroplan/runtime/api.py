@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeroplan.runtime.multinode import NodeLaunch
-from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, resolve_optimizer_impl
+from zeroplan.spec import LOSSES, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec.errors import check_choice
 
 __all__ = ["BACKENDS", "STATUSES", "ProbeRequest", "ProbeResult"]
 
@@ -53,6 +55,12 @@ class ProbeRequest:
     """Tokens per sample for tokens/s; None: the task's ``seq_len``, else ``training.seq_len`` if given."""
     nodes: NodeLaunch | None = None
     """Several nodes (torchrun rendezvous or a Slurm step; zeroplan.runtime.multinode); None: one node."""
+    optimizer_impl: str | None = None
+    """Whose optimizer step the estimate assumes (``zeroplan.estimator.OPTIMIZER_IMPLS``); None:
+    discovered — torch's AdamW for a DeepSpeed config without an ``optimizer`` block, else the engine's own."""
+    loss: str | None = None
+    """What the loss keeps over the logits, for the estimate (``zeroplan.spec.LOSSES``); None: the
+    task's ``loss``, else ``training.loss``."""
 
     @property
     def world_size(self) -> int:
@@ -77,6 +85,14 @@ class ProbeRequest:
             raise SpecError(f"seq_len={self.seq_len!r} is not valid; give a whole number >= 1 or None")
         if not self.config_arg.startswith("-"):
             raise SpecError(f"config_arg={self.config_arg!r} is not valid; give an option such as --deepspeed_config")
+        if self.loss is not None:
+            check_choice("loss", self.loss, LOSSES)
+        if self.optimizer_impl is not None:
+            valid = ENGINE_OPTIMIZER_IMPLS[self.backend]
+            if self.optimizer_impl not in valid:
+                raise SpecError(f"optimizer_impl={self.optimizer_impl!r} does not exist for backend {self.backend}; choose one of {', '.join(valid)}")
+            if self.plan is not None:
+                resolve_optimizer_impl(self.optimizer_impl, engine=self.backend, plan=self.plan)
         object.__setattr__(self, "script_args", tuple(str(a) for a in self.script_args))
         object.__setattr__(self, "torchrun_args", tuple(str(a) for a in self.torchrun_args))
         object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in self.env))

@@ -67,6 +67,7 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["world_size"] = max(int(r.get("world_size") or 0) for r in ranks) or None
         first = min(ranks, key=lambda r: r.get("rank", 0))
         out["model_spec"] = first.get("model_spec")
+        out["task_loss"] = first.get("task_loss")
         out["seq_len"] = first.get("seq_len")
         out["trainable_params"] = first.get("trainable_params")
         out["frozen_params"] = first.get("frozen_params")

@@ -119,6 +119,7 @@ def _write_spec(
         "warmup": request.warmup,
         "plan": dataclasses.asdict(request.plan) if request.plan else None,
         "training": training.as_dict() if training else None,
+        "optimizer_impl": request.optimizer_impl,
         # Tokens per sample for tokens/s: explicit, else a script's training spec; a task's own
         # seq_len (known only in the worker) wins over a default training spec.
         "seq_len": request.seq_len or (training.seq_len if training and kind == "script" else None),
@@ -178,7 +179,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     if config is None and kind == "script":
         if request.plan is None:
             raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json) or a plan")
-        config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.world_size, model=request.model, workdir=workdir)
+        config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.world_size, model=request.model,
+                                 workdir=workdir, optimizer_impl=request.optimizer_impl)
     if config is not None:
         config_path = workdir / "ds_config.json"
         config_path.write_text(json.dumps(config, indent=2))

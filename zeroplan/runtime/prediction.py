@@ -13,13 +13,16 @@ from zeroplan.spec import Plan, SpecError, TrainingSpec
 __all__ = ["comparable_estimate", "config_for_plan"]
 
 
-def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, model=None, workdir: Path) -> dict:
-    """The DeepSpeed config ``zeroplan export`` writes for ``plan`` (zeroplan.dsconfig.build_config)."""
+def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, model=None, workdir: Path,
+                    optimizer_impl: str | None = None) -> dict:
+    """The DeepSpeed config ``zeroplan export`` writes for ``plan`` (zeroplan.dsconfig.build_config);
+    ``optimizer_impl`` torch/torch-fused sets the optimizer block's ``torch_adam`` (and ``fused``)."""
     from zeroplan.dsconfig import build_config
 
     uses_nvme = "nvme" in (plan.offload_optimizer, plan.offload_param)
     return build_config(
-        plan, world_size=world_size, training=training, model=model, nvme_path=str(workdir / "nvme") if uses_nvme else None
+        plan, world_size=world_size, training=training, model=model, nvme_path=str(workdir / "nvme") if uses_nvme else None,
+        optimizer_impl=optimizer_impl,
     )
 
 
@@ -80,6 +83,11 @@ def _estimate(
     if seq_len is None:
         return None, "no estimate: sequence length unknown (give --seq-len)"
     training = dataclasses.replace(request.training or TrainingSpec(), seq_len=seq_len)
+    # What the loss keeps over the logits: the request's --loss, else what the task declares
+    # (examples/gpt_task.py drops its logits: plain), else the training spec's (hf by default).
+    loss = request.loss or summary.get("task_loss")
+    if loss:
+        training = dataclasses.replace(training, loss=loss)
     if config is not None:
         from zeroplan.dsconfig import training_from_config
 
@@ -97,7 +105,7 @@ def _estimate(
 
         # A config without an ``optimizer`` block means the script brings its own (torch's AdamW
         # under Hugging Face's Trainer), whose step temporaries differ from DeepSpeed's FusedAdam.
-        impl = default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
+        impl = request.optimizer_impl or default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
         est = estimator.estimate_plan(
             model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl
         )

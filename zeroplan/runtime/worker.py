@@ -190,7 +190,7 @@ def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
     else:
         from zeroplan.runtime.backends.fsdp import run_fsdp
 
-        run_fsdp(task, plan=plan, training=training, meter=meter)
+        run_fsdp(task, plan=plan, training=training, meter=meter, fused=spec.get("optimizer_impl") == "torch-fused")
 
 
 def _write_plan_config(spec: dict, plan, training, task) -> None:
@@ -200,7 +200,8 @@ def _write_plan_config(spec: dict, plan, training, task) -> None:
 
     model = ModelSpec.from_dict(spec["model"]) if spec.get("model") else task.model_spec
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    config = config_for_plan(plan, training, world_size=world_size, model=model, workdir=Path(spec["result_dir"]))
+    config = config_for_plan(plan, training, world_size=world_size, model=model, workdir=Path(spec["result_dir"]),
+                             optimizer_impl=spec.get("optimizer_impl"))
     path = Path(spec["config_path"])
     tmp = path.with_name(f".{path.name}.rank{os.environ.get('RANK', '0')}")
     tmp.write_text(json.dumps(config, indent=2))
@@ -303,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     task = state.get("task")
     if task is not None and task.model_spec is not None:
         result["model_spec"] = task.model_spec.as_dict()
+    if task is not None and task.loss is not None:
+        result["task_loss"] = task.loss
     if state.get("discovered"):
         _record_discovery(result, state, spec)
     out = Path(spec["result_dir"]) / f"rank-{rank}.json"

@@ -50,6 +50,10 @@ class ModelSpec:
     """Things the user should know about how this spec was obtained."""
     peft: PeftSpec | None = None
     """Frozen base and trainable subset or adapter (LoRA/QLoRA); None for a full fine-tune."""
+    dropout: bool | None = None
+    """Training applies dropout, so autograd saves 1-byte masks (attention output, MLP output,
+    embeddings); None: by architecture — GPT-style blocks do (GPT-2's p = 0.1), gated-MLP (Llama
+    family) ones don't."""
 
     def __post_init__(self) -> None:
         check_positive_int("params", self.params, maximum=MAX_PARAMS)
@@ -67,10 +71,17 @@ class ModelSpec:
             raise SpecError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
             )
+        if self.dropout is not None and not isinstance(self.dropout, bool):
+            raise SpecError(f"dropout={self.dropout!r} is not valid; give true, false or null (by architecture)")
         if self.largest_layer_params < 0:
             raise SpecError(f"largest_layer_params={self.largest_layer_params} must be >= 0")
         if self.largest_layer_params == 0:
             object.__setattr__(self, "largest_layer_params", self._largest_layer())
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether blocks save dropout masks: ``dropout`` when given, else GPT-style (not gated) blocks."""
+        return (not self.gated_mlp) if self.dropout is None else self.dropout
 
     @property
     def head_dim(self) -> int:
@@ -135,6 +146,7 @@ class ModelSpec:
             "trainable_params": self.trainable_params,
             "frozen_params": self.frozen_params,
             "peft": self.peft.as_dict() if self.peft else None,
+            "dropout": self.dropout,
         }
 
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from zeroplan.spec.errors import SpecError
 from zeroplan.spec.model import ModelSpec
+from zeroplan.spec.training import LOSSES
 
 __all__ = ["NotATask", "Task", "load_task"]
 
@@ -37,6 +38,10 @@ class Task:
     """Shape of the model for the estimator (None: probe without an estimate)."""
     lr: float = 1e-4
     """Learning rate of the optimizer the FSDP backend builds (DeepSpeed takes its config's)."""
+    loss: str | None = None
+    """What ``loss_fn`` keeps over the logits, for the estimate (``zeroplan.spec.LOSSES``): ``plain``
+    when it computes ``F.cross_entropy(logits.float(), y)`` and drops the logits, ``hf`` when the
+    model returns them in an output object held through backward; None: ``hf``."""
 
     def __post_init__(self) -> None:
         for name in ("build_model", "make_batch", "loss_fn"):
@@ -46,6 +51,8 @@ class Task:
             raise SpecError(f"Task.blocks must be callable or None, got {type(self.blocks).__name__}")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 1):
             raise SpecError(f"Task.seq_len={self.seq_len!r} is not valid; give a whole number >= 1 or None")
+        if self.loss is not None and self.loss not in LOSSES:
+            raise SpecError(f"Task.loss={self.loss!r} is not valid; choose one of {', '.join(LOSSES)} or None")
         if not self.lr > 0:
             raise SpecError(f"Task.lr={self.lr!r} is not valid; give a positive learning rate")
 

@@ -65,8 +65,9 @@ def wrap_model(model, *, blocks: list, plan, precision: str, device: torch.devic
     return model, "fsdp2"
 
 
-def run_fsdp(task, *, plan, training, meter) -> None:
-    """Build, wrap and train ``task`` under ``plan`` until ``meter`` stops the loop."""
+def run_fsdp(task, *, plan, training, meter, fused: bool = False) -> None:
+    """Build, wrap and train ``task`` under ``plan`` until ``meter`` stops the loop; ``fused``:
+    ``AdamW(fused=True)`` (``--optimizer-impl torch-fused``) instead of torch's default choice."""
     import torch.distributed as dist
 
     device = device_for_rank()
@@ -84,9 +85,9 @@ def run_fsdp(task, *, plan, training, meter) -> None:
     if plan.stage == 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=task.lr)
+        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=task.lr, **({"fused": True} if fused else {}))
     else:
-        optimizer = torch.optim.AdamW(params, lr=task.lr)
+        optimizer = torch.optim.AdamW(params, lr=task.lr, **({"fused": True} if fused else {}))
     dtype = _DTYPES[training.precision]
     autocast = (
         (lambda: torch.autocast(device.type, dtype=dtype))
