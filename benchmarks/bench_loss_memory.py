@@ -160,7 +160,7 @@ def measure(variant: str, *, n: int, h: int, v: int, chunks: int = 8) -> dict:
             raise ValueError(variant)
         peak = tracker.peak_bytes - base
         grads = hidden.grad.untyped_storage().nbytes() + weight.grad.untyped_storage().nbytes()
-    return {"variant": variant, "peak_bytes": peak, "input_and_weight_grads_bytes": grads, "loss": float(loss)}
+    return {"variant": variant, "peak_bytes": peak, "input_and_weight_grads_bytes": grads, "loss": float(loss.detach())}
 
 
 VARIANTS = ("hf", "plain", "megatron", "chunked", "fused")
