@@ -61,6 +61,10 @@ def z3(**zero) -> dict:
     return make(zero_optimization={"stage": 3, **zero})
 
 
+def nvme_params(aio: dict) -> dict:
+    return make(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}, aio=aio)
+
+
 def fp16(**opts) -> dict:
     return make(bf16={"enabled": False}, fp16={"enabled": True, "loss_scale": 0, **opts})
 
@@ -149,6 +153,17 @@ CASES = [
     # SMALL's largest parameter (the embedding, V·h) is 45.0M elements: 22.5M per rank on 2.
     ("ZP902", z3(offload_param={"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": 22_000_000}),
      z3(offload_param={"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": 23_000_000}), {"model": SMALL}, False),
+    # O_DIRECT needs 512-byte multiples; 8 ranks × 2 parameter handles × 8 threads × 1024 events = 131,072 > 65,536.
+    ("ZP903", nvme_params({"block_size": 1_000_000}),
+     nvme_params({"block_size": 1_048_576}), {}, False),
+    ("ZP903", nvme_params({"queue_depth": 1024, "intra_op_parallelism": 8}),
+     nvme_params({"queue_depth": 512, "intra_op_parallelism": 8}),
+     {"cluster": _cluster(8, 8), "model": SMALL, "world_size": 8}, False),
+    # SMALL on one rank: an attention matrix (h² = 589,824 elements) is 1.18 MB in bf16 — swapped at the
+    # default 1 MiB threshold, kept on the host at block_size 4 MiB.
+    ("ZP904", nvme_params({"block_size": 4 * 1_048_576}),
+     nvme_params({"block_size": 1_048_576}),
+     {"model": SMALL, "world_size": 1}, False),
     # ZeRO++ (zeroplan/dsconfig/rules/zeropp.py)
     ("ZP240", make(zero_optimization={"stage": 2, "zero_quantized_weights": True}), make(), {}, False),
     ("ZP241", z3(zero_hpz_partition_size=3), z3(zero_hpz_partition_size=2), {"world_size": 4}, False),

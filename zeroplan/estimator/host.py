@@ -24,6 +24,18 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
   ``stage3_gather_16bit_weights_on_model_save`` is true.
 * PyTorch ``ATen/core/CachingHostAllocator.h`` line 305: pinned host blocks are rounded up to the
   next power of two (``c10::llvm::PowerOf2Ceil``), so a pinned buffer of 1.1 GiB holds 2 GiB.
+* What a process holds beyond tensors, measured (torch 2.13.0+cpu, DeepSpeed 0.19.8, Python 3.11,
+  ``/proc/self/status`` of one process, identical over repeated runs; docs/host-memory.md):
+  ``import torch, deepspeed`` leaves 249 MiB resident (164 MiB anonymous, 85 MiB file-backed
+  library pages); ``deepspeed.initialize`` then imports what the script had not: ``torch._dynamo``
+  (torch/optim/optimizer.py ``add_param_group`` is wrapped by ``torch._disable_dynamo``, whose
+  first call imports it: torch/_compile.py), +70 MiB anonymous, and DeepSpeed's engine, ZeRO
+  optimizer and op modules, +44 MiB anonymous; the libraries they map add 16 MiB of file-backed
+  pages, shared by every rank of the node.
+* glibc malloc (mallopt(3), "M_MMAP_THRESHOLD": the threshold is dynamic — freeing a chunk that
+  was mmapped raises it to that chunk's size, at most ``DEFAULT_MMAP_THRESHOLD_MAX`` = 32 MiB on
+  64-bit systems): once a tensor of up to 32 MiB has been freed, tensors of that size come from
+  the heap, which keeps freed chunks resident for reuse (:func:`allocator_retention_bytes`).
 """
 
 from __future__ import annotations
@@ -47,7 +59,13 @@ __all__ = [
     "HOST_PHASES",
     "HostPhase",
     "HostPhases",
+    "CPU_IMPORT_BASELINE_BYTES",
+    "MALLOC_MMAP_THRESHOLD_MAX_BYTES",
     "PROCESS_BASELINE_BYTES",
+    "RUNTIME_IMPORT_BYTES",
+    "RUNTIME_SHARED_LIBRARY_BYTES",
+    "TORCH_DYNAMO_IMPORT_BYTES",
+    "allocator_retention_bytes",
     "host_phases",
     "pinned_bytes",
 ]
@@ -64,6 +82,43 @@ HOST_PHASES = ("model_build", "engine_init", "step", "checkpoint_save")
 #: DeepSpeed and the CUDA runtime's host-side libraries. An assumption (2 GiB), not measured on
 #: a GPU node; on CPU probes the worker measures its own baseline instead.
 PROCESS_BASELINE_BYTES = 2 * 1024**3
+_MiB = 1024**2
+#: Resident bytes of one process after ``import torch, deepspeed`` on a CPU-only build, measured
+#: (torch 2.13.0+cpu, DeepSpeed 0.19.8, Python 3.11: VmRSS 249 MiB = 164 MiB anonymous + 85 MiB
+#: file-backed). The process baseline of CPU estimates; CPU probes measure their own instead.
+CPU_IMPORT_BASELINE_BYTES = 249 * _MiB
+#: ``torch._dynamo``, imported by the first ``torch.optim.Optimizer`` (``add_param_group`` is
+#: wrapped by ``torch._disable_dynamo``, which imports it on first call: torch/_compile.py) or by
+#: the first op under a ``TorchDispatchMode`` (the CPU probe's memory tracker): 810 modules,
+#: +70 MiB anonymous, measured as above.
+TORCH_DYNAMO_IMPORT_BYTES = 70 * _MiB
+#: The rest of what ``deepspeed.initialize`` imports on first call (engine, ZeRO optimizers, the
+#: CPU Adam and communication op libraries): +44 MiB anonymous per process, measured as above
+#: with a one-layer model (ZeRO-2 and ZeRO-3, CPU offload: the same to the MiB).
+RUNTIME_IMPORT_BYTES = 44 * _MiB
+#: File-backed pages of the libraries those imports map (+16 MiB by the end of the first step):
+#: shared by the ranks of a node, so counted once per node.
+RUNTIME_SHARED_LIBRARY_BYTES = 16 * _MiB
+#: glibc's ``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit systems (mallopt(3)).
+MALLOC_MMAP_THRESHOLD_MAX_BYTES = 32 * _MiB
+
+
+def allocator_retention_bytes(*, stage: int, params: int, largest_param: int, bytes_per_16bit: int) -> int:
+    """Heap bytes glibc keeps resident after a step on a CPU device: its 16-bit per-parameter temporaries.
+
+    glibc (mallopt(3), M_MMAP_THRESHOLD) serves a request below the mmap threshold from its heap
+    and keeps the chunk for reuse when it is freed; the threshold is dynamic and rises to the size
+    of any freed mmapped chunk, up to 32 MiB (``DEFAULT_MMAP_THRESHOLD_MAX``), so after the first
+    step every per-parameter tensor of up to 32 MiB comes from the heap and stays resident once
+    freed (the heap is trimmed only at its top). A step allocates and frees, per parameter: its
+    full 16-bit gradient before the reduce (stages 0-2: p·Ψ), and in stage 3 also the parameter
+    gathered for the forward and again for the backward (``partition_parameters.py``
+    ``_allgather_params``, released after use): 3·p·Ψ. When the largest parameter's 16-bit size
+    exceeds the threshold it is mmapped and returned on free, so it is left out.
+    """
+    per_param = 3 if stage == 3 else 1
+    heap_params = params if bytes_per_16bit * largest_param <= MALLOC_MMAP_THRESHOLD_MAX_BYTES else params - largest_param
+    return per_param * bytes_per_16bit * max(heap_params, 0)
 
 
 def pinned_bytes(nbytes: int) -> int:
@@ -76,14 +131,15 @@ def pinned_bytes(nbytes: int) -> int:
 
 @dataclass(frozen=True)
 class HostPhase:
-    """Host bytes of one phase: items per rank, plus items only rank 0 of the node holds."""
+    """Host bytes of one phase: items per rank, plus items the node holds once (on its first rank)."""
 
     name: str
     """One of :data:`HOST_PHASES`."""
     per_rank: dict[str, int] = field(default_factory=dict)
     """Bytes every rank of the node holds at this phase's peak, by item."""
     rank0_only: dict[str, int] = field(default_factory=dict)
-    """Bytes only the node's first rank holds on top (gathered weights at save)."""
+    """Bytes the node holds once, counted on its first rank: gathered weights at save, and the
+    file-backed pages of shared libraries every rank maps."""
     ranks: int = 1
     """Ranks on the node."""
 
@@ -153,6 +209,7 @@ def host_phases(
     device_bytes: dict[str, int] | None = None,
     baseline_bytes: int | None = None,
     checkpoint_bytes_on_cpu: int = 0,
+    dynamo_in_baseline: bool = False,
 ) -> HostPhases:
     """Host bytes per rank and per node of ``plan``, phase by phase (sources in the module docstring).
 
@@ -177,7 +234,13 @@ def host_phases(
     DeepSpeed's CPU accelerator pins nothing. ``device="cpu"`` (a CPU probe, where the "device" is
     host memory too) adds ``device_bytes`` — the device-side bytes per rank at each phase, by
     phase name — and every phase carries the process baseline (``baseline_bytes``, default
-    :data:`PROCESS_BASELINE_BYTES`).
+    :data:`PROCESS_BASELINE_BYTES` on CUDA, :data:`CPU_IMPORT_BASELINE_BYTES` on CPU).
+
+    Beyond tensors, from engine init on every rank holds the modules ``deepspeed.initialize``
+    imports (:data:`TORCH_DYNAMO_IMPORT_BYTES` + :data:`RUNTIME_IMPORT_BYTES`; their libraries'
+    pages, :data:`RUNTIME_SHARED_LIBRARY_BYTES`, once per node) — ``dynamo_in_baseline``: torch._dynamo
+    was imported before the measured baseline (a CPU probe's memory tracker imports it). On CPU the step's
+    temporaries are host memory, and glibc keeps up to :func:`allocator_retention_bytes` of them.
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device={device!r}: choose cuda or cpu")
@@ -207,11 +270,19 @@ def host_phases(
     def pin(nbytes: int) -> int:
         return pinned_bytes(nbytes) if pinned_on else nbytes
 
-    baseline = PROCESS_BASELINE_BYTES if baseline_bytes is None else baseline_bytes
+    if baseline_bytes is None:
+        baseline_bytes = CPU_IMPORT_BASELINE_BYTES if device == "cpu" else PROCESS_BASELINE_BYTES
     dev = device_bytes or {}
+    # What the process holds beyond tensors once deepspeed.initialize ran (module docstring).
+    imports = {"runtime_imports": RUNTIME_IMPORT_BYTES}
+    if not dynamo_in_baseline:
+        imports["torch_dynamo_import"] = TORCH_DYNAMO_IMPORT_BYTES
+    shared_libraries = {"runtime_libraries_once_per_node": RUNTIME_SHARED_LIBRARY_BYTES}
 
     def with_common(name: str, items: dict[str, int]) -> dict[str, int]:
-        out = {"process_baseline": baseline}
+        out = {"process_baseline": baseline_bytes}
+        if name != "model_build":
+            out.update(imports)
         out.update({k: v for k, v in items.items() if v})
         if device == "cpu" and dev.get(name):
             out["device_states_on_host"] = dev[name]
@@ -277,15 +348,21 @@ def host_phases(
         if moments:
             step["optimizer_moments"] = moments * s_t
 
+    if device == "cpu":
+        # The step's device temporaries are host memory here, served and kept by glibc's heap; on a
+        # GPU node they are device memory and the host allocates none per step (CPU Adam updates
+        # its buffers in place).
+        step["allocator_retention"] = allocator_retention_bytes(stage=plan.stage, params=psi, largest_param=largest, bytes_per_16bit=p)
+
     # -- checkpoint save ----------------------------------------------------------------------
     save = dict(step)
     rank0 = {"gathered_16bit_model": p * psi} if (gather_16bit_on_save and plan.stage == 3) else {}
 
     phases = (
         HostPhase("model_build", with_common("model_build", built), ranks=g),
-        HostPhase("engine_init", with_common("engine_init", {**init, **transient}), ranks=g),
-        HostPhase("step", with_common("step", step), ranks=g),
-        HostPhase("checkpoint_save", with_common("checkpoint_save", save), rank0_only=rank0, ranks=g),
+        HostPhase("engine_init", with_common("engine_init", {**init, **transient}), rank0_only=shared_libraries, ranks=g),
+        HostPhase("step", with_common("step", step), rank0_only=shared_libraries, ranks=g),
+        HostPhase("checkpoint_save", with_common("checkpoint_save", save), rank0_only={**shared_libraries, **rank0}, ranks=g),
     )
     return HostPhases(phases=phases, build=build, pin_memory=pin_memory, pinned=tuple(pinned_names))
 

@@ -312,7 +312,7 @@ def estimate_plan(
             0,
             f"CPU needs {_gib(worst.per_node_bytes)}/node > {_gib(cluster.cpu_memory_per_node_bytes)} "
             f"at {worst.name.replace('_', ' ')} ({worst.ranks} ranks × {_gib(sum(worst.per_rank.values()))}"
-            + (f" + {_gib(sum(worst.rank0_only.values()))} on rank 0" if worst.rank0_only else "")
+            + (f" + {_gib(sum(worst.rank0_only.values()))} once per node" if worst.rank0_only else "")
             + ")",
         )
     if host.nvme_per_node:

@@ -123,14 +123,34 @@ class PhaseRss:
 
 
 def node_rss(pids: Iterable[int]) -> int:
-    """RSS of a set of processes with shared file-backed pages counted once: Σ(rss − shared) + max(shared)."""
+    """RSS of a process tree with shared pages counted once: Σ(rss − shared) + max(shared).
+
+    A process forked by a worker (``subprocess``, ``multiprocessing``: py-cpuinfo, which
+    DeepSpeedCPUAdam calls at construction, forks one) starts with its parent's anonymous pages
+    shared copy-on-write, which its ``rss`` counts again; such a process (two levels below another
+    of ``pids``) counts its unique pages only (USS, ``/proc/<pid>/smaps_rollup``: read only while
+    it exists).
+    """
     import psutil
 
-    private = 0
-    shared = 0
+    pids = list(pids)
+    members = set(pids)
+    procs = {}
     for pid in pids:
         try:
-            info = psutil.Process(pid).memory_info()
+            procs[pid] = psutil.Process(pid)
+        except psutil.Error:
+            continue
+    private = 0
+    shared = 0
+    for pid, proc in procs.items():
+        try:
+            parent = proc.ppid()
+            grandparent = procs[parent].ppid() if parent in procs else None
+            if parent in members and grandparent in members:
+                private += int(proc.memory_full_info().uss)
+                continue
+            info = proc.memory_info()
         except psutil.Error:
             continue
         sh = int(getattr(info, "shared", 0))
@@ -187,13 +207,18 @@ class NodeRssSampler:
         return next((b for t, b in self.samples if t >= when), None)
 
 
-def device_bytes_on_host(est) -> dict[str, int]:
+def device_bytes_on_host(est, model=None, *, world_size: int = 1) -> dict[str, int]:
     """On a CPU probe the "device" is host memory too: the device-side bytes per rank at each phase.
 
     * engine_init: the 16-bit parameters, twice for stages 0-2 (DeepSpeed flattens them into one
       buffer while the originals still exist: stage_1_and_2.py ``flatten_dense_tensors_aligned``),
       plus the fp32 master partition when it stays on the device (created at init).
-    * step: the estimator's device peak (``gpu.peak_allocated``, activations included).
+    * step: the estimator's device peak (``gpu.peak_allocated``, activations included); stages 1-2
+      with an offloaded optimizer add the fp32 copy of one parameter's gradient slice that
+      stage_1_and_2.py ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` makes on the device
+      (``src_tensor.to(self.master_weights_and_grads_dtype)``) before copying it to the host
+      partition: at most the largest parameter or the partition, 4·min(L, s) (``model`` given;
+      s = trainable parameters / ``world_size``).
     * checkpoint_save: the device-side model states.
     """
     states = est.states
@@ -202,16 +227,24 @@ def device_bytes_on_host(est) -> dict[str, int]:
     if plan.offload_optimizer == "none":
         # Master weights: 4 of the K bytes per parameter in mixed precision (ZeRO paper §3.1).
         init += states.optimizer_states // 3 if states.optimizer_states else 0
-    return {"engine_init": init, "step": int(est.gpu.peak_allocated), "checkpoint_save": states.total}
+    step = int(est.gpu.peak_allocated)
+    if model is not None and plan.stage in (1, 2) and plan.offload_optimizer != "none":
+        from zeroplan.estimator.memory import largest_param_numel
+
+        partition = -(-model.trainable_params // max(1, world_size))
+        step += 4 * min(largest_param_numel(model), partition)
+    return {"engine_init": init, "step": step, "checkpoint_save": states.total}
 
 
-def estimated_host(est, model, cluster, training, *, on_cpu: bool, baseline_node: int | None, build: str | None = None):
+def estimated_host(est, model, cluster, training, *, on_cpu: bool, baseline_node: int | None, build: str | None = None,
+                   tracker_on: bool = False):
     """The estimator's host phases for a probe: per rank items plus the measured idle footprint.
 
     ``baseline_node``: the node's RSS when the ranks start running user code (interpreter, torch,
     DeepSpeed and torchrun imported) — a property of the software stack, not of the plan, so it is
     measured and added, not estimated. Returns :class:`zeroplan.estimator.HostPhases` built with
-    baseline 0; callers add ``baseline_node`` per node.
+    baseline 0; callers add ``baseline_node`` per node. ``tracker_on``: the CPU memory tracker ran,
+    and imported torch._dynamo before the baseline (:class:`zeroplan.runtime.memory.StorageTracker`).
     """
     from zeroplan.estimator import host_phases
 
@@ -221,9 +254,10 @@ def estimated_host(est, model, cluster, training, *, on_cpu: bool, baseline_node
         training,
         est.plan,
         device="cpu" if on_cpu else "cuda",
-        device_bytes=device_bytes_on_host(est) if on_cpu else None,
+        device_bytes=device_bytes_on_host(est, model, world_size=cluster.gpus) if on_cpu else None,
         baseline_bytes=0,
         build=build if build != "zero_init" or est.plan.stage == 3 else None,
+        dynamo_in_baseline=tracker_on,
     )
 
 

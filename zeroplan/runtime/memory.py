@@ -110,6 +110,12 @@ class StorageTracker(TorchDispatchMode):
         return result
 
     def __enter__(self):
+        # The mode's first op imports torch._dynamo (torch/_compile.py ``_disable_dynamo``). Under
+        # ``deepspeed.zero.Init``, which replaces ``torch.Tensor.__new__``, that import fails in
+        # dynamo's polyfills ("Signature mismatch ... tensor_pynew"); a plain run imports dynamo
+        # only at its first optimizer, outside zero.Init. Import it here, before any user code.
+        import torch._dynamo  # noqa: F401
+
         self._orig_resize = torch.UntypedStorage.resize_
         tracker = self
 

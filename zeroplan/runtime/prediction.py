@@ -127,6 +127,7 @@ def _host_estimate(context: dict, summary: dict, host: dict) -> dict:
     phases = estimated_host(
         context["est"], context["model"], context["cluster"], context["training"],
         on_cpu=summary.get("memory_kind") != "cuda", baseline_node=baseline, build=host.get("model_build"),
+        tracker_on=summary.get("memory_kind") == "cpu-storage",
     )
     per_phase = {ph.name: ph.per_node_bytes + baseline for ph in phases.phases if ph.name in ran}
     return {"estimated_host_phases_per_node": per_phase, "estimated_host_peak_per_node": max(per_phase.values())}

@@ -7,7 +7,8 @@ Rules, in order:
 1. the proposal is not a plan the estimator enumerates → PRUNED (``memory`` constraint 1.0);
 2. the estimator says it does not fit → PRUNED with the estimator's reason and a ``memory``
    constraint equal to the predicted overshoot (so TPE learns where the infeasible region is);
-3. a plan needing no more memory already ran out of memory → PRUNED (``oom`` constraint);
+3. a plan needing no more memory already ran out of memory, or a plan predicted to need at least
+   the host RAM per node of one that ran out of host memory → PRUNED (``oom`` constraint);
 4. a hang at a micro-batch no larger at the same stage/offload, or a region two failures with one
    signature rule out (:mod:`zeroplan.tuner.failures`) → PRUNED (``failure`` constraint);
 5. another trial holds a claim on the plan → FAIL ``duplicate`` (ignored by TPE);
@@ -22,6 +23,7 @@ from typing import Any, Optional, Sequence
 
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.failures import FAILURE_KINDS, Failure, Region, hang_rule, learned_regions, suspect_rank
+from zeroplan.tuner.hostrule import host_oom_rule
 from zeroplan.tuner.space import Candidate, SearchSpace, needs_at_least
 
 __all__ = ["Knowledge", "Rejection", "admit", "duplicate", "knowledge_from_trials", "memory_overshoot", "not_enumerated", "oom_rule"]
@@ -44,9 +46,13 @@ class Rejection:
     """Record the candidate's predictions with it (False: only the plan key and source)."""
 
 
-def memory_overshoot(cand: Candidate, gpu_memory_bytes: int) -> float:
-    """Predicted peak memory over the GPU's, as a fraction (at least 0.01 so it reads as violated)."""
-    return max(cand.predicted_peak_memory_bytes / gpu_memory_bytes - 1.0, 0.01)
+def memory_overshoot(cand: Candidate, gpu_memory_bytes: int, cpu_memory_bytes: int = 0) -> float:
+    """Predicted peak memory over the GPU's — or host RAM per node over the node's, whichever is
+    larger (``cpu_memory_bytes`` 0: not checked) — as a fraction (at least 0.01 so it reads as violated)."""
+    over = cand.predicted_peak_memory_bytes / gpu_memory_bytes - 1.0
+    if cpu_memory_bytes > 0:
+        over = max(over, cand.predicted_host_bytes_per_node / cpu_memory_bytes - 1.0)
+    return max(over, 0.01)
 
 
 def oom_rule(cand: Candidate, ooms: Sequence[tuple[int, Candidate]]) -> Optional[str]:
@@ -86,6 +92,8 @@ class Knowledge:
 
     ooms: tuple[tuple[int, Candidate], ...] = ()
     """(trial number, plan) of every probe that ran out of memory."""
+    host_ooms: tuple[tuple[int, Candidate], ...] = ()
+    """(trial number, plan) of the probes among ``ooms`` that ran out of host memory (``memory_limit``)."""
     failures: tuple[tuple[int, Candidate, Failure], ...] = ()
     """(trial number, plan, classified failure) of every failed probe."""
     successes: tuple[Candidate, ...] = ()
@@ -99,7 +107,7 @@ class Knowledge:
 def knowledge_from_trials(trials: Sequence[Any], space: SearchSpace) -> Knowledge:
     """Read :class:`Knowledge` from the study's trials (their ``status``, ``plan_key`` and
     ``failure_*`` user attrs; plans no longer in ``space`` are ignored)."""
-    ooms, failures, successes = [], [], []
+    ooms, host_ooms, failures, successes = [], [], [], []
     for t in trials:
         attrs = t.user_attrs
         status = attrs.get("status")
@@ -111,16 +119,19 @@ def knowledge_from_trials(trials: Sequence[Any], space: SearchSpace) -> Knowledg
             continue
         if status == "oom":
             ooms.append((t.number, cand))
+            if attrs.get("memory_limit") == "host":
+                host_ooms.append((t.number, cand))
         if attrs.get("failure_kind") in FAILURE_KINDS:
             failure = Failure(kind=attrs["failure_kind"], phase=attrs.get("failure_phase") or None, signature=str(attrs.get("signature", "")))
             failures.append((t.number, cand, failure))
-    return Knowledge(ooms=tuple(ooms), failures=tuple(failures), successes=tuple(successes))
+    return Knowledge(ooms=tuple(ooms), host_ooms=tuple(host_ooms), failures=tuple(failures), successes=tuple(successes))
 
 
 def admit(
     cand: Candidate,
     *,
     gpu_memory_bytes: int,
+    cpu_memory_bytes: int = 0,
     ooms: Sequence[tuple[int, Candidate]] = (),
     holder: Optional[int] = None,
     knowledge: Optional[Knowledge] = None,
@@ -129,15 +140,20 @@ def admit(
 ) -> Optional[Rejection]:
     """None if ``cand`` may be probed, else the :class:`Rejection` to record.
 
+    ``cpu_memory_bytes``: the node's host RAM (0: unknown), for the overshoot of a plan pruned on it.
     ``holder`` is the number of a trial that already holds a claim on the plan (None: nobody).
     ``knowledge``: the study's failed and working probes (its OOMs are added to ``ooms``);
     ``regions``: the regions it teaches, when the caller computed them already;
     ``unsuspected_left``: some plan left shares no factor with a failure, so a suspect one waits.
     """
     if not cand.fits:
-        return Rejection(state="PRUNED", status="pruned", reason=cand.reason, constraint=("memory", memory_overshoot(cand, gpu_memory_bytes)))
+        overshoot = memory_overshoot(cand, gpu_memory_bytes, cpu_memory_bytes)
+        return Rejection(state="PRUNED", status="pruned", reason=cand.reason, constraint=("memory", overshoot))
     knowledge = knowledge or Knowledge()
     reason = oom_rule(cand, tuple(ooms) + knowledge.ooms)
+    if reason is None:
+        host_ooms = [(n, bad.plan.label, bad.predicted_host_bytes_per_node) for n, bad in knowledge.host_ooms if bad.key != cand.key]
+        reason = host_oom_rule(cand.predicted_host_bytes_per_node, host_ooms)
     if reason is not None:
         return Rejection(state="PRUNED", status="pruned", reason=reason, constraint=("oom", 1.0))
     reason = hang_rule(cand, knowledge.failures)

@@ -146,7 +146,7 @@ class Tuner:
         left = [
             c
             for c in self.space.fitting
-            if c.key not in claimed and admit(c, gpu_memory_bytes=gpu, knowledge=knowledge, regions=regions) is None
+            if c.key not in claimed and admit(c, gpu_memory_bytes=gpu, cpu_memory_bytes=self.space.cluster.cpu_memory_per_node_bytes, knowledge=knowledge, regions=regions) is None
         ]
         return sorted(left, key=lambda c: suspect_rank(c, knowledge.failures))  # stable: prediction order within
 
@@ -307,6 +307,7 @@ class Tuner:
                 rejection = admit(
                     cand,
                     gpu_memory_bytes=self.space.cluster.gpu_memory_bytes,
+                    cpu_memory_bytes=self.space.cluster.cpu_memory_per_node_bytes,
                     holder=self.ledger.holder_of(cand.key, trials),
                     knowledge=knowledge,
                     unsuspected_left=bool(remaining) and suspect_rank(remaining[0], knowledge.failures) == 0,

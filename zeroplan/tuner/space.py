@@ -122,6 +122,8 @@ class Candidate:
     """Estimated peak allocated bytes per GPU."""
     predicted_step_time_s: float
     """Estimated time of one optimizer step, seconds."""
+    predicted_host_bytes_per_node: int = 0
+    """Estimated host RAM per node at the plan's worst host phase, bytes."""
     reason: str = ""
     """Why it was pruned (empty when it fits)."""
     rank: int = 0
@@ -300,6 +302,7 @@ def build_space(
             predicted_samples_per_second=samples_per_s,
             predicted_peak_memory_bytes=int(est.gpu.total),
             predicted_step_time_s=float(est.step_time),
+            predicted_host_bytes_per_node=int(est.cpu_per_node),
         )
         if est.fits:
             fitting.append(Candidate(fits=True, **common))
