@@ -1,8 +1,10 @@
 """Host memory per node: the estimator's phases against probes measured on this machine.
 
     PYTHONPATH=. python benchmarks/bench_host_memory.py [-o benchmarks/results/host_memory.txt]
+    PYTHONPATH=. python benchmarks/bench_host_memory.py --nproc 4 --layers 2 --hidden 256 --vocab 8192 \
+        -o benchmarks/results/host_memory_4ranks.txt
 
-DeepSpeed on 2 CPU ranks (gloo) runs ``benchmarks/host_memory_script.py`` (the GPT of
+DeepSpeed on 2 (``--nproc``) CPU ranks (gloo) runs ``benchmarks/host_memory_script.py`` (the GPT of
 examples/gpt_task.py, built plainly or under ``deepspeed.zero.Init``) for each case: ZeRO-2 and
 ZeRO-3 with ``offload_optimizer: cpu``, ZeRO-3 with ``offload_param: cpu``, ``pin_memory`` on and
 off, ``zero.Init`` on and off. Per case and phase it prints the node's measured peak RSS (sampled
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--vocab", type=int, default=16384)
     p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--nproc", type=int, default=2, help="ranks on this node")
     p.add_argument("-o", "--output", type=Path)
     args = p.parse_args(argv)
 
@@ -55,23 +58,23 @@ def main(argv: list[str] | None = None) -> int:
         case = dict(CASES[name])
         pin, zero_init = case.pop("pin"), case.pop("zero_init")
         plan = Plan(micro_batch=2, **case)
-        ds = build_config(plan, world_size=2, training=training, model=model)
+        ds = build_config(plan, world_size=args.nproc, training=training, model=model)
         for key in ("offload_optimizer", "offload_param"):
             block = ds["zero_optimization"].get(key)
             if isinstance(block, dict) and block.get("device") == "cpu":
                 block["pin_memory"] = pin
         script_args = ("--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab))
         script_args += ("--zero-init",) if zero_init else ()
-        r = run_probe(ProbeRequest(script=ROOT / "benchmarks" / "host_memory_script.py", nproc=2, ds_config=ds, model=model,
+        r = run_probe(ProbeRequest(script=ROOT / "benchmarks" / "host_memory_script.py", nproc=args.nproc, ds_config=ds, model=model,
                                    training=training, script_args=script_args, steps=2, warmup=1, timeout_s=900))
         rows.append({"case": name, "status": r.status, "error": r.error, **{k: v for k, v in r.as_dict().items() if k.startswith(("host", "estimated_host"))}})
         print(f"{name}: {r.status} measured {r.host_peak_per_node} estimated {r.estimated_host_peak_per_node}", file=sys.stderr)
 
     mib = lambda n: "—" if n is None else f"{n / 2**20:,.0f}"  # noqa: E731
     lines = [
-        f"DeepSpeed 0.19 on 2 CPU ranks (gloo, this machine, shared with other jobs): GPT L{args.layers} h{args.hidden} "
-        f"V{args.vocab} (Ψ = {model.params:,}), bf16, micro-batch 2. Host RSS per node in MiB (torchrun + 2 workers,",
-        "shared pages once); estimate = the estimator's phases + the node's measured idle footprint (baseline).",
+        f"DeepSpeed 0.19 on {args.nproc} CPU ranks (gloo, this machine, shared with other jobs): GPT L{args.layers} h{args.hidden} "
+        f"V{args.vocab} (Ψ = {model.params:,}), bf16, micro-batch 2. Host RSS per node in MiB (torchrun + {args.nproc} workers,",
+        f"shared pages once); estimate = the estimator's phases + the node's measured idle footprint (baseline).",
         "",
         f"{'case':28} {'phase':12} {'measured':>9} {'estimate':>9} {'error':>7}",
     ]
