@@ -137,3 +137,29 @@ def test_peft_estimate_imports_no_torch_or_peft():
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("targets,measured", [
+    # DeepSpeed 0.19 on 2 CPU ranks, examples/lora_task.py's Llama (L4 h256 GQA 4/2 ffn 688 V8192), r 8:
+    # the frozen parameters ds_status showed NOT_AVAILABLE when the loss's backward started
+    # (benchmarks/zero3_gathered_params.py): the embedding and layer 0's q/k/v ...
+    ("all-linear", {"input_embedding": 2_097_152, "first_block_qkv": 131_072}),
+    ("q_proj,v_proj", {"input_embedding": 2_097_152, "first_block_qkv": 131_072}),
+    # ... and with down_proj alone every layer-0 linear, down_proj's base_layer included.
+    ("down_proj", {"input_embedding": 2_097_152, "first_block_qkv": 131_072, "first_block_attn_output": 65_536,
+                   "first_block_mlp_input": 352_256, "first_block_mlp_output": 176_128}),
+])
+def test_zero3_releases_the_frozen_modules_no_gradient_flows_through(targets, measured):
+    from dataclasses import replace
+
+    from zeroplan.estimator.peft import stage3_released_frozen_params
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+    from zeroplan.profiles.lora import base_modules, lora_spec
+
+    config = dict(model_type="llama", vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    base = model_from_hf_dict(config, name="llama L4 h256")
+    model = replace(base, peft=lora_spec(base, base_modules(config), rank=8, targets=targets.split(",") if targets != "all-linear" else targets))
+    assert stage3_released_frozen_params(model, persistence_threshold=10 * model.hidden_size) == measured
+    # Checkpointing re-gathers in the recomputed forward: nothing is assumed released.
+    assert stage3_released_frozen_params(model, checkpointing="full") == {}

@@ -27,11 +27,16 @@ from zeroplan.cli.common import (
     PrefetchBucketOpt,
     ReduceBucketOpt,
     resolve_engine_options,
+    AdapterOpt,
+    BaseQuantOpt,
     CheckpointingOpt,
     FormatOpt,
     GpusOpt,
     GpusPerNodeOpt,
     GradAccumOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
     MicroBatchOpt,
     ModelOpt,
     OffloadOptimizerOpt,
@@ -41,6 +46,7 @@ from zeroplan.cli.common import (
     ParamsOpt,
     PrecisionOpt,
     StageOpt,
+    TrainableParamsOpt,
     check_choice_option,
     check_plan_options,
     resolve_model,
@@ -162,6 +168,12 @@ def probe(
     reduce_bucket_size: ReduceBucketOpt = None,
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    adapter: AdapterOpt = None,
+    trainable_params: TrainableParamsOpt = None,
+    base_quant: BaseQuantOpt = None,
     format: FormatOpt = "table",
     output: OutputOpt = None,
     verbose: VerboseOpt = False,
@@ -173,7 +185,9 @@ def probe(
 ) -> None:
     """Run SCRIPT for a few optimizer steps under torchrun and print measured vs estimated.
 
-    Script arguments go after `--`. Without CUDA the job runs on CPU over gloo (DS_ACCELERATOR=cpu) and peak memory is live tensor storage per rank.
+    Script arguments go after `--`. The LoRA options (--lora-rank, --adapter, ...) set the layout
+    the estimate uses when the run's own model does not carry one; the trainable count the
+    engine reports (requires_grad) comes first. Without CUDA the job runs on CPU over gloo (DS_ACCELERATOR=cpu) and peak memory is live tensor storage per rank.
     """
     from zeroplan.runtime import BACKENDS, ProbeRequest, run_probe
     from zeroplan.dsconfig import load_config, plan_from_config
@@ -212,7 +226,17 @@ def probe(
         raise SpecError(f"script {script} does not exist or is not a file")
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
     ds_config = load_config(config).config if config is not None else None
+    from zeroplan.runtime.peft_source import PeftFlags
+
+    # What needs no model is checked now; a layout that does not fit the model is an error now
+    # with --model/--params, and a note beside the measurement for a task's or discovered model.
+    peft_flags = PeftFlags(
+        lora_rank=lora_rank, lora_targets=lora_targets, lora_alpha=lora_alpha, adapter=adapter,
+        trainable_params=trainable_params, base_quant=base_quant, model_arg=model, precision=precision,
+    )
     model_spec = resolve_model(params, model) if (params is not None or model is not None) else None
+    if model_spec is not None and peft_flags.given:
+        model_spec = peft_flags.apply(model_spec)
 
     plan = None
     if ds_config is not None:
@@ -272,6 +296,7 @@ def probe(
         nodes=nodes,
         optimizer_impl=optimizer_impl,
         loss=loss,
+        peft_flags=peft_flags if peft_flags.given else None,
     )
 
     from rich.console import Console

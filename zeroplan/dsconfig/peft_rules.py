@@ -13,10 +13,10 @@ from zeroplan.dsconfig.plan import is_enabled, is_whole_number
 from zeroplan.dsconfig.rules import Context, Finding, _f, _fmt, rule
 from zeroplan.spec import bytes_per_param, optimizer_state_bytes_per_param
 
-__all__: list[str] = []
+__all__ = ["OFFLOAD_WORTH_BYTES"]
 
 #: Below this many bytes saved per GPU, optimizer offload costs more (PCIe, CPU Adam) than it frees.
-_OFFLOAD_WORTH_BYTES = 1024**3
+OFFLOAD_WORTH_BYTES = 1024**3
 
 
 def _peft(ctx: Context):
@@ -58,7 +58,7 @@ def _pointless_offload(ctx: Context) -> Iterator[Finding]:
     n = ctx.world_size or 1
     shard = -(-peft.trainable_params // n) if (ctx.stage or 0) >= 1 else peft.trainable_params
     saved = (optimizer_state_bytes_per_param(optimizer, precision) + bytes_per_param(precision)) * shard
-    if saved >= _OFFLOAD_WORTH_BYTES:
+    if saved >= OFFLOAD_WORTH_BYTES:
         return
     yield _f("ZP802", "zero_optimization.offload_optimizer",
              f"offloading the optimizer frees only {saved / 2**20:,.1f} MiB per GPU ({_fmt(peft.trainable_params)} "

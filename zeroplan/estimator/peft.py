@@ -38,6 +38,8 @@ __all__ = [
     "quantized_weight_bytes",
     "dequant_workspace_bytes",
     "frozen_base_activation_terms",
+    "released_frozen_bytes",
+    "stage3_released_frozen_params",
 ]
 
 #: NF4 code bits per weight (QLoRA §3, "4-bit NormalFloat").
@@ -111,6 +113,10 @@ def dequant_workspace_bytes(model: ModelSpec, precision: str) -> int:
         return 0
     return bytes_per_param(precision) * model.peft.largest_quantized_numel
 
+
+#: Substrings of input-embedding module names (Llama/Mistral ``embed_tokens``, GPT-2 ``wte``/``wpe``,
+#: GPT-NeoX ``embed_in``, BLOOM ``word_embeddings``).
+_EMBEDDING_NAMES = ("embed", "wte", "wpe")
 
 #: Which base tensor an adapted module's input is, by module path inside a block.
 _ROLE = {
@@ -186,3 +192,84 @@ def frozen_base_activation_terms(
         if peft.dropout > 0:
             out["lora_dropout"] = sum((e + 1) * s * b * m.in_features for m in per_layer)
     return out
+
+
+def stage3_released_frozen_params(
+    model: ModelSpec, *, checkpointing: str = "none", persistence_threshold: int = 0
+) -> dict[str, int]:
+    """Frozen parameters (elements, by part) that ZeRO-3 releases after forward and does not
+    gather again in backward, because no gradient flows through their module.
+
+    DeepSpeed 0.19 gathers a module's parameters for backward from an autograd Function applied
+    to the module's outputs (zero/parameter_offload.py ``_pre_backward_module_hook`` →
+    ``PreBackwardFunctionForModule``, lines 410-487); an output that does not require grad gets no
+    node, so the module's backward fetch never happens and the module is absent from the
+    backward half of the recorded trace (partitioned_param_coordinator.py ``record_module`` via
+    ``pre_sub_module_backward_function``). After the module's forward, ``release_sub_module``
+    (line 494) frees every parameter whose next use does not fall within
+    ``stage3_max_reuse_distance`` of the trace (``__params_to_release``, lines 634-665); with
+    no later use in the step, that is all of them. Every other parameter is still gathered when
+    the loss's backward starts (measured with ``ds_status`` on 2 CPU ranks).
+
+    With a frozen base and LoRA on every block (peft adapts all layers; ``layers_to_transform``
+    is rejected), the modules whose inputs need no gradient are:
+
+    * the input embedding (token ids in, frozen weight: its output needs no gradient), unless
+      tied to the output layer, which backward does use;
+    * in the first block, whose input is the embedding's output: the q/k/v projections (a LoRA
+      module's ``base_layer`` too: only its A and B matrices get a gradient path), o_proj when no
+      q/k/v carries an adapter, the MLP's input projections when none of q/k/v/o does, and the
+      MLP's output projection when nothing before it in the block does.
+
+    From the second block on, the block input carries the first block's adapter gradient, so
+    every module runs backward. With activation checkpointing (recomputed forwards re-gather,
+    and ``enable_input_require_grads`` makes the embedding output require grad) or when more
+    than the adapters trains (``modules_to_save``, ``--trainable-params``), nothing is released
+    here. Parameters below ``stage3_param_persistence_threshold`` stay whole anyway and are
+    not counted.
+    """
+    peft = model.peft
+    if peft is None or peft.method != "lora" or checkpointing != "none":
+        return {}
+    lora = sum(m.rank * (m.in_features + m.out_features) * m.count for m in peft.adapted)
+    dora = sum(m.out_features * m.count for m in peft.adapted)
+    if peft.trainable_params not in (lora, lora + dora):
+        # Something beyond the adapters trains (modules_to_save copies): other gradient paths.
+        return {}
+    per_layer_roles = {_role(m.name) for m in peft.adapted if m.count == model.num_layers}
+    top_level = [m.name for m in peft.adapted if m.count != model.num_layers]
+    if any(key in name for name in top_level for key in _EMBEDDING_NAMES):
+        # An adapted embedding trains: its output and everything after it need gradients.
+        return {}
+    h, f, kv = model.hidden_size, model.ffn_size, model.num_kv_heads * model.head_dim
+    released: dict[str, int] = {}
+    if not model.tied_embeddings:
+        released["input_embedding"] = model.embedding_params
+    # The first block's modules in data-flow order; a gradient path opens after the first
+    # adapted role, and every module from there on runs backward.
+    first_block = (
+        ("first_block_qkv", "qkv_input", h * h + 2 * h * kv),
+        ("first_block_attn_output", "attn_output", h * h),
+        ("first_block_mlp_input", "mlp_input", (2 if model.gated_mlp else 1) * h * f),
+        ("first_block_mlp_output", "mlp_output_input", h * f),
+    )
+    if per_layer_roles - {None}:
+        for name, role, numel in first_block:
+            released[name] = numel
+            if role in per_layer_roles:
+                break
+    return {name: n for name, n in released.items() if n >= persistence_threshold}
+
+
+def released_frozen_bytes(model: ModelSpec, released: dict[str, int], precision: str) -> int:
+    """Bytes of the parameters :func:`stage3_released_frozen_params` returns: the embedding in the
+    training precision, the first block's matrices as stored (quantized ones at their
+    :func:`quantized_weight_bytes` per element)."""
+    p = bytes_per_param(precision)
+    embedding = released.get("input_embedding", 0)
+    block = sum(released.values()) - embedding
+    peft = model.peft
+    if block and peft is not None and peft.base_quant != "none" and peft.quantized_params:
+        stored = sum(quantized_weight_bytes(peft.base_quant, peft.quantized_params, peft.quantized_rows).values())
+        return p * embedding + block * stored // peft.quantized_params
+    return p * (embedding + block)

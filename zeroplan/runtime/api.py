@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zeroplan.runtime.multinode import NodeLaunch
 from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, resolve_optimizer_impl
+from zeroplan.runtime.peft_source import PeftFlags
 from zeroplan.spec import LOSSES, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.spec.errors import check_choice
 
@@ -61,6 +62,9 @@ class ProbeRequest:
     loss: str | None = None
     """What the loss keeps over the logits, for the estimate (``zeroplan.spec.LOSSES``); None: the
     task's ``loss``, else ``training.loss``."""
+    peft_flags: PeftFlags | None = None
+    """LoRA/QLoRA options for the estimate when the run's own model does not carry a layout
+    (zeroplan.runtime.peft_source)."""
 
     @property
     def world_size(self) -> int:

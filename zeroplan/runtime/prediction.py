@@ -57,28 +57,23 @@ def _estimate(
     """
     from zeroplan.spec import ModelSpec
 
-    model = request.model
+    from zeroplan.runtime.peft_source import model_for_estimate
+
+    model, origin = request.model, "--model"
     model_dict = summary.get("model_spec")
     if model is None and model_dict:
         try:
             model = ModelSpec.from_dict(model_dict)
         except (SpecError, TypeError) as exc:
             return None, f"no estimate: task model_spec invalid ({exc})"
+        origin = "the discovered model" if summary.get("discovered") else "the task's model_spec"
     if plan is None:
         return None, "no estimate: no plan (give a DeepSpeed config or --stage)"
     if model is None:
         return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
-    note = None
-    trainable, frozen = summary.get("trainable_params"), summary.get("frozen_params")
-    if model.peft is None and trainable and frozen and trainable < model.params:
-        # The run froze part of the model (a PEFT script): count gradients and optimizer states
-        # for what requires grad; activations stay those of a full fine-tune (which layers carry
-        # adapters is unknown without --lora-rank/--adapter).
-        from zeroplan.spec import PeftSpec
-
-        model = dataclasses.replace(model, peft=PeftSpec(method="partial", base_params=model.params, trainable_params=trainable))
-        note = (f"the run trains {trainable:,} of {trainable + frozen:,} parameters (requires_grad); the estimate counts "
-                "gradients and optimizer states for those only (give --lora-rank/--adapter for LoRA's activations)")
+    model, note = model_for_estimate(
+        model, origin=origin, trainable=summary.get("trainable_params"), frozen=summary.get("frozen_params"), flags=request.peft_flags
+    )
     seq_len = summary.get("seq_len") or request.seq_len or (request.training.seq_len if request.training else None)
     if seq_len is None:
         return None, "no estimate: sequence length unknown (give --seq-len)"

@@ -308,6 +308,9 @@ def build_space(
             fitting.append(Candidate(fits=True, **common))
         else:
             pruned.append(Candidate(fits=False, reason=_pruned_reason(est, cluster), rank=-1, **common))
+    if model.peft is not None:
+        fitting, skipped = _skip_small_offloads(fitting, model)
+        pruned = skipped + pruned
     # Ties (a small model is latency-bound in the arithmetic) go to the larger micro-batch, the
     # lower stage and less recomputation: fewer micro-steps, collectives and FLOPs in practice.
     fitting.sort(
@@ -334,6 +337,39 @@ def build_space(
         micro_batches=sorted({p.micro_batch for p in plans}),
         bucket_sizes=list(bucket_sizes),
     )
+
+
+def _skip_small_offloads(fitting: list[Candidate], model: ModelSpec) -> tuple[list[Candidate], list[Candidate]]:
+    """(kept, skipped): optimizer-offload plans of a parameter-efficient run whose twin without
+    the offload fits too, and that free less than OFFLOAD_WORTH_BYTES per GPU.
+
+    Offload moves only the trainable parameters' optimizer states and gradients (a LoRA adapter:
+    a few MB) while the frozen base and the activations stay on the GPU; the estimator's time
+    model charges the host copies and the CPU optimizer step for it (zeroplan.estimator.timing).
+    The reason records both numbers, from the estimates of the two plans.
+    """
+    from zeroplan.dsconfig.peft_rules import OFFLOAD_WORTH_BYTES
+
+    by_key = {c.key: c for c in fitting}
+    kept: list[Candidate] = []
+    skipped: list[Candidate] = []
+    for cand in fitting:
+        twin = None
+        if cand.plan.offload_optimizer != "none":
+            try:
+                twin = by_key.get(plan_key(replace(cand.plan, offload_optimizer="none")))
+            except SpecError:
+                twin = None
+        saved = twin.predicted_peak_memory_bytes - cand.predicted_peak_memory_bytes if twin else None
+        if twin is None or saved >= OFFLOAD_WORTH_BYTES:
+            kept.append(cand)
+            continue
+        slower = cand.predicted_step_time_s - twin.predicted_step_time_s
+        skipped.append(replace(cand, fits=False, rank=-1, reason=(
+            f"skipped: offload_optimizer frees {saved / 2**20:,.1f} MiB per GPU ({model.trainable_params:,} trainable "
+            f"parameters) for {slower * 1e3:+,.1f} ms per step (host copies, CPU optimizer step); {twin.key} fits without it"
+        )))
+    return kept, skipped
 
 
 def _zero_order(stages: Sequence[int], offload_optimizer: Sequence[str], offload_param: Sequence[str]) -> list[str]:
