@@ -4,7 +4,8 @@
 
 Flags after ``--`` (or LORA_* environment variables): --layers, --hidden, --heads, --kv-heads,
 --ffn, --vocab, --seq-len, --rank (0: full fine-tune of the same model), --targets
-(comma-separated module names or all-linear). Needs transformers and peft.
+(comma-separated module names or all-linear), --base-quant nf4 (QLoRA: the random base saved and
+reloaded in NF4 by transformers with bitsandbytes). Needs transformers and peft.
 
 The base is frozen by ``peft.get_peft_model`` (requires_grad False), so DeepSpeed builds
 gradients and optimizer states for the adapters only. The task's ``model_spec`` carries the
@@ -33,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=int(env("SEQ_LEN", 128)))
     p.add_argument("--rank", type=int, default=int(env("RANK_R", 8)))
     p.add_argument("--targets", default=env("TARGETS", "q_proj,v_proj"))
+    p.add_argument("--base-quant", default=env("BASE_QUANT", "none"), choices=("none", "nf4"))
     args, _ = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     return args
 
@@ -54,6 +56,7 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     data = hf_config(args)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
     config._attn_implementation = "sdpa"
@@ -63,7 +66,37 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
         return model
     import peft
 
+    if args.base_quant == "nf4":
+        model = _nf4_base(model)
     return peft.get_peft_model(model, peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=_targets(args)))
+
+
+def _nf4_base(model: torch.nn.Module) -> torch.nn.Module:
+    """The same random weights reloaded as QLoRA loads a checkpoint: NF4 with double quantization,
+    bf16 compute (transformers' bitsandbytes integration keeps lm_head unquantized), then peft's
+    prepare_model_for_kbit_training (non-quantized parameters to fp32; no checkpointing here:
+    the plan's checkpointing applies)."""
+    import tempfile
+    import warnings
+
+    import peft
+    import transformers
+
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                            bnb_4bit_compute_dtype=torch.bfloat16)
+    device_map = {"": int(os.environ.get("LOCAL_RANK", 0))} if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory(prefix="lora-task-") as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # Every rank writes its own copy (save_pretrained writes on rank 0 only once
+        # torch.distributed is up).
+        from safetensors.torch import save_file
+
+        model.config.to_json_file(os.path.join(folder, "config.json"))
+        save_file({k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
+                  os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=quant, dtype=torch.bfloat16,
+                                                                  device_map=device_map)
+    return peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
 def make_batch(args: argparse.Namespace, micro_batch: int, step: int, rank: int):
@@ -90,7 +123,8 @@ def model_spec(args: argparse.Namespace):
     base = model_from_hf_dict(data, name=f"llama L{args.layers} h{args.hidden}")
     if args.rank == 0:
         return base
-    peft_spec = lora_spec(base, base_modules(data), rank=args.rank, targets=_targets(args), alpha=2 * args.rank)
+    peft_spec = lora_spec(base, base_modules(data), rank=args.rank, targets=_targets(args), alpha=2 * args.rank,
+                          base_quant=args.base_quant)
     return replace(base, name=f"{base.name} + LoRA r{args.rank}", peft=peft_spec)
 
 

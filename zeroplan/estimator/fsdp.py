@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.memory import ModelStates
 from zeroplan.estimator.optimizer import optimizer_step_temporaries
-from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes
+from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, quantized_weight_bytes
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 
 __all__ = [
@@ -91,6 +91,25 @@ def _trainable_split(model: ModelSpec) -> tuple[int, int, int, bool, int]:
         return psi_t, 0, -(-psi_t // model.num_layers), False, largest
     root_t = psi_t * groups.root // model.total_params
     return psi_t, root_t, -(-(psi_t - root_t) // model.num_layers), True, model.largest_layer_params
+
+
+def _quantized_base(model: ModelSpec) -> tuple[int, int, int]:
+    """(quantized elements, their stored bytes, their replicated constants' bytes) of a QLoRA /
+    int8 base; zeros otherwise.
+
+    bitsandbytes keeps the codes in the parameter (``Params4bit``: uint8, two NF4 codes per byte;
+    ``Int8Params``: int8), which ``fully_shard`` shards on dim 0 and all-gathers as stored (not
+    cast to ``param_dtype``: it is not floating point); the quantization constants live in
+    ``quant_state`` (absmax, nested absmax / row scales), outside the parameter, so every rank
+    keeps them whole. Measured on 2 CPU ranks: an NF4 Llama under FSDP2 gives the unsharded
+    model's loss (benchmarks/results/lora_memory_fsdp_nf4.txt).
+    """
+    peft = model.peft
+    if peft is None or peft.base_quant == "none" or not peft.quantized_params:
+        return 0, 0, 0
+    parts = quantized_weight_bytes(peft.base_quant, peft.quantized_params, peft.quantized_rows)
+    stored = parts.get("nf4_codes", 0) + parts.get("int8_weights", 0)
+    return peft.quantized_params, stored, sum(parts.values()) - stored
 
 
 def fsdp_groups(model: ModelSpec) -> FsdpGroups:
@@ -205,22 +224,33 @@ def fsdp_memory(
         )
         phases = {
             "loss_backward": {**bucket, "activations": loss_acts, "autocast_weight_casts": cast_cache},
-            "block_backward": {**bucket, "activations": layers_only, "autocast_weight_casts": cast_cache, "head_gradient": m * model.embedding_params if head_trains else 0},
+            "block_backward": {**bucket, "activations": layers_only, "autocast_weight_casts": cast_cache,
+                               "head_gradient": m * model.embedding_params if head_trains else 0},
             "optimizer_step": {**bucket, "gradients": grads, **temps},
         }
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
         return FsdpMemory(states=states, phases=phases, host_items={})
 
     offload = (plan.offload_optimizer == "cpu" or plan.offload_param == "cpu") and on_gpu
-    params, grads, optimizer = m * shard(psi), m * shard(psi_t), moments * shard(psi_t)
-    unsharded_all = p * psi
+    # FSDP2 with a quantized base (QLoRA): the codes are sharded and all-gathered as stored, the
+    # constants replicated (_quantized_base), and each 4-bit/int8 matmul dequantizes its weight
+    # into a p-byte workspace, again in backward (estimator.peft.dequant_workspace_bytes).
+    quantized, q_stored, q_constants = _quantized_base(model)
+    float_psi = psi - quantized
+    workspace_bytes = dequant_workspace_bytes(model, training.precision)
+    dequant = {"dequantized_weight": workspace_bytes} if workspace_bytes else {}
+    params = m * shard(float_psi) + shard(q_stored) + q_constants
+    grads, optimizer = m * shard(psi_t), moments * shard(psi_t)
+    unsharded_all = p * float_psi + q_stored
     root_p = p * groups.root
     head_grad = p * model.embedding_params if head_trains else 0
+    # The quantized weights are the blocks' linears (the root group stays floating point).
+    block_bytes = p * (groups.block - quantized // groups.blocks) + q_stored // groups.blocks
     if plan.stage == 3:
-        gathered_blocks = 2 * p * groups.block  # the running block and the one prefetched
+        gathered_blocks = 2 * block_bytes  # the running block and the one prefetched
         loss_unsharded = 0
     else:
-        gathered_blocks = p * (psi - groups.root)
+        gathered_blocks = unsharded_all - root_p
         loss_unsharded = unsharded_all
     temps = optimizer_step_temporaries(
         impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi_t), largest_param=shard(largest_t), on_gpu=on_gpu
@@ -236,6 +266,7 @@ def fsdp_memory(
             "block_unsharded_gradients": p * block_t,
             "reduce_scatter_input": r * block_t,
             "sharded_gradients": 0 if offload else m * shard(block_t),
+            **dequant,
         },
         "root_post_backward": {
             "sharded_gradients": sharded_grads_gpu,
