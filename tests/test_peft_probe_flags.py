@@ -120,3 +120,21 @@ def test_without_options_the_run_count_alone():
     assert "give --lora-rank/--adapter for LoRA's activations" in note
     with pytest.raises(SpecError, match="--lora-rank 0 is not valid"):
         PeftFlags(lora_rank=0)
+
+
+def test_options_give_a_discovered_peft_model_its_layout():
+    # What discovery makes of examples/train_deepspeed_lora.py -- --rank 8: the PeftModel's total
+    # (base + adapters) with a requires_grad split and no layout.
+    from dataclasses import replace
+
+    from zeroplan.spec import PeftSpec
+
+    base, peft = _small()
+    discovered = replace(base, params=base.params + peft.added_params, source="discovered", peft=PeftSpec(
+        method="partial", base_params=base.params + peft.added_params, trainable_params=28_672, source="discovered"))
+    model, note = model_for_estimate(discovered, origin="the discovered model", trainable=28_672, frozen=7_096_576,
+                                     flags=PeftFlags(lora_rank=8, lora_targets="q_proj,v_proj"))
+    assert (model.params, model.peft.method, model.total_params) == (base.params, "lora", 7_125_248)
+    assert "as --lora-rank 8 --lora-targets q_proj,v_proj gives" in note
+    alone, note = model_for_estimate(discovered, origin="the discovered model", trainable=28_672, frozen=7_096_576)
+    assert (alone, note) == (discovered, None)  # discovery's own split stands

@@ -112,9 +112,14 @@ def model_for_estimate(
     (None where the backend does not report them).
     """
     layout = None
-    if model.peft is not None:
-        layout = "the options given" if flags is not None and flags.given and origin == "--model" else origin
-    elif flags is not None and flags.given:
+    given = flags is not None and flags.given
+    if given and model.peft is not None and model.peft.method == "partial" and model.peft.source == "discovered":
+        # Discovery counts requires_grad only (no layout): the frozen part is the base the
+        # options adapt; the counts still come from the run below.
+        model = dataclasses.replace(model, params=model.peft.frozen_params, peft=None)
+    if model.peft is not None and model.peft.source != "discovered":
+        layout = "the options given" if given and origin == "--model" else origin
+    elif model.peft is None and given:
         try:
             model = flags.apply(model)
             layout = flags.label
@@ -128,8 +133,8 @@ def model_for_estimate(
     if layout is None:
         return _from_counts(model, trainable, frozen, why=None)
     if trainable == model.trainable_params:
-        return model, (f"trainable/frozen from requires_grad ({trainable:,} trainable), as {layout} gives; its LoRA layout "
-                       "(adapted modules, base storage) sets the activations")
+        sets = "; its LoRA layout (adapted modules, base storage) sets the activations" if model.peft.method == "lora" else ""
+        return model, f"trainable/frozen from requires_grad ({trainable:,} trainable), as {layout} gives{sets}"
     return _from_counts(
         dataclasses.replace(model, peft=None), trainable, frozen,
         why=f"{layout} gives {model.trainable_params:,} trainable, the run {trainable:,}",
@@ -141,8 +146,11 @@ def _from_counts(model: ModelSpec, trainable: int | None, frozen: int | None, *,
     prefix = f"{why}; " if why else ""
     if model.peft is None and trainable and frozen and trainable < model.params:
         # Gradients and optimizer states for what requires grad; activations stay those of a
-        # full fine-tune (which layers carry adapters is unknown without a layout).
-        model = dataclasses.replace(model, peft=PeftSpec(method="partial", base_params=model.params, trainable_params=trainable))
+        # full fine-tune (which layers carry adapters is unknown without a layout). The engine
+        # holds trainable + frozen parameters (a 4-bit base counts its packed bytes: never less
+        # than the model's own count).
+        total = max(model.params, trainable + frozen)
+        model = dataclasses.replace(model, params=total, peft=PeftSpec(method="partial", base_params=total, trainable_params=trainable))
         return model, (f"{prefix}the run trains {trainable:,} of {trainable + frozen:,} parameters (requires_grad); the "
                        "estimate counts gradients and optimizer states for those only (give --lora-rank/--adapter for "
                        "LoRA's activations)")
