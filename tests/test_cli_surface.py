@@ -52,6 +52,8 @@ SURFACE = {
         "--offload-param", "--optimizer", "--output", "--params", "--precision", "--rdzv-endpoint", "--rdzv-timeout",
         "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage", "--time-budget",
         "--timeout", "--trainable-params", "--trials", "--warmup", "-o",
+        "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
+        "--prefetch-bucket-size",
     }),
     "validate": (('config',), {
         "--adapter", "--base-quant", "--checkpointing", "--cpu-memory", "--format", "--gpu", "--gpu-memory",

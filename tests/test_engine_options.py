@@ -137,14 +137,16 @@ def test_bad_engine_options_exit_2_with_one_line(tmp_path):
     config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}))
     script = str(ROOT / "examples" / "gpt_task.py")
     cases = {
-        "does not exist for --engine fsdp": ["probe", script, "--backend", "fsdp", "--stage", "2", "--optimizer-impl", "deepspeed-cpu"],
+        "does not exist for --backend fsdp": ["probe", script, "--backend", "fsdp", "--stage", "2", "--optimizer-impl", "deepspeed-cpu"],
         "--reduce-bucket-size 0 is not valid": ["probe", script, "--stage", "2", "--reduce-bucket-size", "0"],
         "bucket sizes come from --config": ["probe", script, "--config", str(config), "--buckets", "deepspeed"],
         "needs --offload-optimizer": ["probe", script, "--stage", "2", "--optimizer-impl", "deepspeed-cpu"],
         "--loss 'logits' is not valid": ["probe", script, "--stage", "2", "--loss", "logits"],
         "no NVMe offload": ["probe", script, "--backend", "fsdp", "--stage", "3", "--offload-optimizer", "nvme"],
-        "does not exist for --engine fsdp ": ["export", "--engine", "fsdp", "--stage", "2", "--micro-batch", "1", "--optimizer-impl", "deepspeed-fused"],
+        "does not exist for --engine fsdp": ["export", "--engine", "fsdp", "--stage", "2", "--micro-batch", "1", "--optimizer-impl", "deepspeed-fused"],
         "--allgather-bucket-size -1 is not valid": ["export", "--stage", "2", "--micro-batch", "1", "--allgather-bucket-size", "-1"],
+        "fixes it; give one of them": ["tune", script, "--gpus", "2", "--bucket-sizes", "5e7", "--reduce-bucket-size", "1e6"],
+        "--prefetch-bucket-size 0 is not valid": ["tune", script, "--gpus", "2", "--prefetch-bucket-size", "0"],
     }
     for (expected, argv), (rc, out, err) in zip(cases.items(), _run_cli(list(cases.values()))):
         assert rc == 2, (argv, rc, out, err)

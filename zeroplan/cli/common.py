@@ -184,6 +184,7 @@ PrefetchBucketOpt = Annotated[
 def resolve_engine_options(
     *,
     engine: str,
+    engine_flag: str = "--engine",
     optimizer_impl: Optional[str] = None,
     loss: Optional[str] = None,
     offload_optimizer: Optional[str] = None,
@@ -200,23 +201,24 @@ def resolve_engine_options(
     DeepSpeed-only features with ``--engine fsdp`` (NVMe offload, ZeRO++), an unknown ``--loss`` or
     ``--buckets`` and a bucket size ≤ 0 are errors (exit 2). Combinations with the plan
     (``deepspeed-cpu`` without optimizer offload) are checked where the plan is known
-    (:func:`zeroplan.estimator.optimizer.resolve_optimizer_impl`).
+    (:func:`zeroplan.estimator.optimizer.resolve_optimizer_impl`). ``engine_flag`` names the
+    option in messages (``--backend`` for probe and tune).
     """
     from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, OPTIMIZER_IMPLS
     from zeroplan.estimator.plans import BUCKET_CONVENTIONS, ENGINES, bucket_sizes
     from zeroplan.spec import LOSSES
 
-    check_choice_option("--engine", engine, ENGINES)
+    check_choice_option(engine_flag, engine, ENGINES)
     check_choice_option("--optimizer-impl", optimizer_impl, OPTIMIZER_IMPLS)
     if optimizer_impl is not None and optimizer_impl not in ENGINE_OPTIMIZER_IMPLS[engine]:
         raise SpecError(
-            f"--optimizer-impl {optimizer_impl!r} does not exist for --engine {engine}; "
+            f"--optimizer-impl {optimizer_impl!r} does not exist for {engine_flag} {engine}; "
             f"choose one of {', '.join(ENGINE_OPTIMIZER_IMPLS[engine])}"
         )
     if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
-        raise SpecError("--engine fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or --engine deepspeed")
+        raise SpecError(f"{engine_flag} fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or {engine_flag} deepspeed")
     if engine == "fsdp" and zero_hpz:
-        raise SpecError("--engine fsdp has no ZeRO++ (hpZ, qwZ, qgZ are DeepSpeed features); drop them or use --engine deepspeed")
+        raise SpecError(f"{engine_flag} fsdp has no ZeRO++ (hpZ, qwZ, qgZ are DeepSpeed features); drop them or use {engine_flag} deepspeed")
     check_choice_option("--loss", loss, LOSSES)
     check_choice_option("--buckets", buckets, BUCKET_CONVENTIONS)
     sizes = {}

@@ -200,7 +200,7 @@ def probe(
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     bucket_flags = dict(reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size, prefetch_bucket_size=prefetch_bucket_size)
     plan_buckets = resolve_engine_options(
-        engine=backend, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
+        engine=backend, engine_flag="--backend", optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, **bucket_flags,
     )
     if config is not None and (buckets != "hf" or any(v is not None for v in bucket_flags.values())):

@@ -12,6 +12,13 @@ from zeroplan.cli import app
 from zeroplan.cli.common import (
     require_runtime,
     AdapterOpt,
+    AllgatherBucketOpt,
+    BucketsOpt,
+    LossOpt,
+    OptimizerImplOpt,
+    PrefetchBucketOpt,
+    ReduceBucketOpt,
+    resolve_engine_options,
     BaseQuantOpt,
     LoraAlphaOpt,
     LoraRankOpt,
@@ -112,6 +119,12 @@ def tune(
     config_arg: Annotated[str, typer.Option("--config-arg", help="How a DeepSpeed script takes its config (--deepspeed for HF Trainer).", rich_help_panel=_TUNE)] = "--deepspeed_config",
     nvme_path: Annotated[Optional[str], typer.Option("--nvme-path", help="Folder on an NVMe drive: adds nvme offload to the search.", rich_help_panel=_TUNE)] = None,
     bucket_sizes: Annotated[Optional[str], typer.Option("--bucket-sizes", help="Also tune reduce_bucket_size over these element counts, e.g. 5e7,5e8.", rich_help_panel=_TUNE)] = None,
+    optimizer_impl: OptimizerImplOpt = None,
+    loss: LossOpt = None,
+    buckets: BucketsOpt = "hf",
+    reduce_bucket_size: ReduceBucketOpt = None,
+    allgather_bucket_size: AllgatherBucketOpt = None,
+    prefetch_bucket_size: PrefetchBucketOpt = None,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe | random (after the estimator's picks).", rich_help_panel=_TUNE)] = "tpe",
     initial: Annotated[Optional[int], typer.Option("--initial", help="Estimator-ranked plans probed before the sampler [default: half of --trials].", rich_help_panel=_TUNE)] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.", rich_help_panel=_TUNE)] = None,
@@ -144,6 +157,11 @@ def tune(
 
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     check_choice_option("--backend", backend, ("deepspeed", "fsdp"))
+    plan_buckets = resolve_engine_options(
+        engine=backend, engine_flag="--backend", optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
+        buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
+        prefetch_bucket_size=prefetch_bucket_size,
+    )
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
     if timeout <= 0:
@@ -181,7 +199,9 @@ def tune(
 
         slurm_allocation(nodes.nnodes)  # outside an allocation / too few nodes: before the study opens
     settings = TuneSettings(trials=trials, time_budget_s=time_budget, n_initial=initial, probe_timeout_s=timeout)
-    buckets = _parse_bucket_sizes(bucket_sizes)
+    searched_buckets = _parse_bucket_sizes(bucket_sizes)
+    if searched_buckets and reduce_bucket_size is not None:
+        raise SpecError("--bucket-sizes searches reduce_bucket_size and --reduce-bucket-size fixes it; give one of them")
     # Open the study first: a corrupt, locked or refused storage fails before any slow work.
     output.mkdir(parents=True, exist_ok=True)
     if nodes is not None and nodes.launcher == "torchrun":
@@ -266,6 +286,10 @@ def tune(
         global_batch=global_batch,
         grad_accum=grad_accum,
     )
+    if loss is not None:
+        from dataclasses import replace as _replace
+
+        training = _replace(training, loss=loss)
     cluster = resolve_cluster(
         gpus=gpus, gpus_per_node=nproc, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node, runs_here=True
     )
@@ -283,9 +307,11 @@ def tune(
         offload_param=offload_param,
         checkpointing=checkpointing,
         nvme_path=nvme_path,
-        bucket_sizes=buckets,
+        bucket_sizes=searched_buckets,
         device="cuda" if on_cuda else "cpu",
         engine=backend,
+        optimizer_impl=optimizer_impl,
+        buckets=plan_buckets,
     )
 
     meta = {
@@ -334,6 +360,8 @@ def tune(
         target_ci=ci or None,
         predicted_step_time=space.predicted_step_time,
         base_config=base_config,
+        optimizer_impl=optimizer_impl,
+        loss=loss,
     )
     view = LiveView(console, settings.trials)
 

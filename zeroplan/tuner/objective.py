@@ -127,6 +127,11 @@ class ProbeRunner:
     predicted_step_time: Optional[Callable[[Plan], Optional[float]]] = None
     """The estimator's step time for a plan; with it each probe's timeout is derived from the
     probes that worked (:func:`zeroplan.tuner.probetime.probe_timeout`)."""
+    optimizer_impl: Optional[str] = None
+    """Whose optimizer step runs (``torch``/``torch-fused`` set the trial config's ``torch_adam``);
+    None: the config's own choice, which the probe's estimate discovers."""
+    loss: Optional[str] = None
+    """What the loss keeps over the logits, for the probes' estimates; None: the task's own."""
     history: list = field(default_factory=list)
     """:class:`zeroplan.tuner.probetime.ProbeTiming` of every probe that worked."""
 
@@ -152,7 +157,8 @@ class ProbeRunner:
         """The trial's DeepSpeed JSON and the validation errors it has (empty: valid)."""
         from zeroplan.dsconfig import build_config, validate_config
 
-        cfg = build_config(plan, world_size=self.world_size, training=self.training, model=self.model, nvme_path=self.nvme_path)
+        cfg = build_config(plan, world_size=self.world_size, training=self.training, model=self.model, nvme_path=self.nvme_path,
+                           optimizer_impl=self.optimizer_impl)
         if self.base_config is not None:
             from zeroplan.dsconfig.trial import apply_plan_config
 
@@ -191,6 +197,8 @@ class ProbeRunner:
             torchrun_args=tuple(self.torchrun_args),
             env=tuple(self.env.items()) + ((("ZEROPLAN_PROBE_TARGET_CI", repr(self.target_ci)),) if self.target_ci else ()),
             nodes=self.nodes,
+            optimizer_impl=self.optimizer_impl,
+            loss=self.loss,
         )
         progress: list[str] = []
 

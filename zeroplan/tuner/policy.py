@@ -39,10 +39,13 @@ def tune_space(
     max_micro_batch: Optional[int] = None,
     device: Optional[str] = None,
     engine: str = "deepspeed",
+    optimizer_impl: Optional[str] = None,
+    buckets: Optional[dict] = None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
-    (``deepspeed`` or ``fsdp``), whose memory the estimator models. SpecError for nvme without a path."""
+    (``deepspeed`` or ``fsdp``), whose memory the estimator models, with ``optimizer_impl``'s step
+    and the fixed ``buckets``. SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -66,6 +69,8 @@ def tune_space(
         bucket_sizes=bucket_sizes,
         device=device,
         engine=engine,
+        optimizer_impl=optimizer_impl,
+        buckets=buckets,
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
     )
 

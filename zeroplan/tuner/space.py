@@ -16,7 +16,7 @@ Optionally ``reduce_bucket_size`` (elements; 0 = the engine's default) when buck
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.tuner.hostrule import host_fit_reason
@@ -247,6 +247,8 @@ def build_space(
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     device: str = "cuda",
     engine: str = "deepspeed",
+    optimizer_impl: Optional[str] = None,
+    buckets: Optional[dict] = None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -255,7 +257,9 @@ def build_space(
     ``bucket_sizes`` (elements) adds the reduce-bucket size as a parameter. Gradient accumulation
     is set so that ``--global-batch`` is met exactly; micro-batches that cannot meet it are left
     out of the space. ``device="cpu"`` estimates memory as measured on CPU probes (no CUDA
-    context or allocator reserve). ``engine`` is the estimator's (``deepspeed`` or ``fsdp``).
+    context or allocator reserve). ``engine`` is the estimator's (``deepspeed`` or ``fsdp``);
+    ``optimizer_impl`` whose optimizer step the probes run (None: the engine's default);
+    ``buckets`` fixed plan bucket fields (``zeroplan.estimator.plans.bucket_sizes``).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
 
@@ -273,7 +277,7 @@ def build_space(
     wanted_stages = tuple(stages) if stages is not None else (0, 1, 2, 3)
     plans: list[Plan] = []
     seen: set[str] = set()
-    for plan in enumerate_plans(model, cluster, training, micro_batches=mbs, engine=engine):
+    for plan in enumerate_plans(model, cluster, training, micro_batches=mbs, engine=engine, optimizer_impl=optimizer_impl, buckets=buckets):
         if (
             plan.stage not in wanted_stages
             or plan.offload_optimizer not in offload_optimizer
@@ -282,7 +286,7 @@ def build_space(
         ):
             continue
         for bucket in bucket_sizes or (None,):
-            variant = replace(plan, reduce_bucket_size=bucket)
+            variant = replace(plan, reduce_bucket_size=bucket) if bucket is not None else plan
             key = plan_key(variant)
             if key not in seen:
                 seen.add(key)
@@ -290,7 +294,7 @@ def build_space(
     if not plans:
         raise SpecError("the estimator enumerated no plan for these options; widen --stage/--micro-batch")
 
-    estimates = estimate_all(model, cluster, training, plans, device=device, engine=engine)
+    estimates = estimate_all(model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl)
     fitting: list[Candidate] = []
     pruned: list[Candidate] = []
     for est in estimates:
