@@ -58,7 +58,6 @@ class GpuMemory:
 
     def as_dict(self) -> dict[str, int]:
         return {
-            "peak_reserved": self.peak_reserved,
             "params": self.params,
             "gradients": self.gradients,
             "optimizer_states": self.optimizer_states,
@@ -66,6 +65,7 @@ class GpuMemory:
             "overhead": self.overhead,
             "total": self.total,
             "peak_allocated": self.peak_allocated,
+            "peak_reserved": self.peak_reserved,
         }
 
 
@@ -161,6 +161,14 @@ class PlanEstimate:
 
 def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
+
+
+def stranded_note(allocator: AllocatorReserve, transients: dict[str, int]) -> str:
+    """The note for a plan whose allocator reserve holds a large stranded transient."""
+    return (
+        f"allocator reserve {_gib(allocator.total)}: {', '.join(k.replace('_', ' ') for k in transients)} "
+        f"strand their cached segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids it: --expandable-segments)"
+    )
 
 
 def estimate_plan(
@@ -260,6 +268,8 @@ def estimate_plan(
         )
         overhead_items["allocator_fragmentation"] = allocator.total
         reserve = allocator.total + sum(extra.unallocated.values())
+        if allocator.stranded_transients >= GiB:
+            notes.append(stranded_note(allocator, transients))
     total = allocated + reserve
     # The breakdown is a snapshot at the peak. At a backward peak (the loss's backward) the
     # deferred gradient buffers are not allocated yet, so ``gradients`` shows the model-state

@@ -9,9 +9,9 @@ from zeroplan.estimator.activations import ActivationMemory, activation_memory, 
 from zeroplan.estimator.allocator import allocator_reserve
 from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.memory import CUDA_CONTEXT_BYTES, HostMemory
-from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib
+from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib, stranded_note
 from zeroplan.estimator.timing import step_time
-from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
+from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
 
 __all__ = ["estimate_fsdp"]
 
@@ -58,14 +58,17 @@ def estimate_fsdp(
     reserve = 0
     allocator = None
     if device == "cuda":
+        transients = _fsdp_transients(phase, mem.phases[phase], acts if act_total is None else None)
         allocator = allocator_reserve(
-            transients=_fsdp_transients(phase, mem.phases[phase], acts if act_total is None else None),
+            transients=transients,
             live_large_tensors=(acts.saved_tensors if act_total is None else 0) + _fsdp_state_tensors(model),
             expandable_segments=expandable_segments,
         )
         overhead_items["allocator_fragmentation"] = allocator.total
         overhead_items["cuda_context"] = CUDA_CONTEXT_BYTES
         reserve = allocator.total + CUDA_CONTEXT_BYTES
+        if allocator.stranded_transients >= GiB:
+            notes.append(stranded_note(allocator, transients))
     act_at_peak = items.pop("activations", 0)
     grads_at_peak = items.pop("sharded_gradients", 0) + items.pop("gradients", 0)
     gpu = GpuMemory(
