@@ -25,7 +25,11 @@ TINY = ModelSpec(name="tiny", params=V * H + 2 * H * F, hidden_size=H, num_layer
 _WORKER = r"""
 import json, sys
 import torch, deepspeed
+def status_kib(key):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":"))
+after_imports = {"rss": status_kib("VmRSS") * 1024}
 deepspeed.init_distributed(dist_backend="gloo")
+before_initialize = status_kib("RssAnon") * 1024
 V, H, F = 1000, 64, 256
 base = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
@@ -59,6 +63,9 @@ for name, z in zero.items():
     loss = engine(x).float().pow(2).mean(); engine.backward(loss); engine.step()
     moments = [t for s in o.optimizer.state.values() for k, t in s.items() if k in ("exp_avg", "exp_avg_sq")]
     out[name] = {"engine_init": at_init, "moments_at_init": moments_before, "optimizer_moments": nbytes(moments)}
+    if name == "z2":  # the first initialize imports the runtime; this model's tensors are < 1 MiB
+        out["runtime_anon"] = status_kib("RssAnon") * 1024 - before_initialize
+out["after_imports"] = after_imports
 json.dump(out, open(sys.argv[1], "w"))
 """
 
@@ -94,6 +101,18 @@ def test_items_equal_deepspeeds_buffers(engine_buffers, name, plan):
     assert measured["moments_at_init"] == 0  # lazy: nothing before the first step
     step = phases.get("step").per_rank
     assert step["optimizer_moments"] == measured["optimizer_moments"] and "optimizer_moments" not in init
+
+
+@pytest.mark.slow
+def test_process_terms_match_this_stack(engine_buffers):
+    """The measured per-process constants hold for the installed torch/DeepSpeed: what
+    ``import torch, deepspeed`` leaves resident, and what the first ``deepspeed.initialize`` imports
+    (torch._dynamo with the first optimizer, DeepSpeed's engine and ops). Re-measure them
+    (docs/host-memory.md) when this fails after an upgrade."""
+    from zeroplan.estimator.host import CPU_IMPORT_BASELINE_BYTES, RUNTIME_IMPORT_BYTES, TORCH_DYNAMO_IMPORT_BYTES
+
+    assert engine_buffers["after_imports"]["rss"] == pytest.approx(CPU_IMPORT_BASELINE_BYTES, rel=0.15)
+    assert engine_buffers["runtime_anon"] == pytest.approx(RUNTIME_IMPORT_BYTES + TORCH_DYNAMO_IMPORT_BYTES, rel=0.15)
 
 
 def test_pinned_rounding_is_power_of_two():

@@ -51,6 +51,37 @@ def test_node_rss_counts_shared_pages_once():
         child.wait()
 
 
+_FORKING_WORKER = """
+import os, sys, time
+buf = bytearray(200 << 20)
+buf[::4096] = b"\\x01" * len(range(0, len(buf), 4096))  # 200 MiB resident
+pid = os.fork()  # a forked helper (py-cpuinfo, a data loader) shares them copy-on-write
+if pid == 0:
+    time.sleep(30)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(30)
+"""
+
+
+def test_node_rss_counts_a_workers_forked_child_by_its_own_pages():
+    """torchrun → worker → fork: the child's copy-on-write pages are the worker's, counted once."""
+    agent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {_FORKING_WORKER!r}])"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        forked = int(agent.stdout.readline())
+        worker = psutil.Process(forked).ppid()
+        tree = [agent.pid, worker, forked]
+        rss = {pid: psutil.Process(pid).memory_info().rss for pid in tree}
+        assert rss[forked] > 190 * MiB  # its rss repeats the worker's 200 MiB
+        assert node_rss(tree) < rss[agent.pid] + rss[worker] + 20 * MiB
+    finally:
+        for proc in psutil.Process(agent.pid).children(recursive=True):
+            proc.kill()
+        agent.kill()
+        agent.wait()
+
+
 def test_sampler_phase_peaks_and_baseline():
     s = NodeRssSampler(lambda: [])
     s.samples = [(0.0, 100), (1.0, 150), (2.0, 400), (3.0, 300), (4.0, 900), (5.0, 200)]
