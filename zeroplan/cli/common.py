@@ -189,7 +189,6 @@ def resolve_engine_options(
     loss: Optional[str] = None,
     offload_optimizer: Optional[str] = None,
     offload_param: Optional[str] = None,
-    zero_hpz: bool = False,
     buckets: str = "hf",
     reduce_bucket_size: Optional[float] = None,
     allgather_bucket_size: Optional[float] = None,
@@ -198,7 +197,7 @@ def resolve_engine_options(
     """Checks of the engine-dependent flags, each naming the flag; returns the plan's bucket fields.
 
     An optimizer implementation the engine lacks (``--engine fsdp --optimizer-impl deepspeed-cpu``),
-    DeepSpeed-only features with ``--engine fsdp`` (NVMe offload, ZeRO++), an unknown ``--loss`` or
+    NVMe offload with ``--engine fsdp`` (ZeRO++ comes only from a config: probe checks it), an unknown ``--loss`` or
     ``--buckets`` and a bucket size ≤ 0 are errors (exit 2). Combinations with the plan
     (``deepspeed-cpu`` without optimizer offload) are checked where the plan is known
     (:func:`zeroplan.estimator.optimizer.resolve_optimizer_impl`). ``engine_flag`` names the
@@ -217,8 +216,6 @@ def resolve_engine_options(
         )
     if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
         raise SpecError(f"{engine_flag} fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or {engine_flag} deepspeed")
-    if engine == "fsdp" and zero_hpz:
-        raise SpecError(f"{engine_flag} fsdp has no ZeRO++ (hpZ, qwZ, qgZ are DeepSpeed features); drop them or use {engine_flag} deepspeed")
     check_choice_option("--loss", loss, LOSSES)
     check_choice_option("--buckets", buckets, BUCKET_CONVENTIONS)
     sizes = {}
