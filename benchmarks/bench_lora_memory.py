@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         docs = [json.loads(path.read_text()) for path in args.from_json]
         rows = sorted((r for d in docs for r in d["rows"]), key=lambda r: r["stage"])
-        settings = docs[0].get("args", vars(args))
+        settings = dict(docs[0].get("args", vars(args)))
+        settings["stages"] = ",".join(str(s) for s in sorted({r["stage"] for r in rows}))
         if args.reestimate:
             _reestimate(rows, settings)
         if args.format == "json":
