@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--no-tracked", action="store_true", help="leave out the tracked arm (halves the run)")
     p.add_argument("-o", "--output", type=Path)
     args = p.parse_args(argv)
 
@@ -87,19 +88,33 @@ def main(argv: list[str] | None = None) -> int:
         return stat(ranks)
 
     arms = {"bare": bare, "probe": probed, "tracked": lambda: probed(track_all=True)}
+    if args.no_tracked:
+        del arms["tracked"]
     rows = []
     for i in range(args.rounds):
-        order = list(arms)[i % 3:] + list(arms)[: i % 3]  # rotate who goes first
+        order = list(arms)[i % len(arms):] + list(arms)[: i % len(arms)]  # rotate who goes first
         got = {name: arms[name]() for name in order}
         row = {"round": i}
         for name, (wall, cpu) in got.items():
             row[f"{name}_s"], row[f"{name}_cpu_s"] = wall, cpu
         rows.append(row)
         print(f"round {i}: " + ", ".join(f"{n} {row[n + '_s'] * 1e3:.1f} ms ({row[n + '_cpu_s'] * 1e3:.1f} CPU)" for n in arms), file=sys.stderr)
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "round"}
+
+    def ratios(arm: str, kind: str = "") -> list[float]:
+        return [r[f"{arm}{kind}_s"] / r[f"bare{kind}_s"] for r in rows] if f"{arm}{kind}_s" in rows[0] else [float("nan")]
 
     def ratio(arm: str, kind: str = "") -> float:
-        return statistics.median(r[f"{arm}{kind}_s"] / r[f"bare{kind}_s"] for r in rows)
+        return statistics.median(ratios(arm, kind))
+
+    def spread(arm: str, kind: str = "") -> str:
+        got = ratios(arm, kind)
+        return f"{min(got):.2f}-{max(got):.2f}"
+
+    nan = float("nan")
+    for r in rows:
+        r.setdefault("tracked_s", nan)
+        r.setdefault("tracked_cpu_s", nan)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "round"}
     lines = [
         f"Step time, bare DeepSpeed script vs the same under run_probe: ZeRO-{args.stage}, 2 CPU ranks (gloo), GPT L{args.layers} "
         f"h{args.hidden} V{args.vocab} (Ψ = {model.params:,}), bf16, micro-batch 2; {args.rounds} interleaved rounds, "
@@ -117,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{med['bare_cpu_s'] * 1e3:>9.1f} {med['probe_cpu_s'] * 1e3:>10.1f} {med['tracked_cpu_s'] * 1e3:>12.1f}",
         f"{'ratio':>6} {1:>9.3f} {ratio('probe'):>9.3f} {ratio('tracked'):>11.3f} {1:>9.3f} {ratio('probe', '_cpu'):>10.3f} "
         f"{ratio('tracked', '_cpu'):>12.3f}",
+        f"{'range':>6} {'':>9} {spread('probe'):>9} {spread('tracked'):>11} {'':>9} {spread('probe', '_cpu'):>10} "
+        f"{spread('tracked', '_cpu'):>12}   (min-max of the per-round ratios)",
     ]
     text = "\n".join(lines) + "\n"
     if args.output:
