@@ -103,22 +103,24 @@ RUNTIME_SHARED_LIBRARY_BYTES = 16 * _MiB
 MALLOC_MMAP_THRESHOLD_MAX_BYTES = 32 * _MiB
 
 
-def allocator_retention_bytes(*, stage: int, params: int, largest_param: int, bytes_per_16bit: int) -> int:
-    """Heap bytes glibc keeps resident after a step on a CPU device: its 16-bit per-parameter temporaries.
+def allocator_retention_bytes(*, stage: int, params: int, trainable_params: int, largest_param: int, bytes_per_param: int) -> int:
+    """Heap bytes glibc keeps resident after a step on a CPU device: the step's per-parameter temporaries.
 
     glibc (mallopt(3), M_MMAP_THRESHOLD) serves a request below the mmap threshold from its heap
     and keeps the chunk for reuse when it is freed; the threshold is dynamic and rises to the size
     of any freed mmapped chunk, up to 32 MiB (``DEFAULT_MMAP_THRESHOLD_MAX``), so after the first
     step every per-parameter tensor of up to 32 MiB comes from the heap and stays resident once
     freed (the heap is trimmed only at its top). A step allocates and frees, per parameter: its
-    full 16-bit gradient before the reduce (stages 0-2: p·Ψ), and in stage 3 also the parameter
-    gathered for the forward and again for the backward (``partition_parameters.py``
-    ``_allgather_params``, released after use): 3·p·Ψ. When the largest parameter's 16-bit size
-    exceeds the threshold it is mmapped and returned on free, so it is left out.
+    full gradient in the training precision before the reduce (p·Ψ_trainable), and in stage 3
+    also the parameter gathered for the forward and again for the backward
+    (``partition_parameters.py`` ``all_gather_coalesced``, released after use: 2·p·Ψ). When the
+    largest parameter's size exceeds the threshold it is mmapped and returned on free, so it is
+    left out.
     """
-    per_param = 3 if stage == 3 else 1
-    heap_params = params if bytes_per_16bit * largest_param <= MALLOC_MMAP_THRESHOLD_MAX_BYTES else params - largest_param
-    return per_param * bytes_per_16bit * max(heap_params, 0)
+    mmapped = largest_param if bytes_per_param * largest_param > MALLOC_MMAP_THRESHOLD_MAX_BYTES else 0
+    gradients = max(trainable_params - mmapped, 0)
+    gathered = 2 * max(params - mmapped, 0) if stage == 3 else 0
+    return bytes_per_param * (gradients + gathered)
 
 
 def pinned_bytes(nbytes: int) -> int:
@@ -352,7 +354,9 @@ def host_phases(
         # The step's device temporaries are host memory here, served and kept by glibc's heap; on a
         # GPU node they are device memory and the host allocates none per step (CPU Adam updates
         # its buffers in place).
-        step["allocator_retention"] = allocator_retention_bytes(stage=plan.stage, params=psi, largest_param=largest, bytes_per_16bit=p)
+        step["allocator_retention"] = allocator_retention_bytes(
+            stage=plan.stage, params=psi, trainable_params=model.trainable_params, largest_param=largest, bytes_per_param=p
+        )
 
     # -- checkpoint save ----------------------------------------------------------------------
     save = dict(step)
