@@ -102,6 +102,22 @@ def test_expand_hostlist_rejects_broken_lists():
         expand_hostlist("gpu[03-01]")
 
 
+def test_follower_started_after_the_leader_finished_returns_at_once(tmp_path, capsys):
+    """`tune --node-rank 1` finding node 0's done marker (written less than --rdzv-timeout ago)
+    joins nothing and stops; an older marker would be from an earlier run and is removed."""
+    from types import SimpleNamespace
+
+    from zeroplan.cli.nodes import follow_node0
+    from zeroplan.runtime import FOLLOW_DONE
+
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / FOLLOW_DONE).touch()
+    follow_node0(probes, SimpleNamespace(node_rank=1, rdzv_timeout_s=60.0))
+    assert "node 1: node 0's tuner is done; joined 0 probes" in capsys.readouterr().out
+    assert (probes / FOLLOW_DONE).exists()
+
+
 def test_node_layout_is_checked():
     assert check_node_layout(gpus=8, nnodes=2, gpus_per_node=4) == 4
     assert check_node_layout(gpus=8, nnodes=2, gpus_per_node=None) == 4
