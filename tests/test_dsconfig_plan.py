@@ -136,7 +136,12 @@ def test_cli_probe_estimates_a_stage_2_config_with_offload_param(tmp_path):
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}))
     script = tmp_path / "train.py"
-    script.write_text("print('stops before deepspeed.initialize')\n")
+    script.write_text(  # stops before deepspeed.initialize, having read the config path it was given
+        "import argparse\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--deepspeed_config')\n"
+        "print('config at', parser.parse_args().deepspeed_config)\n"
+    )
     out = tmp_path / "probe.json"
     r = subprocess.run(
         [sys.executable, "-m", "zeroplan", "probe", str(script), "--config", str(config), "--gpus", "2", "--params", "7e9",
@@ -146,6 +151,7 @@ def test_cli_probe_estimates_a_stage_2_config_with_offload_param(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr  # the script never trained: a failed probe ...
     doc = json.loads(out.read_text())
     assert doc["status"] == "error" and "without calling deepspeed.initialize" in doc["error"]
+    assert "config at" in doc["log_tail"] and "ds_config.json" in doc["log_tail"]  # the config reached the script
     assert doc["estimate_note"] is None  # ... with an estimate beside it
     psi = ModelSpec.from_params(7e9).params
     # At least stage 2's model states, less than an unsharded replica's (2 + 2 + 12)Ψ (stage 0).

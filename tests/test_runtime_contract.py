@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,9 +39,20 @@ def _gpt_params() -> int:
 @pytest.fixture(scope="module", params=["deepspeed", "fsdp"])
 def probed(request, tmp_path_factory):
     plan = Plan(stage=3, micro_batch=2, gradient_accumulation_steps=2)
-    workdir = tmp_path_factory.mktemp(f"probe-{request.param}")
-    result = run_probe(ProbeRequest(script=GPT_TASK, backend=request.param, plan=plan, training=TrainingSpec(precision="bf16"),
-                                    script_args=TASK_ARGS, steps=3, warmup=1, timeout_s=300, workdir=workdir))
+    base = tmp_path_factory.mktemp(f"probe-{request.param}")
+    script, workdir = GPT_TASK, base
+    if request.param == "deepspeed":
+        # Launched from another folder with a relative script and workdir (test_relative_paths_...).
+        (base / "code").mkdir()
+        shutil.copy(GPT_TASK, base / "code" / "task.py")
+        script, workdir = Path("code/task.py"), Path("rel/probe")
+    cwd = os.getcwd()
+    os.chdir(base)
+    try:
+        result = run_probe(ProbeRequest(script=script, backend=request.param, plan=plan, training=TrainingSpec(precision="bf16"),
+                                        script_args=TASK_ARGS, steps=3, warmup=1, timeout_s=300, workdir=workdir))
+    finally:
+        os.chdir(cwd)
     return request.param, plan, result
 
 
@@ -95,6 +107,17 @@ def test_contract_host_memory_beside_estimate(probed):
     assert all(list(p) == phases for p in r.host_phase_peaks_per_rank)
     assert r.estimated_host_peak_per_node is not None
     assert r.host_memory_error == pytest.approx((r.estimated_host_peak_per_node - r.host_peak_per_node) / r.host_peak_per_node)
+
+
+def test_relative_paths_keep_the_callers_meaning(probed):
+    """A probe launched with a relative script and workdir: the workdir is the caller's folder's
+    (where the result lands), not the script's, as under torchrun."""
+    backend, _, r = probed
+    if backend != "deepspeed":
+        pytest.skip("the DeepSpeed run of the fixture is the one launched with relative paths")
+    base = Path(r.workdir).parents[1]
+    assert Path(r.workdir) == base / "rel" / "probe" and (base / "rel" / "probe" / "result.json").is_file()
+    assert (base / "code" / "task.py").is_file() and not (base / "code" / "rel").exists()
 
 
 def test_contract_result_file_matches(probed):

@@ -57,6 +57,7 @@ def test_raises_at_import(tmp_path):
     assert "Traceback" in r.log_tail
 
 
+@pytest.mark.e2e  # the same probe runs in test_dsconfig_plan.py::test_cli_probe_estimates_a_stage_2_config_with_offload_param
 def test_never_calls_deepspeed_initialize(tmp_path):
     r = _probe(tmp_path, """
         import argparse
@@ -94,12 +95,19 @@ def test_memory_error_under_rlimit_is_oom(tmp_path):
 
 
 def test_hang_times_out_and_leaves_no_process(tmp_path):
+    from zeroplan.tuner.probetime import startup_floor_s
+
+    # The ranks must be running the script (and have spawned their grandchildren) before the
+    # timeout: they start after torchrun and each imports torch and DeepSpeed, which measured
+    # 2.2× this machine's bare `import torch` (25 s against 11.5 s on a loaded 2-core box). Four
+    # times it, at least 10 s, leaves room without waiting a fixed 25 s on a fast machine.
+    timeout_s = max(10, round(4 * startup_floor_s()))
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     started = time.monotonic()
-    r = _probe(tmp_path, HANG, timeout_s=25, env=(("PID_DIR", str(pid_dir)),))
-    assert r.status == "timeout" and "25 s" in r.error
-    assert time.monotonic() - started < 25 + 15  # killed within the grace period
+    r = _probe(tmp_path, HANG, timeout_s=timeout_s, env=(("PID_DIR", str(pid_dir)),))
+    assert r.status == "timeout" and f"{timeout_s} s" in r.error
+    assert time.monotonic() - started < timeout_s + 15  # killed within the grace period
     pids = _recorded_pids(pid_dir)
     assert len(pids) == 4, pids  # 2 workers, each with a grandchild
     assert not [p for p in pids if _alive(p)]
