@@ -84,10 +84,11 @@ def test_contract_memory_holds_the_sharded_model_states(probed):
 
 
 #: |estimated − measured| / measured peak for this fixture, just above what it measures on CPU
-#: (live tensor storage over two optimizer steps): DeepSpeed +3.7% (the same in every run),
-#: FSDP2 −8.9% to −13.2% (it varies between runs) for the 2-layer h64 example at ZeRO-3,
-#: micro-batch 2 × 2. A larger error is a regression.
-MEMORY_ERROR_BOUND = {"deepspeed": 0.06, "fsdp": 0.20}
+#: (live tensor storage over two optimizer steps): DeepSpeed −0.5 % with the task's own loss and
+#: no dropout masks (+3.7 % while the estimate counted them), FSDP2 −8.9 % to −14.2 % (it varies
+#: between runs) for the 2-layer h64 example at ZeRO-3, micro-batch 2 × 2. A larger error is a
+#: regression.
+MEMORY_ERROR_BOUND = {"deepspeed": 0.03, "fsdp": 0.20}
 
 
 def test_contract_estimate_beside_measurement(probed):
