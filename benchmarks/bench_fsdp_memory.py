@@ -46,11 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     from zeroplan.runtime.launcher import comparable_estimate
     from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
 
+    from zeroplan.runtime.task import load_task
+
     cfg = gpt_task.GPTConfig(layers=4, hidden=256, heads=4, vocab=8192, seq_len=128)
-    model = gpt_task.model_spec(cfg)
-    training = TrainingSpec(seq_len=cfg.seq_len)
-    cluster = ClusterSpec(gpus=2, gpus_per_node=2, gpu=profiles.default_gpu()[0])
     script_args = ("--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "8192", "--seq-len", "128")
+    # The task's own model spec (no dropout) and loss (its loop drops the logits: plain), as the
+    # probe's own estimate uses them.
+    task = load_task(ROOT / "examples" / "gpt_task.py", script_args)
+    model = task.model_spec
+    training = TrainingSpec(seq_len=cfg.seq_len, loss=task.loss or "hf")
+    cluster = ClusterSpec(gpus=2, gpus_per_node=2, gpu=profiles.default_gpu()[0])
     table = Table(title=f"PyTorch engines on 2 ranks: GPT L4 h256 V8192 s128 (Ψ = {model.params:,}), micro-batch "
                         f"{args.micro_batch}, bf16, AdamW; bytes per rank", title_justify="left")
     for col in ("plan", "measured peak", "est deepspeed", "err", "est fsdp", "err", "fsdp peak phase"):
