@@ -60,7 +60,9 @@ def main() -> None:
                 cpu_times.append(cpu_now - last_cpu)
             last, last_cpu = now, cpu_now
             if len(times) >= args.bare_steps:
-                print("BARE_STEP_TIMES " + json.dumps({"rank": rank, "step_times": times, "step_cpu_times": cpu_times}), flush=True)
+                # One write per line (atomic below PIPE_BUF): both ranks share torchrun's stdout.
+                sys.stdout.write("BARE_STEP_TIMES " + json.dumps({"rank": rank, "step_times": times, "step_cpu_times": cpu_times}) + "\n")
+                sys.stdout.flush()
                 return
 
 
