@@ -130,6 +130,10 @@ def part1(args, tmp: Path) -> None:
         console.print(f"grid: {g['probes']} probes reused from {args.reuse_grid} (wall = sum of their probe times)")
     else:
         g = grid(space, runner)
+        (tmp / "grid.json").write_text(json.dumps({k: g[k] for k in ("probes", "wall_s", "best", "best_value", "values", "failed")}, indent=1))
+        console.print(f"grid: {g['probes']} probes in {g['wall_s']:.0f} s (load average {os.getloadavg()[0]:.1f}); measurements in {tmp / 'probes-2'}")
+    if args.grid_only:
+        return
     z = zeroplan_search(space, runner, trials=budget, workdir=tmp / "study-2", seed=args.seed)
     # The tuner's pick as measured by the grid separates search quality from measurement noise.
     pick_in_grid = g["values"].get(z["best"], 0.0)
@@ -257,6 +261,7 @@ def main() -> None:
     p.add_argument("--skip-grid", action="store_true", help="skip part 1")
     p.add_argument("--reuse-grid", help="probes-2 folder of an earlier run: reuse its grid measurements")
     p.add_argument("--skip-deepspeed", action="store_true", help="skip part 2")
+    p.add_argument("--grid-only", action="store_true", help="part 1: probe the grid, save it, stop (reuse it with --reuse-grid)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="zeroplan-bench-tuner-"))
     console.print(f"workdir {tmp}; {os.cpu_count()} CPU cores; torch probes on {'CUDA' if os.environ.get('CUDA_VISIBLE_DEVICES') else 'CPU (gloo)'}")
