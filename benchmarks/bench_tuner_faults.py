@@ -9,16 +9,18 @@ model, timeouts, failure learning) and the benchmark counts:
 * whether a working plan was found and exported (best measured);
 * wall time, probe by probe.
 
-It does not run the exhaustive grid on this script: every ZeRO-3 plan and every hang would each
-cost a probe (a hang up to --timeout), ~70 probes; the grid of the clean script is in
-benchmarks/results/tuner.txt.
+``--grid`` probes every plan of the space once instead (each hang costs ``--timeout``) and saves
+``grid.json``; ``--reuse-grid grid.json`` then scores the tuner against it: the probe at which
+it first reached >= 95% of the grid's best, and the wall time until then.
 
-    PYTHONPATH=. python benchmarks/bench_tuner_faults.py --trials 8 | tee benchmarks/results/tuner_faults.txt
+    PYTHONPATH=. python benchmarks/bench_tuner_faults.py --grid --timeout 90          # ~45 probes
+    PYTHONPATH=. python benchmarks/bench_tuner_faults.py --trials 8 --reuse-grid /tmp/.../grid.json | tee benchmarks/results/tuner_faults.txt
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -49,6 +51,8 @@ def main() -> None:
     p.add_argument("--slow-accumulation", type=int, default=8)
     p.add_argument("--slow-micro-step-s", type=float, default=0.3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grid", action="store_true", help="probe every plan once, save grid.json, stop")
+    p.add_argument("--reuse-grid", help="grid.json of an earlier --grid run: score the tuner against its best")
     args = p.parse_args()
 
     model = resolve_model(None, str(CONFIG))
@@ -63,21 +67,30 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zeroplan-bench-faults-"))
     runner = ProbeRunner(
         script=SCRIPT, nproc=2, training=training, model=model, workdir=tmp / "probes", script_args=script_args,
-        steps=5, warmup=2, timeout_s=args.timeout, target_ci=0.1, predicted_step_time=space.predicted_step_time,
+        steps=5, warmup=2, timeout_s=args.timeout, target_ci=0.1, predicted_step_time=None if args.grid else space.predicted_step_time,  # the grid: --timeout for all
     )
     print(f"faulty script: ZeRO-{args.crash_stage} crashes at start-up, micro-batch >= {args.hang_micro_batch} hangs, "
           f"accumulation >= {args.slow_accumulation} is {args.slow_micro_step_s} s slower per micro-step")
     print(f"space: {len(space.candidates)} plans, {len(space.fitting)} fit; {time_model}; --trials {args.trials}, --timeout {args.timeout:g}")
     start = time.monotonic()
+    if args.grid:
+        grid(space, runner, tmp, args)
+        return
+    reached: list = []
+    grid_best = json.loads(Path(args.reuse_grid).read_text())["best_value"] if args.reuse_grid else None
 
     def on_event(kind, **data):
         if kind == "end":
             o = data["outcome"]
             print(f"  {time.monotonic() - start:6.0f} s  trial #{data['number']:<3} {data['candidate'].key:<32} {o.status:<8} "
                   f"{o.samples_per_second:7.2f} samples/s  probe {o.wall_s:5.1f} s (timeout {o.timeout_s:.0f} s)  {o.error[:70]}", flush=True)
+            done.append(o)
+            if grid_best and not reached and o.ok and o.samples_per_second >= 0.95 * grid_best:
+                reached.append((len(done), time.monotonic() - start))
         elif kind == "skip" and data.get("status") == "pruned":
             print(f"  {time.monotonic() - start:6.0f} s  trial #{data['number']:<3} {data['key']:<32} skipped: {data['reason'][:110]}", flush=True)
 
+    done: list = []
     study = open_study(storage_url(None, tmp), resume=False, sampler=make_sampler("tpe", seed=args.seed))
     tuner = Tuner(study, space, runner, TuneSettings(trials=args.trials), on_event=on_event, expected_probe_s=runner.expected_s)
     tuner.prepare(resume=False)
@@ -98,9 +111,34 @@ def main() -> None:
         print(f"best: {best.user_attrs['plan_key']} {best.value:.2f} samples/s (trial #{best.number}) — a working plan exported")
     else:
         print("best: none — no working plan found")
+    if grid_best:
+        g = json.loads(Path(args.reuse_grid).read_text())
+        print(f"grid ({args.reuse_grid}): {g['probes']} probes in {g['wall_s']:.0f} s, best {g['best']} {g['best_value']:.2f} samples/s, "
+              f"failures {len(g['failed'])}")
+        if reached:
+            print(f">= 95% of the grid's best first at probe {reached[0][0]}, {reached[0][1]:.0f} s into the search")
+        else:
+            print(f"never reached 95% of the grid's best (best {best.value if best else 0:.2f} = {100 * (best.value if best else 0) / g['best_value']:.0f}%)")
     if summary.gap is not None:
         print(f"gap: {summary.gap.unprobed} admissible plans not probed; most promising {summary.gap.plan_key} predicted {summary.gap.fraction:+.0%} vs the best")
     print(f"(load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; timings are noisy on a shared machine)")
+
+
+def grid(space, runner, tmp: Path, args) -> None:
+    """Probe every fitting plan once (hangs cost --timeout each); print and save grid.json."""
+    values, failed = {}, {}
+    start = time.monotonic()
+    for i, cand in enumerate(space.fitting):
+        o = runner(cand.plan, trial_number=10_000 + i)
+        (values if o.ok else failed)[cand.key] = o.samples_per_second if o.ok else o.status
+        print(f"  grid {i + 1:>2}/{len(space.fitting)} {time.monotonic() - start:6.0f} s  {cand.key:<32} {o.status:<8} "
+              f"{o.samples_per_second:7.2f} samples/s  probe {o.wall_s:5.1f} s  {o.error[:60]}", flush=True)
+    best = max(values, key=values.get) if values else None
+    out = {"probes": len(space.fitting), "wall_s": time.monotonic() - start, "best": best, "best_value": values.get(best, 0.0),
+           "values": values, "failed": failed}
+    (tmp / "grid.json").write_text(json.dumps(out, indent=1))
+    print(f"grid: {out['probes']} probes in {out['wall_s']:.0f} s, {len(failed)} failed; best {best} {out['best_value']:.2f} samples/s; "
+          f"saved {tmp / 'grid.json'} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ def test_two_tune_processes_share_one_storage_and_survive_crashing_probes(tmp_pa
     assert len(keys) == len(set(keys)), f"a plan was probed twice: {keys}"
     assert len(keys) == 3
     for t in done:
-        assert t.state.name == "FAIL" and t.user_attrs["status"] == "error"
+        assert t.state.name == "PRUNED" and t.user_attrs["status"] == "error" and t.constraints == {"failure": 1.0}
         assert "deliberate crash in the training step" in t.user_attrs["reason"]
     rows = pd.concat([probed(tmp_path / "a"), probed(tmp_path / "b")])
     assert set(rows["plan"]) == set(keys)  # each worker's trials.csv shows the shared study

@@ -71,3 +71,49 @@ def test_a_failing_storage_is_one_storage_error_line(tmp_path):
     with pytest.raises(StorageError) as err:
         tuner.run()
     assert str(err.value) == "the study storage failed while reading trials (database is locked)"
+
+
+def test_waiting_params_read_through_public_attrs():
+    import optuna
+
+    from zeroplan.tuner.ledger import ENQUEUED_PARAMS, ClaimsLedger
+
+    study = optuna.create_study(direction="maximize")  # in-memory storage
+    ledger = ClaimsLedger(study, clock=lambda: 0.0)
+    params = {"zero": "z1", "checkpointing": "none", "micro_batch": 4}
+    ledger.enqueue(params, {"source": "estimator"})
+    waiting = study.get_trials(deepcopy=False)
+    assert [t.user_attrs[ENQUEUED_PARAMS] for t in waiting] == [params]
+    assert ledger.waiting_params(waiting) == {'{"checkpointing": "none", "micro_batch": 4, "zero": "z1"}'}
+    # The same plan is not enqueued twice; another is.
+    assert not ledger.enqueue_first_free([params], ledger.trials(), source="x")
+    assert ledger.enqueue_first_free([params, params | {"micro_batch": 2}], ledger.trials(), source="x")
+    assert len(ledger.trials()) == 2
+
+
+def test_failed_probes_steer_tpe_away():
+    """A failed probe is PRUNED with a violated constraint, which TPE uses; told FAIL, TPE ignores
+    it and keeps proposing the failing region as often as any other."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from zeroplan.tuner.search import failure_constraint
+
+    def proposals(failed_state):
+        study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed=3, n_startup_trials=3))
+        # Stage 3 always fails, the others work (faster at a larger micro-batch).
+        for i in range(24):
+            trial = study.ask()
+            zero = trial.suggest_categorical("zero", ["z0", "z1", "z2", "z3"])
+            mb = trial.suggest_categorical("micro_batch", [1, 2, 4])
+            if zero == "z3":
+                if failed_state == "PRUNED":
+                    trial.set_constraint(failure_constraint("error"), 1.0)
+                study.tell(trial, state=optuna.trial.TrialState[failed_state])
+            else:
+                study.tell(trial, 10.0 * mb)
+        return sum(t.params["zero"] == "z3" for t in study.get_trials()[8:])
+
+    seen, blind = proposals("PRUNED"), proposals("FAIL")
+    assert seen < blind, (seen, blind)
+    assert failure_constraint("oom") == "oom" and failure_constraint("timeout") == "failure"

@@ -86,6 +86,19 @@ def test_probe_timeout_from_the_probes_that_worked():
     assert probe_timeout(400.0, history, ceiling_s=300, optimizer_steps=7) == (300, False)  # --timeout stays the ceiling
 
 
+def test_first_probe_timeout_from_the_predicted_start_up_and_steps():
+    from zeroplan.tuner.probetime import FIRST_TIMEOUT_MARGIN, FIRST_TIMEOUT_SLACK_S, first_probe_timeout
+
+    # 8 s to import torch, 3 optimizer steps predicted at 2 s: 5 × (8 + 6) + 60 = 130 s.
+    assert FIRST_TIMEOUT_MARGIN * (8 + 3 * 2.0) + FIRST_TIMEOUT_SLACK_S == 130
+    assert first_probe_timeout(2.0, startup_s=8.0, optimizer_steps=3, ceiling_s=300) == (pytest.approx(130.0), True)
+    assert first_probe_timeout(2.0, startup_s=8.0, optimizer_steps=3, ceiling_s=120) == (120, False)  # --timeout caps it
+    # probe_timeout uses it only before any probe worked; measurements win after.
+    assert probe_timeout(2.0, [], ceiling_s=300, optimizer_steps=3, startup_s=8.0) == (pytest.approx(130.0), True)
+    history = [_timing(1.0, predicted=2.0, wall=20.0, steps=3)]
+    assert probe_timeout(2.0, history, ceiling_s=300, optimizer_steps=3, startup_s=8.0) == (pytest.approx(TIMEOUT_MARGIN * 20.0 + TIMEOUT_SLACK_S), True)
+
+
 def test_cpu_probes_are_ordered_by_this_machines_speeds_not_a_datasheet():
     from zeroplan.cli.common import resolve_cluster
     from zeroplan.tuner.cpu_profile import time_model_for_probes
@@ -100,6 +113,11 @@ def test_cpu_probes_are_ordered_by_this_machines_speeds_not_a_datasheet():
     assert cpu.gpu_memory_bytes == cluster.gpu_memory_bytes and cpu.gpus == cluster.gpus
     for prec in ("fp32", "bf16"):
         assert 1e8 < cpu.gpu.peak_flops[prec] < 0.01 * cluster.gpu.peak_flops[prec]
+    # Gloo between two forked ranks, measured: slower per call than NVLink's 20 µs α, and a link far
+    # below the A100's 300 GB/s NVLink; a hook call costs a fraction of a millisecond.
+    assert cpu.gpu.collective_latency_s > cluster.gpu.collective_latency_s
+    assert 1e6 < cpu.gpu.intra_node_bandwidth < 0.1 * cluster.gpu.intra_node_bandwidth
+    assert 0 < cpu.gpu.hook_call_s < 1e-3
 
 
 def test_predicted_gap_scales_predictions_to_the_measurements():

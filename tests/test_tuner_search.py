@@ -111,7 +111,8 @@ def test_oom_prunes_larger_micro_batches(tmp_path):
     reasons = [t.user_attrs.get("reason", "") for t in study.get_trials() if t.state.name == "PRUNED"]
     assert any(r.startswith("larger than an OOM'd micro-batch") for r in reasons)
     oom_trials = [t for t in study.get_trials() if t.user_attrs.get("status") == "oom"]
-    assert all(t.state.name == "FAIL" for t in oom_trials)
+    # Visible to TPE (it ignores FAIL trials): PRUNED with the oom constraint violated.
+    assert oom_trials and all(t.state.name == "PRUNED" and t.constraints == {"oom": 1.0} for t in oom_trials)
 
 
 def test_runner_exception_is_a_failed_trial_and_search_goes_on(tmp_path):
@@ -121,7 +122,7 @@ def test_runner_exception_is_a_failed_trial_and_search_goes_on(tmp_path):
     tuner.run()
     trials = tuner.study.get_trials()
     bad = [t for t in trials if t.user_attrs.get("plan_key") == crash and t.user_attrs.get("status") == "error"]
-    assert len(bad) == 1 and bad[0].state.name == "FAIL"
+    assert len(bad) == 1 and bad[0].state.name == "PRUNED" and bad[0].constraints == {"failure": 1.0}
     assert "RuntimeError: runner exploded" in bad[0].user_attrs["reason"]
     assert len(probed_keys(tuner)) == 3
 

@@ -335,10 +335,13 @@ def tune(
             f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"
         )
         raise typer.Exit(1)
-    if time_budget is not None:
-        from zeroplan.tuner.probetime import probe_floor_s, probes_in_budget, startup_floor_s
+    from zeroplan.tuner.probetime import probe_floor_s, probes_in_budget, startup_floor_s
 
-        floor = probe_floor_s(space.fitting[0].predicted_step_time_s, startup_s=startup_floor_s(), optimizer_steps=warmup + 1)
+    # A probe's start-up is at least a fresh interpreter importing torch: it bounds the budget and
+    # derives the first probes' timeouts (before any probe has been measured).
+    startup_floor = startup_floor_s()
+    if time_budget is not None:
+        floor = probe_floor_s(space.fitting[0].predicted_step_time_s, startup_s=startup_floor, optimizer_steps=warmup + 1)
         fit = probes_in_budget(time_budget, floor)
         console.print(f"[dim]time budget {time_budget:g} s: one probe takes at least {floor:.0f} s here, so at most {fit} probes "
                       f"(no probe starts that its expected duration would take past the budget)[/]")
@@ -362,6 +365,7 @@ def tune(
         base_config=base_config,
         optimizer_impl=optimizer_impl,
         loss=loss,
+        startup_floor_s=startup_floor,
     )
     view = LiveView(console, settings.trials)
 

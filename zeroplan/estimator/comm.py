@@ -144,20 +144,12 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     param_allgather = int(gather_bytes * ring) + hpz_intra
     grad_split = split_collective(grad_bytes, gpus_per_node=per_node, nodes=nodes)
     gather_split = split_collective(gather_bytes, gpus_per_node=per_node, nodes=nodes)
-    # One collective per bucket. Gradients: ceil(Ψ_t / reduce_bucket_size) reductions per pass
-    # (engine.allreduce_gradients / stage_1_and_2.py reduce_ipg_grads / stage3.py
-    # __reduce_and_partition_ipg_grads flush a full bucket). Stages 1–2 re-gather parameters in
-    # max(1, Ψ_t // allgather_bucket_size) calls (runtime/utils.py all_gather_dp_groups:
-    # num_shards); stage 0's all-reduce already did. Stage 3 gathers per module in forward and
-    # backward (≈ 2 per block per pass, + embeddings and head).
-    knobs = resolve_engine_knobs(plan, model.hidden_size)
-    reduces = -(-psi // max(1, knobs["reduce_bucket_size"]))
-    if plan.stage == 3:
-        collectives = g * (4 * model.num_layers + 2) + g * reduces
-    elif plan.stage == 0:
-        collectives = reduces
-    else:
-        collectives = int(grad_mult) * reduces + max(1, psi // max(1, knobs["allgather_bucket_size"]))
+    # Collective calls per step, as DeepSpeed issues them (zeroplan.estimator.engine_work cites
+    # the source): buckets of gradients and parameters, the gradient-norm and overflow
+    # all-reduces, ZeRO-3's per-module gathers and its persistent parameters' re-gathers.
+    from zeroplan.estimator.engine_work import engine_work
+
+    collectives = engine_work(model, plan, world_size=n, precision=training.precision).collectives
     shard = -(-psi // n)
     pcie = 0
     if plan.offload_optimizer != "none":

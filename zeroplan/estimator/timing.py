@@ -86,7 +86,8 @@ class StepTime:
     offload_transfer: float
     """Host↔device copies (PCIe) and NVMe swapping for offload."""
     engine_overhead: float = 0.0
-    """Fixed per-step engine cost from the profile (``step_overhead_s``, measured by calibrate)."""
+    """Per-step engine cost: the profile's fixed ``step_overhead_s`` (calibrate) plus DeepSpeed's
+    hook calls and bucket copies (:func:`engine_overhead`)."""
 
     @property
     def total(self) -> float:
@@ -135,16 +136,23 @@ def step_time(
         exposed_communication=exposed,
         optimizer=optimizer,
         offload_transfer=transfer,
-        engine_overhead=engine_overhead(model, plan, gpu),
+        engine_overhead=engine_overhead(model, plan, gpu, world_size=n, precision=training.precision),
     )
 
 
-def engine_overhead(model: ModelSpec, plan: Plan, gpu: GpuSpec) -> float:
-    """Fixed engine seconds per optimizer step: the profile's base overhead plus, in ZeRO-3, the
-    per-module gather/release hooks of every layer in every micro-step (DeepSpeed's
-    ``partitioned_param_coordinator``). Both constants are measured on DeepSpeed engines by
-    ``zeroplan calibrate``; datasheet profiles leave them 0."""
+def engine_overhead(model: ModelSpec, plan: Plan, gpu: GpuSpec, *, world_size: int = 1, precision: str = "bf16") -> float:
+    """Engine seconds per optimizer step beyond compute, collectives and the optimizer pass:
+
+    * the profile's fixed ``step_overhead_s`` and, in ZeRO-3, ``stage3_layer_overhead_s`` per
+      layer and micro-step (both measured on DeepSpeed engines by ``zeroplan calibrate``);
+    * DeepSpeed's hook calls × the profile's ``hook_call_s`` and its bucket/partition copies over
+      the memory bandwidth (:func:`zeroplan.estimator.engine_work.engine_work`, which cites the
+      DeepSpeed source for each count). Datasheet profiles leave the measured constants 0.
+    """
+    from zeroplan.estimator.engine_work import engine_work
+
     extra = 0.0
     if plan.stage == 3:
         extra = gpu.stage3_layer_overhead_s * model.num_layers * plan.gradient_accumulation_steps
-    return gpu.step_overhead_s + extra
+    work = engine_work(model, plan, world_size=world_size, precision=precision)
+    return gpu.step_overhead_s + extra + work.hooks * gpu.hook_call_s + work.copied_bytes / gpu.memory_bandwidth

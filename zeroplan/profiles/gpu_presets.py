@@ -35,6 +35,7 @@ _GPU_FIELDS = (
     "collective_latency_s",
     "step_overhead_s",
     "stage3_layer_overhead_s",
+    "hook_call_s",
     "source",
 )
 

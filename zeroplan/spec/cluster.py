@@ -49,6 +49,8 @@ class GpuSpec:
     """Fixed engine cost per optimizer step (s): Python, hooks, launches; 0 unless calibrated."""
     stage3_layer_overhead_s: float = 0.0
     """Extra ZeRO-3 cost per layer and micro-step (s): gather/release hooks; 0 unless calibrated."""
+    hook_call_s: float = 0.0
+    """Seconds one engine hook call costs (a Python call dispatched by autograd or a module); 0 unless measured."""
 
     def __post_init__(self) -> None:
         check_positive_int("gpu memory_bytes", self.memory_bytes, minimum=1, maximum=_MAX_MEMORY)
@@ -71,6 +73,7 @@ class GpuSpec:
         check_positive_float(
             f"gpu {self.name} stage3_layer_overhead_s", self.stage3_layer_overhead_s, maximum=60.0, allow_zero=True
         )
+        check_positive_float(f"gpu {self.name} hook_call_s", self.hook_call_s, maximum=1.0, allow_zero=True)
 
     def as_dict(self) -> dict:
         return {
@@ -87,6 +90,7 @@ class GpuSpec:
             "collective_latency_s": self.collective_latency_s,
             "step_overhead_s": self.step_overhead_s,
             "stage3_layer_overhead_s": self.stage3_layer_overhead_s,
+            "hook_call_s": self.hook_call_s,
             "source": self.source,
         }
 

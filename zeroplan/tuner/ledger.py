@@ -10,7 +10,7 @@ Every call into the storage goes through :func:`storage_call`, which turns the s
 failures (SQLAlchemy, SQLite, a journal file) into one :class:`StorageError` line; nothing outside
 a storage call is translated, so a programming error keeps its traceback.
 Only Optuna's public API is used (``Study.get_trials``/``ask``/``tell``/``enqueue_trial``/
-``add_trial``, ``Trial.set_user_attr``); a stale trial is failed by its number.
+``add_trial``, ``Trial.set_user_attr``, ``Trial.set_constraint``); a stale trial is failed by its number.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from zeroplan.spec import SpecError
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.storage import StorageError, this_worker
 
-__all__ = ["ClaimsLedger", "UNCLAIMED_GRACE_S", "storage_call", "trial_status", "trial_reason", "first_line"]
+__all__ = ["ClaimsLedger", "ENQUEUED_PARAMS", "UNCLAIMED_GRACE_S", "storage_call", "trial_status", "trial_reason", "first_line"]
+
+#: User attr of an enqueued trial holding its parameters (read back by :meth:`ClaimsLedger.waiting_params`).
+ENQUEUED_PARAMS = "enqueued_params"
 
 #: Trials this long in RUNNING without a claim are considered abandoned (crash between ask and claim).
 UNCLAIMED_GRACE_S = 300.0
@@ -112,7 +115,7 @@ class ClaimsLedger:
 
     def enqueue(self, params: dict[str, Any], user_attrs: dict[str, Any]) -> None:
         with storage_call("enqueueing a plan"):
-            self.study.enqueue_trial(params, user_attrs=user_attrs)
+            self.study.enqueue_trial(params, user_attrs=user_attrs | {ENQUEUED_PARAMS: dict(params)})
 
     def ask(self) -> Any:
         with storage_call("starting a trial"):
@@ -203,9 +206,15 @@ class ClaimsLedger:
 
     @staticmethod
     def waiting_params(trials: list[Any]) -> set[str]:
-        """The parameters of enqueued, not yet started trials (as canonical JSON)."""
+        """The parameters of enqueued, not yet started trials (as canonical JSON).
+
+        Optuna keeps an enqueued trial's parameters in a private system attr; :meth:`enqueue`
+        writes them into the trial's user attrs (``enqueued_params``) too, which are public.
+        """
         return {
-            json.dumps(t.system_attrs.get("fixed_params", {}), sort_keys=True) for t in trials if t.state.name == "WAITING"
+            json.dumps(t.user_attrs[ENQUEUED_PARAMS], sort_keys=True)
+            for t in trials
+            if t.state.name == "WAITING" and ENQUEUED_PARAMS in t.user_attrs
         }
 
     def enqueue_first_free(self, params_in_order: list[dict[str, Any]], trials: list[Any], *, source: str) -> bool:

@@ -134,6 +134,9 @@ class ProbeRunner:
     """What the loss keeps over the logits, for the probes' estimates; None: the task's own."""
     history: list = field(default_factory=list)
     """:class:`zeroplan.tuner.probetime.ProbeTiming` of every probe that worked."""
+    startup_floor_s: Optional[float] = None
+    """Predicted start-up of a probe before any worked (:func:`zeroplan.tuner.probetime.startup_floor_s`):
+    with it the first probes get a derived timeout too (:func:`zeroplan.tuner.probetime.first_probe_timeout`)."""
 
     def expected_s(self, plan: Plan) -> Optional[float]:
         """Expected wall time of a probe of ``plan`` from the probes that worked (None before any)."""
@@ -151,7 +154,9 @@ class ProbeRunner:
         predicted = self.predicted_step_time(plan) if self.predicted_step_time else None
         if not predicted:
             return self.timeout_s, False
-        return probe_timeout(predicted, self.history, ceiling_s=self.timeout_s, optimizer_steps=self.warmup + self.steps)
+        return probe_timeout(
+            predicted, self.history, ceiling_s=self.timeout_s, optimizer_steps=self.warmup + self.steps, startup_s=self.startup_floor_s
+        )
 
     def build_config(self, plan: Plan) -> tuple[dict, list[str]]:
         """The trial's DeepSpeed JSON and the validation errors it has (empty: valid)."""

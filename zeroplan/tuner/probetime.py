@@ -17,8 +17,11 @@ from typing import Optional, Sequence
 __all__ = [
     "Gap",
     "ProbeTiming",
+    "FIRST_TIMEOUT_MARGIN",
+    "FIRST_TIMEOUT_SLACK_S",
     "TIMEOUT_MARGIN",
     "TIMEOUT_SLACK_S",
+    "first_probe_timeout",
     "expected_probe_s",
     "predicted_gap",
     "probe_floor_s",
@@ -31,6 +34,11 @@ __all__ = [
 TIMEOUT_MARGIN = 3.0
 #: ... plus this many seconds (launch jitter on a loaded machine).
 TIMEOUT_SLACK_S = 20.0
+#: Before any probe worked, the expected duration is a prediction — its start-up a lower bound
+#: (an interpreter importing torch, not DeepSpeed's import and engine build) — so the margin is wider.
+FIRST_TIMEOUT_MARGIN = 5.0
+#: ... and so is the slack (the engine build, which the floor does not include).
+FIRST_TIMEOUT_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -67,11 +75,24 @@ def expected_probe_s(predicted_step_time_s: float, history: Sequence[ProbeTiming
     return _fixed_s(history) + optimizer_steps * scale * predicted_step_time_s
 
 
-def probe_timeout(predicted_step_time_s: float, history: Sequence[ProbeTiming], *, ceiling_s: float, optimizer_steps: float) -> tuple[float, bool]:
+def first_probe_timeout(predicted_step_time_s: float, *, startup_s: float, optimizer_steps: float, ceiling_s: float) -> tuple[float, bool]:
+    """(timeout seconds, derived?) of a probe before any probe worked: ``FIRST_TIMEOUT_MARGIN`` ×
+    (the predicted start-up ``startup_s`` + ``optimizer_steps`` at the estimator's step time) +
+    ``FIRST_TIMEOUT_SLACK_S``, never above ``ceiling_s`` (the user's --timeout)."""
+    derived = FIRST_TIMEOUT_MARGIN * probe_floor_s(predicted_step_time_s, startup_s=startup_s, optimizer_steps=optimizer_steps) + FIRST_TIMEOUT_SLACK_S
+    return (derived, True) if derived < ceiling_s else (ceiling_s, False)
+
+
+def probe_timeout(
+    predicted_step_time_s: float, history: Sequence[ProbeTiming], *, ceiling_s: float, optimizer_steps: float, startup_s: Optional[float] = None
+) -> tuple[float, bool]:
     """(timeout seconds, derived?): ``TIMEOUT_MARGIN`` × the expected duration + ``TIMEOUT_SLACK_S``,
-    never above ``ceiling_s`` (the user's --timeout); the ceiling itself before any probe worked."""
+    never above ``ceiling_s`` (the user's --timeout). Before any probe worked:
+    :func:`first_probe_timeout` from the predicted start-up ``startup_s``, or the ceiling without one."""
     expected = expected_probe_s(predicted_step_time_s, history, optimizer_steps=optimizer_steps)
     if expected is None:
+        if startup_s is not None:
+            return first_probe_timeout(predicted_step_time_s, startup_s=startup_s, optimizer_steps=optimizer_steps, ceiling_s=ceiling_s)
         return ceiling_s, False
     derived = TIMEOUT_MARGIN * expected + TIMEOUT_SLACK_S
     return (derived, True) if derived < ceiling_s else (ceiling_s, False)

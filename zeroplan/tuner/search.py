@@ -96,6 +96,12 @@ class TuneSummary:
     """How much faster the best admissible plan not probed is predicted to be than the best found."""
 
 
+def failure_constraint(status: str) -> str:
+    """The Optuna constraint a failed probe violates: ``oom`` for out-of-memory (as the OOM rule's
+    pruned plans), ``failure`` for every other failure (as the failure-region rule's)."""
+    return "oom" if status == "oom" else "failure"
+
+
 class Tuner:
     """One worker of a tuning study: ``prepare()`` once, then ``run()`` the ask → admit → claim →
     probe → tell loop. Claims and recovery are the :class:`ClaimsLedger`'s, admission is
@@ -416,7 +422,14 @@ class Tuner:
         self.ledger.set_attrs(trial, measured)
         if outcome.ok and outcome.samples_per_second > 0:
             self.ledger.tell(trial, outcome.samples_per_second)
-        else:
+        elif outcome.status in PROBED_STATUSES:  # ok without throughput, oom, error, timeout
+            # TPE learns only from COMPLETE and PRUNED trials (a FAIL one is invisible to it): a
+            # probe that failed is PRUNED with a violated constraint, so TPE counts its plan among
+            # the infeasible ones (samplers/_tpe/sampler.py _split_trials), as the memory rule's.
+            with storage_call(f"writing trial #{trial.number}"):
+                trial.set_constraint(failure_constraint(outcome.status), 1.0)
+            self.ledger.tell(trial, state=TrialState.PRUNED)
+        else:  # interrupted, invalid config: not a measurement of the plan; --resume retries it
             self.ledger.tell(trial, state=TrialState.FAIL)
         self.on_event("end", number=trial.number, candidate=cand, outcome=outcome)
         try:

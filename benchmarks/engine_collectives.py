@@ -1,0 +1,95 @@
+"""DeepSpeed's collective calls per optimizer step, counted on a real engine, against the estimator's count.
+
+Run under torchrun (one stage per run); rank 0 prints one JSON line. bench_engine_work.py runs
+every stage and prints the table. Every ``torch.distributed`` collective DeepSpeed issues is
+counted by wrapping the functions before DeepSpeed binds them; the engine is the example GPT
+(examples/gpt_task.py) with the DeepSpeed config ``zeroplan export`` writes for the plan.
+
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 benchmarks/engine_collectives.py --stage 1 --micro-batch 2 --accumulation 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import torch  # noqa: E402
+import torch.distributed as tdist  # noqa: E402
+
+COLLECTIVES = ("all_reduce", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_gather", "reduce_scatter", "all_to_all_single")
+counts: collections.Counter = collections.Counter()
+
+
+def _wrap(name: str) -> None:
+    original = getattr(tdist, name)
+
+    def counted(*args, **kwargs):
+        counts[name] += 1
+        return original(*args, **kwargs)
+
+    setattr(tdist, name, counted)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--stage", type=int, required=True)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--accumulation", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    args = p.parse_args()
+    for name in COLLECTIVES:
+        if hasattr(tdist, name):
+            _wrap(name)
+    import deepspeed
+
+    from gpt_task import GPT, GPTConfig
+
+    from zeroplan.dsconfig import build_config
+    from zeroplan.estimator.engine_work import engine_work
+    from zeroplan.spec import Plan, TrainingSpec
+    from zeroplan.tuner.checks import task_model_spec
+
+    world = int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    model_spec, seq_len = task_model_spec(ROOT / "examples" / "gpt_task.py")
+    plan = Plan(stage=args.stage, micro_batch=args.micro_batch, gradient_accumulation_steps=args.accumulation)
+    training = TrainingSpec(seq_len=seq_len, global_batch=args.micro_batch * args.accumulation * world)
+    cfg = build_config(plan, world_size=world, training=training, model=model_spec)
+    deepspeed.init_distributed(dist_backend="gloo")
+    gpt = GPT(GPTConfig())
+    engine, *_ = deepspeed.initialize(model=gpt, config=cfg, model_parameters=gpt.parameters())
+    data = torch.randint(0, GPTConfig().vocab, (args.micro_batch, seq_len + 1))
+
+    def optimizer_step() -> None:
+        for _ in range(args.accumulation):
+            logits = engine(data[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
+            engine.backward(loss)
+            engine.step()
+
+    for _ in range(2):
+        optimizer_step()
+    counts.clear()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        optimizer_step()
+    elapsed = (time.perf_counter() - start) / args.steps
+    if tdist.get_rank() == 0:
+        measured = {k: v / args.steps for k, v in counts.items()}
+        predicted = engine_work(model_spec, plan, world_size=world, precision=training.precision)
+        print(json.dumps({"stage": args.stage, "micro_batch": args.micro_batch, "accumulation": args.accumulation,
+                          "measured": measured, "measured_total": sum(measured.values()), "predicted": predicted.collectives,
+                          "step_s": elapsed, "params": sum(1 for _ in gpt.parameters()), "zero": cfg.get("zero_optimization")}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""DeepSpeed's per-step bookkeeping: collective calls, hook calls and engine copies by ZeRO stage.
+
+Beyond compute, the bytes of its collectives and the optimizer pass, a DeepSpeed engine does work
+per optimizer step whose cost does not scale with the model's FLOPs: each collective call is a
+synchronisation point (latency α, and on shared CPUs the wait for the slowest rank), each hook is
+a Python call, and gradients are copied into flat buckets and partitions. For small models, or on
+CPUs, that work decides which stage is fastest. The counts below are read from DeepSpeed 0.19's
+source and checked against a real engine (tests/test_engine_work.py counts the calls that
+``torch.distributed`` receives):
+
+* stage 0 — ``engine.py`` ``allreduce_gradients`` → ``buffered_allreduce_fallback`` →
+  ``allreduce_and_copy``: one all-reduce per bucket of ``MEMORY_OPT_ALLREDUCE_SIZE`` (5e8)
+  elements — not ``reduce_bucket_size`` — at the accumulation boundary; the
+  gradients are flattened into the bucket and copied back (``flatten_dense_tensors``,
+  ``synced.copy_``). No hooks.
+* stages 1–2 — ``zero/stage_1_and_2.py``: a gradient hook per trainable tensor in every micro-step
+  (``create_reduce_and_remove_grad_hooks`` → ``reduce_independent_p_g_buckets_and_remove_grads``,
+  registered when gradients are partitioned or ``overlap_comm`` is on, as in zeroplan's configs),
+  which copies the gradient into the IPG bucket; the bucket is reduced once per step in stage 1
+  and in every micro-step in stage 2 (``average_tensor`` → ``allreduce_and_copy_with_multiple_ranks``,
+  one call per bucket); in ``step``: one all-reduce of the gradient norm (``scaled_global_norm`` →
+  ``get_grad_norm_direct``), one of the overflow flag (``_check_overflow`` → ``has_overflow``), the
+  fp32 upcast of the rank's gradient partition, and the all-gather of updated parameters
+  (``all_gather_dp_groups``, ``max(1, Ψ // allgather_bucket_size)`` shards).
+* stage 3 — ``zero/parameter_offload.py`` registers four hooks per module (pre/post forward,
+  pre/post backward) and ``zero/stage3.py`` a gradient hook per trainable tensor; in every
+  micro-step each module with non-persistent parameters is gathered in forward and again in
+  backward (``partitioned_param_coordinator.fetch_sub_module`` → ``all_gather_coalesced``, one
+  call per module), gradients are copied into the reduce bucket and reduce-scattered per bucket
+  (``__reduce_and_partition_ipg_grads``); per step one all-reduce of the gradient norm and, after
+  the optimizer, each persistent parameter (numel ≤ ``stage3_param_persistence_threshold``) is
+  re-gathered by its own call (``partition_parameters.py`` ``_allgather_params_coalesced``).
+
+Parameter tensors come from the model's shape (:func:`parameter_tensors`), assuming separate q,
+k, v and o projections, GPT-2-style biases on every linear and norm of a non-gated MLP model and
+none (RMSNorm weight only) on a gated one; models that fuse q/k/v have fewer, smaller tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.spec import ModelSpec, Plan, bytes_per_param, resolve_engine_knobs
+
+__all__ = ["EngineWork", "MEMORY_OPT_ALLREDUCE_SIZE", "ParameterTensors", "bucket_flushes", "engine_work", "parameter_tensors"]
+
+#: Elements per all-reduce bucket of stage 0 (deepspeed/runtime/engine.py, MEMORY_OPT_ALLREDUCE_SIZE).
+MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
+
+
+@dataclass(frozen=True)
+class ParameterTensors:
+    """The model's parameter tensors and the modules that hold them, as ZeRO-3 sees them."""
+
+    tensors: int
+    """Parameter tensors (weights, biases, norm scales)."""
+    trainable_tensors: int
+    """Tensors with gradients (all of them; LoRA: an A and a B per adapted linear)."""
+    modules: int
+    """Modules that hold parameters (each gets ZeRO-3's four hooks)."""
+    persistent_tensors: int
+    """Tensors of at most ``stage3_param_persistence_threshold`` elements (kept whole by ZeRO-3)."""
+    gathered_modules: int
+    """Modules with at least one non-persistent tensor (gathered in every forward and backward)."""
+    trainable_sizes: tuple[int, ...] = ()
+    """Elements of each trainable tensor in creation order (empty when not known tensor by tensor: LoRA)."""
+
+
+def parameter_tensors(model: ModelSpec, *, persistence_threshold: int) -> ParameterTensors:
+    """Tensor and module counts of ``model`` (assumptions in the module docstring)."""
+    h, ffn = model.hidden_size, model.ffn_size
+    kv = model.num_kv_heads * model.head_dim
+    biased = not model.gated_mlp
+    # Per block: q, k, v, o, then the MLP's 2 (or 3 gated) matrices; each linear is one module.
+    linears = [h * h, h * kv, h * kv, h * h] + [h * ffn] * (3 if model.gated_mlp else 2)
+    bias_sizes = [h, kv, kv, h] + ([ffn, h] if biased else [])
+    norm_tensors = [h, h] * (2 if biased else 1)  # two norms per block: scale (+ shift)
+    block = linears + (bias_sizes if biased else []) + norm_tensors
+    # Embedding, the final norm and, untied, the output projection.
+    top = [model.vocab_size * h] + [h] * (2 if biased else 1) + ([] if model.tied_embeddings else [model.vocab_size * h])
+    sizes = block * model.num_layers + top
+    trainable_sizes = tuple(sizes) if model.peft is None else ()
+    persistent = sum(s <= persistence_threshold for s in sizes)
+    # Modules: each linear (its weight, with its bias) and each norm; embedding, final norm, head.
+    linear_modules = [max(w, b) for w, b in zip(linears, bias_sizes)] if biased else linears
+    norm_modules = [h, h]
+    block_modules = linear_modules + norm_modules
+    top_modules = [model.vocab_size * h, h] + ([] if model.tied_embeddings else [model.vocab_size * h])
+    modules = block_modules * model.num_layers + top_modules
+    gathered = sum(m > persistence_threshold for m in modules)
+    trainable = len(sizes)
+    if model.peft is not None:
+        trainable = 2 * len(linears) * model.num_layers
+    return ParameterTensors(
+        tensors=len(sizes), trainable_tensors=trainable, modules=len(modules), persistent_tensors=persistent, gathered_modules=gathered,
+        trainable_sizes=trainable_sizes,
+    )
+
+
+def bucket_flushes(sizes: tuple[int, ...], bucket_elements: int) -> int:
+    """Reduce calls to empty gradients of ``sizes`` (in backward order) through a bucket of
+    ``bucket_elements``: DeepSpeed reduces the bucket before a gradient that would overflow it
+    (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``: ``if self.elements_in_ipg_bucket
+    + param.numel() > self.reduce_bucket_size: self.reduce_ipg_grads()``; stage3.py alike) and once
+    more at the end of backward."""
+    calls, filled = 0, 0
+    for numel in reversed(sizes):
+        if filled and filled + numel > bucket_elements:
+            calls += 1
+            filled = 0
+        filled += numel
+    return calls + (1 if filled else 0)
+
+
+@dataclass(frozen=True)
+class EngineWork:
+    """What a DeepSpeed engine does per optimizer step beyond FLOPs, collective bytes and the optimizer."""
+
+    collectives: int
+    """Collective calls per rank (each a synchronisation point of every rank)."""
+    hooks: int
+    """Python hook calls (gradient hooks; ZeRO-3 module hooks)."""
+    copied_bytes: int
+    """Bytes read plus written by the engine's own copies (gradient buckets, fp32 upcast)."""
+
+
+def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str) -> EngineWork:
+    """Per-step :class:`EngineWork` of ``plan`` on ``world_size`` ranks (DeepSpeed 0.19, module docstring)."""
+    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    psi = model.trainable_params
+    p = bytes_per_param(precision)
+    g = plan.gradient_accumulation_steps
+    tensors = parameter_tensors(model, persistence_threshold=knobs["stage3_param_persistence_threshold"])
+    if tensors.trainable_sizes:
+        reduces = bucket_flushes(tensors.trainable_sizes, max(1, knobs["reduce_bucket_size"]))
+    else:
+        reduces = -(-psi // max(1, knobs["reduce_bucket_size"]))
+    # Stage 0 ignores reduce_bucket_size: engine.py allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE).
+    stage0_reduces = -(-psi // MEMORY_OPT_ALLREDUCE_SIZE)
+    if plan.stage == 0:
+        # Flatten into the bucket (read + write) and copy the reduced values back (read + write).
+        return EngineWork(collectives=stage0_reduces, hooks=0, copied_bytes=4 * p * psi)
+    shard = -(-psi // world_size)
+    if plan.stage in (1, 2):
+        passes = 1 if plan.stage == 1 else g
+        gathers = max(1, psi // max(1, knobs["allgather_bucket_size"]))
+        return EngineWork(
+            collectives=passes * reduces + 2 + gathers,  # + gradient norm + overflow flag
+            hooks=g * tensors.trainable_tensors,
+            # Each micro-step's gradients into the IPG bucket (read + write); the partition to fp32.
+            copied_bytes=g * 2 * p * psi + (p + 4) * shard,
+        )
+    return EngineWork(
+        collectives=g * (2 * tensors.gathered_modules + reduces) + 1 + tensors.persistent_tensors,
+        hooks=g * (4 * tensors.modules + tensors.trainable_tensors),
+        copied_bytes=g * 2 * p * psi + (p + 4) * shard,
+    )
