@@ -36,6 +36,7 @@ from zeroplan.spec import TrainingSpec  # noqa: E402
 from zeroplan.tuner import ProbeRunner, TuneSettings, Tuner, build_space, make_sampler, open_study, storage_url  # noqa: E402
 from zeroplan.tuner.cpu_profile import time_model_for_probes  # noqa: E402
 from zeroplan.tuner.ledger import trial_status  # noqa: E402
+from zeroplan.tuner.probetime import startup_floor_s  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "faulty_train.py"
 CONFIG = ROOT / "benchmarks" / "faulty_gpt_config.json"
@@ -67,7 +68,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zeroplan-bench-faults-"))
     runner = ProbeRunner(
         script=SCRIPT, nproc=2, training=training, model=model, workdir=tmp / "probes", script_args=script_args,
-        steps=5, warmup=2, timeout_s=args.timeout, target_ci=0.1, predicted_step_time=None if args.grid else space.predicted_step_time,  # the grid: --timeout for all
+        steps=5, warmup=2, timeout_s=args.timeout, target_ci=0.1,
+        # The grid runs every probe under --timeout; the tuner derives timeouts as `zeroplan tune` does.
+        predicted_step_time=None if args.grid else space.predicted_step_time,
+        startup_floor_s=None if args.grid else startup_floor_s(),
     )
     print(f"faulty script: ZeRO-{args.crash_stage} crashes at start-up, micro-batch >= {args.hang_micro_batch} hangs, "
           f"accumulation >= {args.slow_accumulation} is {args.slow_micro_step_s} s slower per micro-step")

@@ -146,3 +146,19 @@ def test_time_budget_starts_no_probe_that_would_end_past_it(tmp_path):
     # The first probe fits (0 + 0.6 ≤ 0.9); after it (≥ 0.4 s) the next would end past 0.9 s.
     assert summary.stopped_because == "time budget" and summary.probes_this_run == 1
     assert summary.gap is not None and summary.gap.unprobed > 0
+
+
+@pytest.mark.e2e
+def test_fsdp_probe_times_micro_steps(tmp_path):
+    """An FSDP2 probe at accumulation 4 with --ci stops on the micro-step interval, as DeepSpeed's do."""
+    from pathlib import Path
+
+    from zeroplan.spec import Plan, TrainingSpec
+    from zeroplan.tuner.objective import ProbeRunner
+
+    task = Path(__file__).resolve().parents[1] / "examples" / "gpt_task.py"
+    runner = ProbeRunner(script=task, nproc=2, training=TrainingSpec(seq_len=64, global_batch=16), model=None, workdir=tmp_path,
+                         backend="fsdp", steps=3, warmup=1, timeout_s=300, target_ci=0.5)
+    outcome = runner(Plan(stage=3, micro_batch=2, gradient_accumulation_steps=4), trial_number=0)
+    assert outcome.ok, outcome.error
+    assert outcome.micro_steps >= 4 and outcome.step_time_ci_s is not None and outcome.step_time_ci_s > 0

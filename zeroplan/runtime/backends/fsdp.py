@@ -97,6 +97,7 @@ def run_fsdp(task, *, plan, training, meter, fused: bool = False) -> None:
     rank = dist.get_rank()
     accum = plan.gradient_accumulation_steps
     meter.samples_per_step = plan.micro_batch * accum * dist.get_world_size()
+    meter.grad_accum = accum
     meter.start()
     step = 0
     while True:
@@ -113,7 +114,13 @@ def run_fsdp(task, *, plan, training, meter, fused: bool = False) -> None:
                     loss = task.loss_fn(model, batch)
                 (loss / accum).backward()
             step += 1
-        meter.before_optimizer_step()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        meter.optimizer_step_done()
+            if last:
+                meter.before_optimizer_step()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            # Micro-step timing as the DeepSpeed wrapper does it (the boundary micro-step includes
+            # the gradient reduction and the optimizer); whole optimizer steps otherwise.
+            if meter.micro_mode:
+                meter.micro_step_done(last)
+            elif last:
+                meter.optimizer_step_done()
