@@ -257,10 +257,17 @@ def part2(args, tmp: Path) -> None:
     model, seq_len = task_model_spec(TASK)
     ds = deepspeed_autotuner(args, tmp)
     training = TrainingSpec(seq_len=seq_len)
-    space = tune_space(model, cluster(1), training, script_kind="script", max_micro_batch=args.max_micro_batch, device="cpu")
+    # As `zeroplan tune` runs on CPU: the quick time model, micro-step probes stopping at ±10%,
+    # derived timeouts, 5 measured steps at most.
+    one, time_model = time_model_for_probes(cluster(1), on_cuda=False, gpu_given=False)
+    console.print(time_model)
+    space = tune_space(model, one, training, script_kind="script", max_micro_batch=args.max_micro_batch, device="cpu")
     # The script stops after --steps optimizer steps: leave room for warm-up plus the measured ones.
     script_args = ("--steps", str(args.steps + 10))
-    runner = ProbeRunner(script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", script_args=script_args, steps=args.steps, warmup=2, timeout_s=300)
+    runner = ProbeRunner(
+        script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", script_args=script_args, steps=5, warmup=2,
+        timeout_s=300, target_ci=0.1, predicted_step_time=space.predicted_step_time, startup_floor_s=startup_floor_s(),
+    )
     z = zeroplan_search(space, runner, trials=args.trials_1, workdir=tmp / "study-1", seed=args.seed)
 
     remeasured = None
@@ -287,6 +294,8 @@ def part2(args, tmp: Path) -> None:
     )
     table.add_row("zeroplan tune", str(z["probes"]), f"{z['wall_s']:.0f}", str(z["best"]), f"{z['best_value']:.2f}", f"{z['best_value']:.2f}")
     console.print(table)
+    console.print(f"wall time: DeepSpeed's autotuner / zeroplan tune = {ds['wall_s'] / max(z['wall_s'], 1e-9):.1f}x (goal >= 5x); "
+                  f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     console.print(f"deepspeed autotuner exit code {ds['returncode']}; zeroplan searched {len(space.fitting)} plans (stages 0–3, offload none/cpu, micro-batch ≤ {args.max_micro_batch})")
 
 
