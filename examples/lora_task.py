@@ -61,21 +61,24 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    if args.rank == 0:
-        return model
     import peft
 
-    if args.base_quant == "nf4":
-        model = _nf4_base(model)
+    if args.rank and args.base_quant == "nf4":
+        model = _nf4_base(config)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    if args.rank == 0:
+        return model
     return peft.get_peft_model(model, peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=_targets(args)))
 
 
-def _nf4_base(model: torch.nn.Module) -> torch.nn.Module:
-    """The same random weights reloaded as QLoRA loads a checkpoint: NF4 with double quantization,
-    bf16 compute (transformers' bitsandbytes integration keeps lm_head unquantized), then peft's
-    prepare_model_for_kbit_training (non-quantized parameters to fp32; no checkpointing here:
-    the plan's checkpointing applies)."""
+def _nf4_base(config) -> torch.nn.Module:
+    """Random weights saved in bf16 and loaded as QLoRA loads a checkpoint: NF4 with double
+    quantization, bf16 compute (transformers' bitsandbytes integration keeps lm_head
+    unquantized), then peft's prepare_model_for_kbit_training (non-quantized parameters to fp32;
+    no checkpointing here: the plan's checkpointing applies). The random model is dropped before
+    loading, so the build holds what a load from a real checkpoint holds, not both copies."""
+    import gc
     import tempfile
     import warnings
 
@@ -91,9 +94,12 @@ def _nf4_base(model: torch.nn.Module) -> torch.nn.Module:
         # torch.distributed is up).
         from safetensors.torch import save_file
 
+        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
         model.config.to_json_file(os.path.join(folder, "config.json"))
-        save_file({k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()},
                   os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        del model
+        gc.collect()
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=quant, dtype=torch.bfloat16,
                                                                   device_map=device_map)
     return peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
