@@ -102,7 +102,7 @@ def _quantized_base(model: ModelSpec) -> tuple[int, int, int]:
     cast to ``param_dtype``: it is not floating point); the quantization constants live in
     ``quant_state`` (absmax, nested absmax / row scales), outside the parameter, so every rank
     keeps them whole. Measured on 2 CPU ranks: an NF4 Llama under FSDP2 gives the unsharded
-    model's loss (benchmarks/results/lora_memory_fsdp_nf4.txt).
+    model's loss (benchmarks/results/fsdp_nf4_loss.txt).
     """
     peft = model.peft
     if peft is None or peft.base_quant == "none" or not peft.quantized_params:
