@@ -85,9 +85,19 @@ def test_worker_killed_mid_trial_costs_one_retry_on_a_journal(tmp_path):
     assert len(keys) == len(set(keys)) == 8, f"a plan was probed twice, or the study is short: {keys}"
     failed = [t for t in trials if t.state.name == "FAIL" and trial_status(t) == "interrupted"]
     assert [t.number for t in failed] == [hung_trial]  # the victim's trial, failed by the survivor
+    # The interrupted plan is probed exactly once more, never lost: normally by one retry trial;
+    # if the survivor claimed the same plan while the victim was starting it (both asked at
+    # once, a race a loaded machine shows), the survivor's probe is that one and no retry is
+    # enqueued (ledger.recover skips claimed plans).
+    hung_key = failed[0].user_attrs["plan_key"]
     retries = [t for t in trials if t.user_attrs.get("retry_of") == hung_trial]
-    assert len(retries) == 1 and retries[0].user_attrs.get("status") == "ok"
-    assert retries[0].user_attrs["plan_key"] == failed[0].user_attrs["plan_key"]  # retried, not lost
+    assert hung_key in keys  # probed once (keys are unique above), so not lost
+    assert len(retries) <= 1
+    if retries:
+        assert retries[0].user_attrs.get("status") == "ok" and retries[0].user_attrs["plan_key"] == hung_key
+    else:
+        holder = next(t for t in probed if t.user_attrs["plan_key"] == hung_key)
+        assert holder.user_attrs.get("worker") != failed[0].user_attrs.get("worker")  # the survivor's probe
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
 
 
