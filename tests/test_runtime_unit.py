@@ -232,3 +232,18 @@ def test_cli_bad_json_config(tmp_path):
     bad.write_text("{not json")
     r = _cli("examples/train_deepspeed.py", "--config", str(bad))
     assert r.returncode == 2 and "not valid JSON" in r.stderr
+
+
+def test_probe_estimate_uses_the_bucket_sizes_the_config_ran_with():
+    """A config built before the model was known keeps DeepSpeed's 5e8 buckets: the estimate
+    beside the probe must count those, not the Hugging Face rule or a fine-tuning cap."""
+    from zeroplan.runtime.prediction import with_config_buckets
+    from zeroplan.spec import Plan
+
+    config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "allgather_bucket_size": 500000000,
+                                    "stage3_prefetch_bucket_size": "auto"}}
+    plan = with_config_buckets(Plan(stage=2), config)
+    assert plan.reduce_bucket_size == 500_000_000 and plan.allgather_bucket_size == 500_000_000
+    assert plan.stage3_prefetch_bucket_size is None  # "auto": the estimator's Hugging Face rule
+    # A size the plan sets wins over the config's.
+    assert with_config_buckets(Plan(stage=2, reduce_bucket_size=1000), config).reduce_bucket_size == 1000

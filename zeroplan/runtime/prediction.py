@@ -8,9 +8,9 @@ from pathlib import Path
 
 from zeroplan.runtime.api import ProbeRequest
 from zeroplan.runtime.hostmem import PHASES, estimated_host
-from zeroplan.spec import Plan, SpecError, TrainingSpec
+from zeroplan.spec import BUCKET_KEYS, Plan, SpecError, TrainingSpec
 
-__all__ = ["comparable_estimate", "config_for_plan"]
+__all__ = ["comparable_estimate", "config_for_plan", "with_config_buckets"]
 
 
 def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, model=None, workdir: Path,
@@ -24,6 +24,24 @@ def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, mode
         plan, world_size=world_size, training=training, model=model, nvme_path=str(workdir / "nvme") if uses_nvme else None,
         optimizer_impl=optimizer_impl,
     )
+
+
+def with_config_buckets(plan: Plan, config: dict) -> Plan:
+    """``plan`` with the bucket and ZeRO-3 sizes the engine ran with.
+
+    A numeric value in the config's ``zero_optimization`` block fills the plan's unset field: a
+    config built before the model was known keeps DeepSpeed's 5e8-element buckets
+    (zeroplan.spec.DEEPSPEED_DEFAULT_KNOBS), which the estimator must not replace with the
+    Hugging Face rule or a fine-tuning cap for the model discovered later. ``"auto"`` values are
+    left to that rule, as Hugging Face's integration fills them from the model.
+    """
+    zero = config.get("zero_optimization") or {}
+    updates = {}
+    for key in BUCKET_KEYS:
+        value = zero.get(key)
+        if getattr(plan, key, None) is None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            updates[key] = int(value)
+    return dataclasses.replace(plan, **updates) if updates else plan
 
 
 def comparable_estimate(est, *, on_cpu: bool, ranks_per_node: int) -> int:
@@ -71,6 +89,8 @@ def _estimate(
         return None, "no estimate: no plan (give a DeepSpeed config or --stage)"
     if model is None:
         return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
+    if config is not None:
+        plan = with_config_buckets(plan, config)
     model, note = model_for_estimate(
         model, origin=origin, trainable=summary.get("trainable_params"), frozen=summary.get("frozen_params"), flags=request.peft_flags
     )
