@@ -156,6 +156,8 @@ def main() -> int:
     p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3))
     p.add_argument("--impl", default="config", choices=IMPLS)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--runs", type=lambda s: [(int(x.split(":")[0]), x.split(":")[1]) for x in s.split(",")],
+                   help="STAGE:IMPL,... measured one after another in the same ranks (one launch; one JSON line each)")
     p.add_argument("--table", action="store_true", help="run every --stages × --impls combination and print the table")
     p.add_argument("--stages", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     p.add_argument("--impls", type=lambda s: s.split(","), default=list(IMPLS))
@@ -166,9 +168,10 @@ def main() -> int:
     args = p.parse_args()
     if args.table or args.from_json:
         return table(args)
-    row = run_one(args.stage, args.impl, args.steps)
-    if row.pop("rank") == 0:
-        print(json.dumps(row))
+    for stage, impl in args.runs or [(args.stage, args.impl)]:
+        row = run_one(stage, impl, args.steps)
+        if row.pop("rank") == 0:
+            print(json.dumps(row), flush=True)
     return 0
 
 

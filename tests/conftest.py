@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
+
 
 def _no_cuda() -> bool:
     if shutil.which("nvidia-smi") is None:
@@ -19,3 +21,26 @@ def _no_cuda() -> bool:
 
 if _no_cuda():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+@pytest.fixture(scope="session")
+def optimizer_step_rows():
+    """benchmarks/optimizer_step_memory.py on 2 gloo ranks, every (stage, impl) the tests check
+    measured in one launch (each run has its own tracker; the rows equal separate launches'):
+    ``{(stage, impl): row}``."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    root = Path(__file__).resolve().parents[1]
+    runs = ((2, "torch-loop"), (3, "config"))
+    env = {**os.environ, "PYTHONPATH": str(root), "DS_ACCELERATOR": "cpu"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        str(root / "benchmarks" / "optimizer_step_memory.py"), "--runs", ",".join(f"{s}:{i}" for s, i in runs)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert [(row["stage"], row["impl"]) for row in rows] == list(runs)
+    return {(row["stage"], row["impl"]): row for row in rows}

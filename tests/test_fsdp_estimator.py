@@ -156,18 +156,11 @@ def test_cli_optimizer_impl_bad_input_exits_2():
 
 
 @pytest.mark.slow
-def test_deepspeed_step_with_client_torch_adamw_matches_measurement():
+def test_deepspeed_step_with_client_torch_adamw_matches_measurement(optimizer_step_rows):
     """A client torch AdamW (no optimizer block) under ZeRO-2: for-loop temporaries of the flat partition."""
-    import json
-
     from zeroplan.estimator.memory import engine_overhead, model_states
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        str(ROOT / "benchmarks" / "optimizer_step_memory.py"), "--stage", "2", "--impl", "torch-loop"],
-                       capture_output=True, text=True, env=env, timeout=240)
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("{"))
-    measured = json.loads(line)
+    measured = optimizer_step_rows[(2, "torch-loop")]
     cfg, model = _gpt()
     training, plan = TrainingSpec(seq_len=cfg.seq_len), Plan(stage=2, micro_batch=2)
     extra = engine_overhead(model, _cluster(), training, plan, device="cpu", optimizer_impl="torch")
