@@ -222,10 +222,13 @@ def fsdp_memory(
         temps = optimizer_step_temporaries(
             impl=optimizer_impl, optimizer=training.optimizer, partition_params=partition, largest_param=largest_t, on_gpu=on_gpu
         )
+        # Gradient accumulation under ``no_sync()`` (the runtime's loop): the earlier micro-steps'
+        # gradients stay in ``param.grad`` through the last micro-step's backward.
+        accumulated = {"accumulated_gradients": grads} if plan.gradient_accumulation_steps > 1 else {}
         phases = {
-            "loss_backward": {**bucket, "activations": loss_acts, "autocast_weight_casts": cast_cache},
+            "loss_backward": {**bucket, "activations": loss_acts, "autocast_weight_casts": cast_cache, **accumulated},
             "block_backward": {**bucket, "activations": layers_only, "autocast_weight_casts": cast_cache,
-                               "head_gradient": m * model.embedding_params if head_trains else 0},
+                               "head_gradient": m * model.embedding_params if head_trains else 0, **accumulated},
             "optimizer_step": {**bucket, "gradients": grads, **temps},
         }
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
@@ -256,8 +259,18 @@ def fsdp_memory(
         impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi_t), largest_param=shard(largest_t), on_gpu=on_gpu
     )
     sharded_grads_gpu = 0 if offload else grads
+    # Gradient accumulation with ``set_requires_gradient_sync(False)`` on all but the last
+    # micro-step (the runtime's loop): no reduce-scatter runs, and each parameter keeps its
+    # unsharded gradient, upcast to ``reduce_dtype`` (torch/distributed/fsdp/_fully_shard/
+    # _fsdp_param.py ``to_accumulated_grad_if_needed``: ``unsharded_accumulated_grad``), until
+    # its group's post-backward in the last micro-step reduce-scatters it: all of them at the
+    # loss's backward and the first block's, the root's until the root's post-backward.
+    acc_bytes = r if p < 4 else p
+    accumulating = plan.gradient_accumulation_steps > 1
+    acc_all = {"accumulated_unsharded_gradients": acc_bytes * psi_t} if accumulating else {}
+    acc_root = {"accumulated_unsharded_gradients": acc_bytes * root_t} if accumulating else {}
     phases = {
-        "loss_backward": {"activations": loss_acts, "unsharded_params": loss_unsharded},
+        "loss_backward": {"activations": loss_acts, "unsharded_params": loss_unsharded, **acc_all},
         "block_backward": {
             "activations": layers_only,
             "root_unsharded_params": root_p,
@@ -267,6 +280,7 @@ def fsdp_memory(
             "reduce_scatter_input": r * block_t,
             "sharded_gradients": 0 if offload else m * shard(block_t),
             **dequant,
+            **acc_all,
         },
         "root_post_backward": {
             "sharded_gradients": sharded_grads_gpu,
@@ -274,6 +288,7 @@ def fsdp_memory(
             "root_unsharded_gradients": p * root_t,
             "reduce_scatter_input": r * root_t,
             **({"reduce_scatter_output": r * shard(root_t)} if offload else {}),
+            **acc_root,
         },
         "optimizer_step": {} if offload else {"sharded_gradients": grads, **temps},
     }
