@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 
 import pytest
 
@@ -21,6 +22,13 @@ def _no_cuda() -> bool:
 
 if _no_cuda():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+# A shell starts background jobs (`cmd &`, as some CI runners and nohup wrappers do) with SIGINT
+# ignored, and an ignored signal stays ignored across exec: every zeroplan process the tests start
+# would then shrug off the Ctrl-C that the interrupt tests send. A handled signal is reset to its
+# default at exec, so handling it here gives the children Ctrl-C as a terminal would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

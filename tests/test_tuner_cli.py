@@ -146,7 +146,7 @@ def test_ctrl_c_mid_probe_then_resume(tmp_path):
     _check_finished_tune(r, out, rows)  # and the resumed search finishes like any other
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # minutes under load; tests/test_shared_study.py checks the shared ledger on replayed probes
 @pytest.mark.timeout(600)
 def test_two_tune_processes_share_one_storage_and_survive_crashing_probes(tmp_path):
     """Two workers on one journal file, probing a task whose training step raises: every probe is

@@ -63,7 +63,7 @@ def test_plan_config_round_trip_and_stage_check():
         Plan(stage=2, zero_quantized_weights=True)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # four ranks on two cores; the traffic and memory terms are unit-tested above
 def test_hpz_runs_on_four_gloo_ranks_as_two_slurm_nodes(tmp_path):
     """DeepSpeed's CPU accelerator accepts hpZ (zero_hpz_partition_size 2) on 2 "nodes" × 2 ranks,
     launched as one step of the fake srun (tests/fake_slurm): also the Slurm launcher's end-to-end
