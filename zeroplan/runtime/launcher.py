@@ -366,7 +366,7 @@ def join_probe(workdir: Path, *, node_rank: int, on_line: Callable[[str], None] 
     request = ProbeRequest(script=Path(script), nproc=int(spec["nproc"]), env=tuple(spec.get("env", {}).items()), timeout_s=float(spec["timeout_s"]))
     cmd, _ = multinode.node_command(launch, nproc=request.nproc, spec_path=workdir / "probe.json", workdir=workdir)
     (workdir / f"command-node{node_rank}.txt").write_text(" ".join(cmd) + "\n")
-    job = _Job(cmd, probe_environment(request), Path.cwd(), workdir / f"probe-node{node_rank}.log", on_line)
+    job = Job(cmd, probe_environment(request), Path.cwd(), workdir / f"probe-node{node_rank}.log", on_line)
     try:
         returncode, _ = job.wait(request.timeout_s, multinode.NodeWatch(workdir, launch))
     finally:
