@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -118,6 +119,105 @@ def test_follower_started_after_the_leader_finished_returns_at_once(tmp_path, ca
     assert (probes / FOLLOW_DONE).exists()
 
 
+# Node 0's log tail when node 1's agent (which held the c10d store) was SIGKILLed at step 232,
+# torch 2.x: the elastic agent polls the store while the workers train (api.py _invoke_run).
+STORE_LOST_TAIL = """\
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 959, in _invoke_run
+    num_nodes_waiting = rdzv_handler.num_nodes_waiting()
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 116, in _call_store
+    raise RendezvousConnectionError(
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed. See inner exception for details.
+"""
+
+
+class _Clock:
+    """A monotonic clock that only moves when the code under test sleeps (or the test says so)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _beat(workdir: Path, node: int, beat: int, *, step=None, ended=False) -> None:
+    (workdir / f"alive-node-{node}.json").write_text(json.dumps({"node_rank": node, "beat": beat, "step": step, "ended": ended}))
+
+
+def _two_node_folder(tmp_path: Path):
+    from zeroplan.runtime.multinode import NodeWatch, ProgressTracker
+
+    for k in (0, 1):
+        (tmp_path / f"node-{k}.json").write_text(json.dumps({"node_rank": k, "started_unix": time.time()}))
+    launch = NodeLaunch(nnodes=2, node_rank=0, rdzv_endpoint="localhost:29500")
+    clock, progress = _Clock(), ProgressTracker()
+    watch = NodeWatch(tmp_path, launch, stale_s=6.0, interval_s=2.0, progress=progress, clock=clock, sleep=clock.sleep)
+    _beat(tmp_path, 1, 1)
+    watch()  # t=0: node 1's first beat is only "seen"
+    return launch, clock, progress, watch
+
+
+def _reason(launch, tmp_path, watch, progress, log_tail, ranks=()):
+    from zeroplan.runtime.launcher import _nodes_reason
+
+    error = "torchrun failed; 2 of 2 ranks wrote no result (exit code 1)"
+    return _nodes_reason(launch, {"endpoint": "localhost:29500"}, tmp_path, list(ranks), log_tail, "error", error, time.time(),
+                         watch=watch, progress=progress)
+
+
+def test_store_lost_after_training_names_the_silent_node_and_its_last_step(tmp_path):
+    """Rank 0 ran on node 1 (its heartbeat carries the step); node 0's own log shows only the lost
+    c10d store. Before the fix this read as 'not all reached the rendezvous'."""
+    from zeroplan.runtime.multinode import rendezvous_failure
+
+    launch, clock, progress, watch = _two_node_folder(tmp_path)
+    clock.now = 2.2
+    _beat(tmp_path, 1, 2, step=232)
+    watch()
+    clock.now = 3.0  # node 1 is killed; node 0's job ends with the store error
+    # Read without the heartbeats, the same text is a start-up failure (right before training).
+    assert rendezvous_failure(STORE_LOST_TAIL, launch=launch, endpoint="localhost:29500", missing=[]) == (
+        "cannot reach the rendezvous at localhost:29500: every node's launcher started, but not all reached the rendezvous")
+    assert rendezvous_failure(STORE_LOST_TAIL, launch=launch, endpoint="localhost:29500", missing=[], heartbeats=watch.heartbeats) is None
+    reason, lost = _reason(launch, tmp_path, watch, progress, STORE_LOST_TAIL)
+    assert lost and reason == (
+        "node rank 1 was lost mid-training (last step seen: 232): its agent's heartbeat (alive-node-1.json) has not changed "
+        "for 6 s (agent killed or node lost); this node's job failed without it")
+    assert 8.2 < clock.now <= 3.0 + 6.0 + 2 * 2.0  # waited until node 1 was silent for stale_s, no longer
+    assert json.loads((tmp_path / "alive-node-0.json").read_text())["ended"] is True  # node 1 must not read node 0 as lost
+
+
+def test_progress_in_own_log_and_a_peer_that_ended_is_not_lost(tmp_path):
+    """Rank 0 on this node (its progress lines in the log), node 1 ended its job cleanly: no node
+    is named lost, the rendezvous error is not a start-up failure, the silent-node rule applies."""
+    launch, clock, progress, watch = _two_node_folder(tmp_path)
+    for line in ("zeroplan-progress engine-ready t=4.1", "zeroplan-progress step=1 t=5.0", "zeroplan-progress step=2 t=5.4"):
+        progress(line)
+    clock.now = 2.0
+    _beat(tmp_path, 1, 2, ended=True)
+    reason, lost = _reason(launch, tmp_path, watch, progress, STORE_LOST_TAIL, ranks=[{"rank": 0, "node_rank": 0, "status": "error"}])
+    assert not lost and reason == "torchrun failed; 2 of 2 ranks wrote no result (exit code 1); no rank result from node rank 1"
+    assert clock.now == 2.0  # node 1 had ended: nothing to wait for
+    assert watch.last_step == 2
+
+
+def test_heartbeat_watch_names_a_node_lost_mid_training_while_the_job_runs(tmp_path):
+    launch, clock, progress, watch = _two_node_folder(tmp_path)
+    progress("zeroplan-progress step=40 t=12.0")
+    clock.now = 2.0
+    _beat(tmp_path, 1, 2)
+    assert watch() is None
+    clock.now = 8.0
+    assert watch() is None  # silent for exactly stale_s: not yet
+    clock.now = 10.0
+    assert watch() == ("node rank 1 was lost mid-training (last step seen: 40): its agent's heartbeat (alive-node-1.json) "
+                       "has not changed for 8 s (agent killed or node lost); this node's job was stopped")
+    assert json.loads((tmp_path / "alive-node-0.json").read_text())["step"] == 40
+
+
 def test_node_layout_is_checked():
     assert check_node_layout(gpus=8, nnodes=2, gpus_per_node=4) == 4
     assert check_node_layout(gpus=8, nnodes=2, gpus_per_node=None) == 4
@@ -183,11 +283,6 @@ def test_two_agents_probe_zero3_and_both_see_every_rank(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: with both agents on one host the c10d store may live in the killed agent, and "
-    "node 0's torchrun then logs RendezvousConnectionError after training started; "
-    "launcher._nodes_reason reports it as 'not all reached the rendezvous' instead of naming "
-    "node rank 1 (the kill now lands after rank 0 reports training steps)"))
 def test_killing_one_agent_fails_the_probe_and_leaves_nothing(tmp_path):
     import psutil
 
@@ -223,8 +318,10 @@ def test_killing_one_agent_fails_the_probe_and_leaves_nothing(tmp_path):
     assert agents[0].returncode == 1, err[-3000:]
     result = json.loads(out)
     assert result["status"] == "error", result["error"]
-    # Either gloo saw the peer go (a rank's error, node 1 silent) or node 0's heartbeat watch did.
-    assert ("no rank result from node rank 1" in result["error"]) or result["error"].startswith("node rank 1 stopped"), result["error"]
+    # Whether torchrun lost the c10d store (kept by node 1's agent) or gloo saw the peer go, the
+    # reason names node rank 1 and the step training had reached (rank 0 may run on either node).
+    m = re.match(r"node rank 1 was lost mid-training \(last step seen: (\d+)\): its agent's heartbeat \(alive-node-1.json\)", result["error"])
+    assert m and int(m.group(1)) >= 1, result["error"]
     assert time.monotonic() - killed < 6 + 2 + 5 + 15  # stale limit + beat + kill grace + margin, far below --timeout
     assert _wait_dead(sorted(seen)) == []
 

@@ -218,7 +218,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     started = time.monotonic()
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
-    job = Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", on_line)
+    progress = multinode.ProgressTracker(on_line)
+    job = Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", progress)
 
     def stop() -> None:
         job.kill_all()
@@ -227,7 +228,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         if launch is not None and launch.launcher == "slurm" and info.get("step_name"):
             multinode.cancel_slurm_step(info["step_name"], env)
 
-    watch = multinode.NodeWatch(workdir, launch) if launch is not None and launch.launcher == "torchrun" else None
+    watch = multinode.NodeWatch(workdir, launch, progress=progress) if launch is not None and launch.launcher == "torchrun" else None
     sampler = NodeRssSampler(job.pids).start()
     try:
         returncode, timed_out = job.wait(request.timeout_s, watch)
@@ -244,6 +245,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         raise
     job.close()
     wall_s = time.monotonic() - started
+    if watch is not None:
+        watch.beat(ended=True)  # this node's job is over: its peers must not read it as lost
 
     ranks = _read_ranks(workdir)
     if launch is not None and not timed_out:
@@ -264,8 +267,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     if job.aborted:
         status, error = "error", job.aborted
     elif launch is not None and status != "ok":
-        error = _nodes_reason(launch, info, workdir, ranks, log_tail, status, error, started_unix)
-        if error and error.startswith("the rendezvous"):
+        error, lost = _nodes_reason(launch, info, workdir, ranks, log_tail, status, error, started_unix, watch=watch, progress=progress)
+        if lost or (error and error.startswith("the rendezvous")):
             status = "error"
     summary = summarize_ranks(ranks)
     world_size = summary.get("world_size") or request.world_size
@@ -329,23 +332,34 @@ def _read_ranks(workdir: Path) -> list[dict]:
 
 
 def _nodes_reason(
-    launch, info: dict, workdir: Path, ranks: list[dict], log_tail: str, status: str, error: str | None, started_unix: float
-) -> str | None:
-    """A failed multi-node probe's reason, naming the nodes that never joined or sent no result."""
+    launch, info: dict, workdir: Path, ranks: list[dict], log_tail: str, status: str, error: str | None, started_unix: float,
+    *, watch: multinode.NodeWatch | None, progress: multinode.ProgressTracker,
+) -> tuple[str | None, bool]:
+    """(reason, a node was lost) of a failed multi-node probe: the nodes that never joined, the
+    node lost mid-training (its heartbeat stopped), or the nodes that sent no result."""
     # Another node's launcher may have started up to one rendezvous timeout before this one.
     since = started_unix - (launch.rdzv_timeout_s if launch.launcher == "torchrun" else 0.0) - 1.0
     missing = multinode.missing_nodes(workdir, launch.nnodes, since_unix=since)
     endpoint = info.get("endpoint", "?")
-    rdzv = multinode.rendezvous_failure(log_tail, launch=launch, endpoint=endpoint, missing=missing)
+    # Rank 0's progress lines reach only the node it runs on (all of them under one Slurm step);
+    # the other agents learn the step from its heartbeat.
+    own = {-1: {"step": progress.step}}
+    heartbeats = (watch.heartbeats if watch is not None else {}) | own
+    training = multinode.last_step_seen(log_tail, heartbeats) is not None
+    if training and watch is not None and status != "timeout":
+        lost = watch.settle()
+        if lost:
+            return lost, True
+    rdzv = multinode.rendezvous_failure(log_tail, launch=launch, endpoint=endpoint, missing=missing, heartbeats=heartbeats)
     if rdzv:
-        return rdzv
+        return rdzv, False
     if status == "timeout" and not ranks and missing:
-        return f"{error}; " + multinode.nodes_message("", launch=launch, endpoint=endpoint, missing=missing).lstrip(": ")
+        return f"{error}; " + multinode.nodes_message("", launch=launch, endpoint=endpoint, missing=missing).lstrip(": "), False
     reported = {r.get("node_rank") for r in ranks}
     silent = [k for k in range(launch.nnodes) if k not in reported]
     if silent and ranks:
-        return f"{error}; no rank result from node rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))}"
-    return error
+        return f"{error}; no rank result from node rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))}", False
+    return error, False
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -366,12 +380,15 @@ def join_probe(workdir: Path, *, node_rank: int, on_line: Callable[[str], None] 
     request = ProbeRequest(script=Path(script), nproc=int(spec["nproc"]), env=tuple(spec.get("env", {}).items()), timeout_s=float(spec["timeout_s"]))
     cmd, _ = multinode.node_command(launch, nproc=request.nproc, spec_path=workdir / "probe.json", workdir=workdir)
     (workdir / f"command-node{node_rank}.txt").write_text(" ".join(cmd) + "\n")
-    job = Job(cmd, probe_environment(request), Path.cwd(), workdir / f"probe-node{node_rank}.log", on_line)
+    progress = multinode.ProgressTracker(on_line)
+    job = Job(cmd, probe_environment(request), Path.cwd(), workdir / f"probe-node{node_rank}.log", progress)
+    watch = multinode.NodeWatch(workdir, launch, progress=progress)
     try:
-        returncode, _ = job.wait(request.timeout_s, multinode.NodeWatch(workdir, launch))
+        returncode, _ = job.wait(request.timeout_s, watch)
     finally:
         job.kill_all()
         job.close()
+        watch.beat(ended=True)
     return returncode
 
 

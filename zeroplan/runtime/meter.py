@@ -3,10 +3,11 @@ measured ones and ends the user's loop after the last (:mod:`zeroplan.runtime.wo
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
-__all__ = ["CPU_MEMORY_STEPS", "PROGRESS_PREFIX", "ProbeDone", "StepMeter"]
+__all__ = ["CPU_MEMORY_STEPS", "PROGRESS_PREFIX", "ProbeDone", "StepMeter", "progress_step"]
 
 
 class ProbeDone(BaseException):
@@ -17,6 +18,14 @@ class ProbeDone(BaseException):
 #: ``zeroplan-progress step=N t=S``, S seconds since the worker started); the tuner reads them to
 #: tell a failure at start-up from one between steps (``zeroplan.tuner.failures``).
 PROGRESS_PREFIX = "zeroplan-progress"
+
+_STEP_LINE = re.compile(rf"{PROGRESS_PREFIX} step=(\d+) ")
+
+
+def progress_step(line: str) -> int | None:
+    """The optimizer step a progress line reports (``zeroplan-progress step=12 t=3.4`` → 12), else None."""
+    m = _STEP_LINE.search(line)
+    return int(m.group(1)) if m else None
 
 
 def _progress_printer(rank: int):

@@ -31,7 +31,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from zeroplan.runtime.meter import progress_step
 from zeroplan.runtime.slurm import (
     SlurmAllocation,
     cancel_slurm_step,
@@ -53,6 +55,9 @@ __all__ = [
     "node_command",
     "missing_nodes",
     "rendezvous_failure",
+    "last_step_seen",
+    "lost_node_message",
+    "ProgressTracker",
     "cancel_slurm_step",
     "NodeWatch",
     "sbatch_script",
@@ -245,10 +250,29 @@ def missing_nodes(workdir: Path, nnodes: int, *, since_unix: float) -> list[int]
 _RDZV_FAIL = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|RendezvousClosedError")
 
 
-def rendezvous_failure(log_text: str, *, launch: NodeLaunch, endpoint: str, missing: list[int]) -> str | None:
-    """One line when the log shows the rendezvous failed (torchrun's RendezvousTimeoutError ...)."""
+def last_step_seen(log_text: str, heartbeats: dict[int, dict] | None = None) -> int | None:
+    """The last optimizer step a probe reached: rank 0's progress lines in this node's log
+    (``zeroplan-progress step=N``; rank 0 may run on any node) or the ``step`` the node agents'
+    heartbeats carry. None: training never started, as far as this node can see."""
+    steps = [s for s in map(progress_step, log_text.splitlines()) if s is not None]
+    steps += [int(h["step"]) for h in (heartbeats or {}).values() if isinstance(h.get("step"), int)]
+    return max(steps) if steps else None
+
+
+def rendezvous_failure(
+    log_text: str, *, launch: NodeLaunch, endpoint: str, missing: list[int], heartbeats: dict[int, dict] | None = None
+) -> str | None:
+    """One line when the log shows the rendezvous failed at start-up (torchrun's
+    RendezvousTimeoutError ...); None otherwise.
+
+    Once training has started (:func:`last_step_seen`), a rendezvous error is not a start-up
+    failure: torchrun's elastic agent keeps polling the c10d store during training
+    (``num_nodes_waiting`` in torch/distributed/elastic/agent/server/api.py ``_invoke_run``), and
+    the store lives in one node's agent, so losing that node reads as RendezvousConnectionError
+    on the others. :meth:`NodeWatch.settle` names the node then.
+    """
     m = _RDZV_FAIL.search(log_text)
-    if not m:
+    if not m or last_step_seen(log_text, heartbeats) is not None:
         return None
     return nodes_message(m.group(0), launch=launch, endpoint=endpoint, missing=missing)
 
@@ -265,44 +289,96 @@ def nodes_message(what: str, *, launch: NodeLaunch, endpoint: str, missing: list
     return f"{head}: every node's launcher started, but not all reached the rendezvous"
 
 
+def lost_node_message(node: int, silent_s: float, *, last_step: int | None, then: str) -> str:
+    """One line naming a node whose agent stopped beating; ``then``: what this node did about it."""
+    what = f"node rank {node} stopped" if last_step is None else f"node rank {node} was lost mid-training (last step seen: {last_step})"
+    return (
+        f"{what}: its agent's heartbeat (alive-node-{node}.json) has not changed for {silent_s:.0f} s "
+        f"(agent killed or node lost); {then}"
+    )
+
+
+class ProgressTracker:
+    """Passes each line of the job's output on to ``on_line`` and remembers the last optimizer
+    step rank 0 reported in it (None until training starts)."""
+
+    def __init__(self, on_line: Callable[[str], None] | None = None):
+        self.on_line = on_line
+        self.step: int | None = None
+
+    def __call__(self, line: str) -> None:
+        step = progress_step(line)
+        if step is not None:
+            self.step = step if self.step is None else max(self.step, step)
+        if self.on_line is not None:
+            try:
+                self.on_line(line)
+            except Exception:  # a broken display callback must not stop the tracking  # noqa: BLE001
+                self.on_line = None
+
+
 class NodeWatch:
     """Heartbeats between torchrun node agents through the shared probe folder.
 
     A node whose agent dies mid-probe (killed, or its machine lost) leaves the other nodes'
     ranks waiting in a collective or in gloo's connect loop until the probe timeout; torchrun's
     elastic agent does not notice a node leaving. Each agent rewrites ``alive-node-<K>.json``
-    every :data:`HEARTBEAT_INTERVAL_S`; a node whose file was seen changing and then stops
-    changing for ``stale_s`` (measured on this node's clock: no clock skew between nodes)
-    ends the probe here with a reason naming it. Calling the object does one round when due.
+    every :data:`HEARTBEAT_INTERVAL_S` with the last training step its log showed, and once more
+    with ``ended`` when its job is over; a node whose file was seen changing and then stops
+    changing for ``stale_s`` without ending (measured on this node's clock: no clock skew between
+    nodes) ends the probe here with a reason naming it. Calling the object does one round when due.
     """
 
-    def __init__(self, workdir: Path, launch: NodeLaunch, *, stale_s: float | None = None, interval_s: float = HEARTBEAT_INTERVAL_S):
+    def __init__(
+        self,
+        workdir: Path,
+        launch: NodeLaunch,
+        *,
+        stale_s: float | None = None,
+        interval_s: float = HEARTBEAT_INTERVAL_S,
+        progress: ProgressTracker | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.workdir = workdir
         self.launch = launch
         self.interval_s = interval_s
         env_stale = os.environ.get("ZEROPLAN_NODE_STALE_S")
         self.stale_s = stale_s if stale_s is not None else float(env_stale) if env_stale else DEFAULT_NODE_STALE_S
+        self.progress = progress
+        self._clock, self._sleep = clock, sleep
         self._beats = 0
         self._next = 0.0
-        self._seen: dict[int, tuple[str, float]] = {}  # node -> (last content, monotonic time it changed)
-        self._started = time.monotonic()
+        self._seen: dict[int, tuple[str, float]] = {}  # node -> (last content, clock time it changed)
+        self.heartbeats: dict[int, dict] = {}
+        """Each peer's last heartbeat written during this probe (``step``, ``ended`` ...)."""
 
-    def __call__(self) -> str | None:
-        now = time.monotonic()
-        if now < self._next:
-            return None
-        self._next = now + self.interval_s
-        me = self.launch.node_rank or 0
+    @property
+    def me(self) -> int:
+        return self.launch.node_rank or 0
+
+    @property
+    def last_step(self) -> int | None:
+        """The last training step this node's log or any peer's heartbeat showed."""
+        own = {self.me: {"step": self.progress.step}} if self.progress is not None else {}
+        return last_step_seen("", self.heartbeats | own)
+
+    def beat(self, *, ended: bool = False) -> None:
+        """Rewrite this node's heartbeat (``ended``: this node's job is over, it is not lost)."""
         self._beats += 1
-        path = self.workdir / f"alive-node-{me}.json"
+        step = self.progress.step if self.progress is not None else None
+        path = self.workdir / f"alive-node-{self.me}.json"
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        data = {"node_rank": self.me, "beat": self._beats, "pid": os.getpid(), "unix": time.time(), "step": step, "ended": ended}
         try:
-            tmp.write_text(json.dumps({"node_rank": me, "beat": self._beats, "pid": os.getpid(), "unix": time.time()}))
+            tmp.write_text(json.dumps(data))
             os.replace(tmp, path)
         except OSError:
             pass
+
+    def _read_peers(self, now: float) -> None:
         for k in range(self.launch.nnodes):
-            if k == me:
+            if k == self.me:
                 continue
             try:
                 text = (self.workdir / f"alive-node-{k}.json").read_text()
@@ -313,9 +389,42 @@ class NodeWatch:
                 self._seen[k] = (text, -1.0)  # content from before: not a beat yet
             elif text != last[0]:
                 self._seen[k] = (text, now)
-            elif last[1] >= 0 and now - last[1] > self.stale_s:
-                return (
-                    f"node rank {k} stopped: its agent's heartbeat (alive-node-{k}.json) has not changed for "
-                    f"{now - last[1]:.0f} s (agent killed or node lost); this node's job was stopped"
-                )
+                try:
+                    self.heartbeats[k] = json.loads(text)
+                except ValueError:
+                    pass
+
+    def stopped(self, now: float) -> list[tuple[int, float]]:
+        """(node, seconds silent) of peers that were beating and went silent for ``stale_s`` without ending."""
+        return [
+            (k, now - changed)
+            for k, (_, changed) in sorted(self._seen.items())
+            if changed >= 0 and not self.heartbeats.get(k, {}).get("ended") and now - changed > self.stale_s
+        ]
+
+    def __call__(self) -> str | None:
+        now = self._clock()
+        if now < self._next:
+            return None
+        self._next = now + self.interval_s
+        self.beat()
+        self._read_peers(now)
+        for k, silent_s in self.stopped(now):
+            return lost_node_message(k, silent_s, last_step=self.last_step, then="this node's job was stopped")
         return None
+
+    def settle(self) -> str | None:
+        """After this node's job failed: mark it ended, then wait (at most ``stale_s`` and two
+        beats) until every peer that was beating has ended or gone silent. One line naming a
+        silent peer, else None (the peers ended too, or still beat)."""
+        self.beat(ended=True)
+        deadline = self._clock() + self.stale_s + 2 * self.interval_s
+        while True:
+            now = self._clock()
+            self._read_peers(now)
+            for k, silent_s in self.stopped(now):
+                return lost_node_message(k, silent_s, last_step=self.last_step, then="this node's job failed without it")
+            beating = [k for k, (_, changed) in self._seen.items() if changed >= 0 and not self.heartbeats.get(k, {}).get("ended")]
+            if not beating or now >= deadline:
+                return None
+            self._sleep(min(self.interval_s / 4, max(deadline - now, 0.0)))
