@@ -51,6 +51,27 @@ def test_node_rss_counts_shared_pages_once():
         child.wait()
 
 
+def test_node_rss_leaves_out_an_op_build(tmp_path):
+    """A compiler started to JIT-build an op (named cc1plus here: a copy of this interpreter holding
+    100 MiB) is not the job's footprint; the same program under another name is counted."""
+    import shutil
+
+    prog = "import time; b = bytearray(100 << 20); b[::4096] = b'\\x01' * len(range(0, len(b), 4096)); print('ready', flush=True); time.sleep(30)"
+    counted = {}
+    for name in ("cc1plus", "trainer"):
+        exe = tmp_path / name
+        shutil.copy(sys.executable, exe)
+        child = subprocess.Popen([str(exe), "-c", prog], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            counted[name] = node_rss([child.pid])
+        finally:
+            child.kill()
+            child.wait()
+    assert counted["cc1plus"] == 0
+    assert counted["trainer"] >= 100 * MiB
+
+
 _FORKING_WORKER = """
 import os, sys, time
 buf = bytearray(200 << 20)

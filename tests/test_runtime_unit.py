@@ -247,3 +247,14 @@ def test_probe_estimate_uses_the_bucket_sizes_the_config_ran_with():
     assert plan.stage3_prefetch_bucket_size is None  # "auto": the estimator's Hugging Face rule
     # A size the plan sets wins over the config's.
     assert with_config_buckets(Plan(stage=2, reduce_bucket_size=1000), config).reduce_bucket_size == 1000
+    # A key the config leaves out runs at DeepSpeed's default (zero/config.py), whatever the model:
+    # a plain script's {"stage": 2} allocates 5e8-element reduce buffers (stage_1_and_2.py).
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    ds = DeepSpeedZeroConfig(stage=2)
+    bare = with_config_buckets(Plan(stage=2), {"zero_optimization": {"stage": 2}})
+    assert bare.reduce_bucket_size == ds.reduce_bucket_size
+    assert bare.allgather_bucket_size == ds.allgather_bucket_size
+    assert bare.stage3_prefetch_bucket_size == ds.prefetch_bucket_size
+    assert bare.stage3_param_persistence_threshold == ds.param_persistence_threshold
+    assert with_config_buckets(Plan(stage=0), {}).reduce_bucket_size == ds.reduce_bucket_size

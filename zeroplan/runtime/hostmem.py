@@ -16,11 +16,12 @@ Only the standard library and psutil; no torch import.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from typing import Iterable
 
-__all__ = ["PHASES", "PhaseRss", "NodeRssSampler", "device_bytes_on_host", "estimated_host", "memory_limit", "node_rss", "pinned_bytes_now", "summarize_host"]
+__all__ = ["PHASES", "PhaseRss", "NodeRssSampler", "device_bytes_on_host", "estimated_host", "memory_limit", "is_build_tool", "node_rss", "pinned_bytes_now", "summarize_host"]
 
 #: Phases a probe reports, in order (same names as :data:`zeroplan.estimator.HOST_PHASES`).
 PHASES = ("model_build", "engine_init", "step", "checkpoint_save")
@@ -122,6 +123,22 @@ class PhaseRss:
         }
 
 
+#: Process names of extension-op builds (ninja, GCC/Clang drivers and passes, the linker, nvcc).
+BUILD_TOOLS = frozenset({
+    "ninja", "c++", "g++", "gcc", "cc", "cc1", "cc1plus", "as", "ld", "collect2", "clang", "clang++",
+    "nvcc", "cicc", "ptxas", "fatbinary", "nvlink", "sh",
+})
+
+
+def is_build_tool(name: str) -> bool:
+    """Whether a process name (Linux ``comm``: the executable's base name, cut at 15 characters)
+    is a build tool: one of :data:`BUILD_TOOLS`, or a cross-named driver such as
+    ``x86_64-linux-gnu-g++-12`` (seen as ``x86_64-linux-gn``)."""
+    if name in BUILD_TOOLS:
+        return True
+    return bool(re.match(r"^(x86_64|aarch64|arm|powerpc64le|ppc64le|s390x|riscv64)[\w.]*-linux-gn", name))
+
+
 def node_rss(pids: Iterable[int]) -> int:
     """RSS of a process tree with shared pages counted once: Σ(rss − shared) + max(shared).
 
@@ -130,6 +147,11 @@ def node_rss(pids: Iterable[int]) -> int:
     shared copy-on-write, which its ``rss`` counts again; such a process (two levels below another
     of ``pids``) counts its unique pages only (USS, ``/proc/<pid>/smaps_rollup``: read only while
     it exists).
+
+    A compiler an engine starts to build an extension op on first use (DeepSpeed's CPU ops and
+    FusedAdam JIT-compile with ninja and a C++/CUDA compiler, deepspeed/ops/op_builder/builder.py
+    ``jit_load``) is a one-off of the first run on a machine, not the job's footprint: processes
+    named in :data:`BUILD_TOOLS` are not counted (a cold build measured 3.6 GiB per node here).
     """
     import psutil
 
@@ -145,6 +167,8 @@ def node_rss(pids: Iterable[int]) -> int:
     shared = 0
     for pid, proc in procs.items():
         try:
+            if is_build_tool(proc.name()):
+                continue
             parent = proc.ppid()
             grandparent = procs[parent].ppid() if parent in procs else None
             if parent in members and grandparent in members:

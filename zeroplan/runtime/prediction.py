@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zeroplan.runtime.api import ProbeRequest
 from zeroplan.runtime.hostmem import PHASES, estimated_host
-from zeroplan.spec import BUCKET_KEYS, Plan, SpecError, TrainingSpec
+from zeroplan.spec import BUCKET_KEYS, DEEPSPEED_DEFAULT_KNOBS, Plan, SpecError, TrainingSpec
 
 __all__ = ["comparable_estimate", "config_for_plan", "with_config_buckets"]
 
@@ -30,16 +30,22 @@ def with_config_buckets(plan: Plan, config: dict) -> Plan:
     """``plan`` with the bucket and ZeRO-3 sizes the engine ran with.
 
     A numeric value in the config's ``zero_optimization`` block fills the plan's unset field: a
-    config built before the model was known keeps DeepSpeed's 5e8-element buckets
-    (zeroplan.spec.DEEPSPEED_DEFAULT_KNOBS), which the estimator must not replace with the
-    Hugging Face rule or a fine-tuning cap for the model discovered later. ``"auto"`` values are
-    left to that rule, as Hugging Face's integration fills them from the model.
+    config built before the model was known keeps DeepSpeed's 5e8-element buckets, which the
+    estimator must not replace with the Hugging Face rule or a fine-tuning cap for the model
+    discovered later. A key the config leaves out runs at DeepSpeed's own default
+    (:data:`zeroplan.spec.DEEPSPEED_DEFAULT_KNOBS`, from deepspeed/runtime/zero/config.py):
+    Hugging Face's integration fills only keys whose value is ``"auto"``
+    (transformers/integrations/deepspeed.py, ``fill_only``), so a plain DeepSpeed script's
+    ``{"zero_optimization": {"stage": 2}}`` allocates 5e8-element reduce buffers. ``"auto"`` values
+    are left to the estimator's Hugging Face rule, as the integration fills them from the model.
     """
     zero = config.get("zero_optimization") or {}
     updates = {}
     for key in BUCKET_KEYS:
-        value = zero.get(key)
-        if getattr(plan, key, None) is None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        if getattr(plan, key, None) is not None:
+            continue
+        value = zero.get(key, DEEPSPEED_DEFAULT_KNOBS[key])
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             updates[key] = int(value)
     return dataclasses.replace(plan, **updates) if updates else plan
 
