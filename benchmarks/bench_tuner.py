@@ -42,7 +42,7 @@ from rich.table import Table  # noqa: E402
 from zeroplan.profiles import resolve_cluster  # noqa: E402
 from zeroplan.spec import TrainingSpec  # noqa: E402
 from zeroplan.tuner import ProbeRunner, TuneSettings, Tuner, make_sampler, open_study, storage_url, tune_space  # noqa: E402
-from zeroplan.tuner.checks import task_model_spec  # noqa: E402
+from zeroplan.tuner.checks import task_declaration  # noqa: E402
 from zeroplan.tuner.cpu_profile import time_model_for_probes  # noqa: E402
 from zeroplan.tuner.probetime import startup_floor_s  # noqa: E402
 
@@ -140,7 +140,8 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def part1(args, tmp: Path) -> None:
-    model, seq_len = task_model_spec(TASK)
+    declared = task_declaration(TASK)
+    model, seq_len = declared.model_spec, declared.seq_len
     training = TrainingSpec(seq_len=seq_len, global_batch=args.global_batch)
     space = tune_space(model, cluster(2), training, script_kind="task", device="cpu")
     runner = ProbeRunner(script=TASK, nproc=2, training=training, model=model, workdir=tmp / "probes-2", steps=args.steps, warmup=2, timeout_s=300)
@@ -254,7 +255,8 @@ def deepspeed_autotuner(args, tmp: Path) -> dict:
 def part2(args, tmp: Path) -> None:
     from zeroplan.runtime import ProbeRequest, run_probe
 
-    model, seq_len = task_model_spec(TASK)
+    declared = task_declaration(TASK)
+    model, seq_len = declared.model_spec, declared.seq_len
     ds = deepspeed_autotuner(args, tmp)
     training = TrainingSpec(seq_len=seq_len)
     # As `zeroplan tune` runs on CPU: the quick time model, micro-step probes stopping at ±10%,

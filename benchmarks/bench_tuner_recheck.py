@@ -23,7 +23,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from zeroplan.profiles import resolve_cluster  # noqa: E402
 from zeroplan.spec import TrainingSpec  # noqa: E402
 from zeroplan.tuner import ProbeRunner, tune_space  # noqa: E402
-from zeroplan.tuner.checks import task_model_spec  # noqa: E402
+from zeroplan.tuner.checks import task_declaration  # noqa: E402
 
 TASK = ROOT / "examples" / "gpt_task.py"
 
@@ -34,7 +34,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--global-batch", type=int, default=8)
     args = p.parse_args()
-    model, seq_len = task_model_spec(TASK)
+    declared = task_declaration(TASK)
+    model, seq_len = declared.model_spec, declared.seq_len
     training = TrainingSpec(seq_len=seq_len, global_batch=args.global_batch)
     cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu=None, gpu_memory_gib=None, cpu_memory_gib=None, nvme_gib=None)
     space = tune_space(model, cluster, training, script_kind="task", device="cpu")

@@ -56,11 +56,12 @@ def main() -> None:
     from zeroplan.dsconfig import build_config
     from zeroplan.estimator.engine_work import engine_work
     from zeroplan.spec import Plan, TrainingSpec
-    from zeroplan.tuner.checks import task_model_spec
+    from zeroplan.tuner.checks import task_declaration
 
     world = int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    model_spec, seq_len = task_model_spec(ROOT / "examples" / "gpt_task.py")
+    declared = task_declaration(ROOT / "examples" / "gpt_task.py")
+    model_spec, seq_len = declared.model_spec, declared.seq_len
     plan = Plan(stage=args.stage, micro_batch=args.micro_batch, gradient_accumulation_steps=args.accumulation)
     training = TrainingSpec(seq_len=seq_len, global_batch=args.micro_batch * args.accumulation * world)
     cfg = build_config(plan, world_size=world, training=training, model=model_spec)

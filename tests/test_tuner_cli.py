@@ -195,10 +195,38 @@ def test_bad_options_exit_2(tmp_path):
     assert r.returncode == 2 and "--backend" in r.stderr
 
 
-def test_nothing_fits_exits_1(tmp_path):
-    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--gpu-memory", "0.000001", "--output", str(tmp_path / "o"), timeout=120)
+def test_nothing_fits_exits_1_and_prunes_with_the_loss_the_task_declares(tmp_path):
+    """examples/gpt_task.py declares Task(loss="plain"); without --loss, tune prunes with it (as a
+    probe's estimate does), not with hf. A 64k vocabulary makes the two differ (the logits hf keeps
+    through backward); the smallest plan's reason must be the estimator's under the declared loss."""
+    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--gpu-memory", "0.000001", "--output", str(tmp_path / "o"),
+                 "--", "--vocab", "65536", "--seq-len", "1024", timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "nothing fits" in r.stdout
+    out = " ".join(r.stdout.split())
+    assert "loss: plain (declared by the task; --loss sets it)" in out, out
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import gpt_task
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    from dataclasses import replace
+
+    from zeroplan.cli.common import resolve_training
+    from zeroplan.profiles.resolve import resolve_cluster
+    from zeroplan.tuner.policy import tune_space
+
+    model = gpt_task.model_spec(gpt_task.GPTConfig(vocab=65536, seq_len=1024))
+    cluster = resolve_cluster(gpus=2, gpus_per_node=2, gpu=None, gpu_memory_gib=0.000001, cpu_memory_gib=None, nvme_gib=None, node=None,
+                              runs_here=True)
+    training = resolve_training(precision="bf16", optimizer="adamw", seq_len=1024, micro_batch=None, global_batch=16, grad_accum=None)
+    smallest = {}
+    for loss in ("plain", "hf"):
+        space = tune_space(model, cluster, replace(training, loss=loss), script_kind="task", device="cpu")
+        closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
+        smallest[loss] = f"nothing fits: all {len(space.candidates)} plans are ruled out by the estimator; the smallest, {closest.plan.label}, " \
+                         + closest.reason.removeprefix("does not fit: ")
+    assert smallest["plain"] != smallest["hf"]
+    assert smallest["plain"] in out, (smallest, out)
 
 
 @pytest.mark.slow

@@ -153,7 +153,7 @@ def tune(
         tune_space,
         write_results,
     )
-    from zeroplan.tuner.checks import cuda_visible, task_model_spec
+    from zeroplan.tuner.checks import cuda_visible, task_declaration
 
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     check_choice_option("--backend", backend, ("deepspeed", "fsdp"))
@@ -247,11 +247,13 @@ def tune(
 
     # Model: --params/--model, else what the task declares, else discovered from the script.
     task_seq_len = None
+    task_loss = None
     discovered_seq_len = None
     model_origin = "given"
     if params is None and model is None:
         if kind == "task":
-            model_spec, task_seq_len = task_model_spec(script, args)
+            declared = task_declaration(script, args)
+            model_spec, task_seq_len, task_loss = declared.model_spec, declared.seq_len, declared.loss
             if model_spec is None:
                 raise SpecError(f"the task in {script} declares no model_spec; give --params or --model")
             model_origin = "declared by the task"
@@ -274,7 +276,8 @@ def tune(
             resolve_model(params, model), model, precision=precision
         )
         if kind == "task":
-            _, task_seq_len = task_model_spec(script, args)
+            declared = task_declaration(script, args)
+            task_seq_len, task_loss = declared.seq_len, declared.loss
     if seq_len is not None and task_seq_len is not None and seq_len != task_seq_len:
         raise SpecError(f"--seq-len {seq_len} differs from the task's sequence length {task_seq_len}; pass it to the task after --")
     seq_origin = "given" if seq_len else "the task's" if task_seq_len else "from the first batch" if discovered_seq_len else "default"
@@ -286,10 +289,12 @@ def tune(
         global_batch=global_batch,
         grad_accum=grad_accum,
     )
-    if loss is not None:
-        from dataclasses import replace as _replace
+    # What the loss keeps over the logits: --loss, else the task's Task(loss=...), as a probe's
+    # estimate reads it (runtime.prediction); else the estimator's default.
+    from dataclasses import replace as _replace
 
-        training = _replace(training, loss=loss)
+    loss_origin = "given" if loss else "declared by the task" if task_loss else "default"
+    training = _replace(training, loss=loss or task_loss or training.loss)
     cluster = resolve_cluster(
         gpus=gpus, gpus_per_node=nproc, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node, runs_here=True
     )
@@ -322,12 +327,14 @@ def tune(
         "global_batch": training.global_batch,
         "seq_len": f"{training.seq_len} ({seq_origin})",
         "precision": training.precision,
+        "loss": f"{training.loss} ({loss_origin})",
         "storage": url,
         "sampler": f"{sampler} after {settings.initial} estimator picks",
         "time_model": time_model.removeprefix("time model: "),
         "plans": len(space.candidates),
         "pruned": len(space.pruned),
     }
+    console.print(f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]")
     if not space.fitting:
         closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
         console.print(
@@ -364,7 +371,7 @@ def tune(
         predicted_step_time=space.predicted_step_time,
         base_config=base_config,
         optimizer_impl=optimizer_impl,
-        loss=loss,
+        loss=loss or task_loss,
         startup_floor_s=startup_floor,
     )
     view = LiveView(console, settings.trials)

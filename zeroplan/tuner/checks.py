@@ -1,6 +1,7 @@
 """Checks that need torch or DeepSpeed, each run in a child Python so the tuner process stays light:
 
-* :func:`task_model_spec` — the ModelSpec (and sequence length) a zeroplan task declares;
+* :func:`task_declaration` — what a zeroplan task declares for the estimator: its ModelSpec,
+  sequence length and loss;
 * :func:`deepspeed_parse_error` — whether DeepSpeed's own config parser (``DeepSpeedConfig``)
   accepts a config at a given data-parallel world size.
 """
@@ -11,12 +12,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from zeroplan.spec import ModelSpec, SpecError
 
-__all__ = ["task_model_spec", "deepspeed_parse_error", "deepspeed_installed", "PACKAGE_ROOT"]
+__all__ = ["TaskDeclaration", "task_declaration", "deepspeed_parse_error", "deepspeed_installed", "PACKAGE_ROOT"]
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -58,8 +60,20 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def task_model_spec(script: Path, script_args: tuple[str, ...] = (), *, timeout_s: float = 120.0) -> tuple[Optional[ModelSpec], Optional[int]]:
-    """(model_spec, seq_len) declared by ``zeroplan_task()`` in ``script`` (None where it declares none).
+@dataclass(frozen=True)
+class TaskDeclaration:
+    """What ``zeroplan_task()`` declares for the estimator (``zeroplan.spec.Task``)."""
+
+    model_spec: Optional[ModelSpec]
+    """``Task.model_spec`` (None: the task declares no shape)."""
+    seq_len: Optional[int]
+    """``Task.seq_len``, tokens per sample (None: not declared)."""
+    loss: Optional[str]
+    """``Task.loss``, what its loss keeps over the logits (``zeroplan.spec.LOSSES``; None: not declared)."""
+
+
+def task_declaration(script: Path, script_args: tuple[str, ...] = (), *, timeout_s: float = 120.0) -> TaskDeclaration:
+    """The model shape, sequence length and loss ``zeroplan_task()`` in ``script`` declares.
 
     Runs the task's builder in a child process exactly as the probe worker does (``sys.argv`` =
     script + its arguments), so task flags such as ``--layers`` apply.
@@ -69,7 +83,7 @@ def task_model_spec(script: Path, script_args: tuple[str, ...] = (), *, timeout_
         "from zeroplan.runtime.task import load_task\n"
         "task = load_task(sys.argv[1], tuple(sys.argv[2:]))\n"
         "spec = task.model_spec.as_dict() if task.model_spec is not None else None\n"
-        "print('ZEROPLAN_TASK ' + json.dumps({'model_spec': spec, 'seq_len': task.seq_len}))\n"
+        "print('ZEROPLAN_TASK ' + json.dumps({'model_spec': spec, 'seq_len': task.seq_len, 'loss': task.loss}))\n"
     )
     try:
         proc = subprocess.run(
@@ -90,7 +104,7 @@ def task_model_spec(script: Path, script_args: tuple[str, ...] = (), *, timeout_
             if spec:
                 spec = {k: (tuple(v) if k == "notes" else v) for k, v in spec.items()}
                 model = ModelSpec.from_dict(spec)
-            return model, data.get("seq_len")
+            return TaskDeclaration(model_spec=model, seq_len=data.get("seq_len"), loss=data.get("loss"))
     raise SpecError(f"{script}: zeroplan_task() failed: {_last_line(proc.stderr or proc.stdout)}")
 
 
