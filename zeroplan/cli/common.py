@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from zeroplan.profiles.lora import PeftOptions
 from zeroplan.profiles.resolve import resolve_cluster, resolve_model
 from zeroplan.spec import (
     CHECKPOINTING,
@@ -226,36 +226,6 @@ def resolve_engine_options(
             raise SpecError(f"{flag} {value:g} is not valid; give a positive whole number of elements such as 5e8")
         sizes[name] = int(value) if value is not None else None
     return bucket_sizes(buckets, **sizes)
-
-
-@dataclass(frozen=True)
-class PeftOptions:
-    """The fine-tuning options as given (``--lora-rank`` … ``--base-quant``; None where not given),
-    so every command resolves and checks them one way (see docs/peft.md)."""
-
-    lora_rank: Optional[int] = None
-    lora_targets: Optional[str] = None
-    lora_alpha: Optional[float] = None
-    adapter: Optional[Path] = None
-    trainable_params: Optional[str] = None
-    base_quant: Optional[str] = None
-
-    @property
-    def given(self) -> list[str]:
-        """The flags given, spelled as on the command line."""
-        return ["--" + f.name.replace("_", "-") for f in fields(self) if getattr(self, f.name) is not None]
-
-    def apply(self, model_spec: ModelSpec, model_arg: Optional[str], *, precision: str) -> ModelSpec:
-        """The model with its frozen/trainable split from these options (unchanged when none is given)."""
-        from zeroplan.profiles.lora import resolve_peft
-
-        return resolve_peft(model_spec, model_arg=model_arg, precision=precision, **asdict(self))
-
-    def require_model(self, what: str) -> None:
-        """SpecError naming the options given when there is no model to apply them to (``what``
-        says what to add and why)."""
-        if self.given:
-            raise SpecError(f"the fine-tuning options ({', '.join(self.given)}) {what}")
 
 
 def with_peft(model_spec: ModelSpec, model_arg: Optional[str], *, precision: str, **options) -> ModelSpec:

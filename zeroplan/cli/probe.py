@@ -236,7 +236,7 @@ def probe(
     )
     model_spec = resolve_model(params, model) if (params is not None or model is not None) else None
     if model_spec is not None and peft_flags.given:
-        model_spec = peft_flags.apply(model_spec)
+        model_spec = peft_flags.for_model(model_spec)
 
     plan = None
     if ds_config is not None:

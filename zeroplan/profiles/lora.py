@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -25,6 +25,8 @@ from zeroplan.spec import BASE_QUANTS, AdaptedModule, ModelSpec, PeftSpec, SpecE
 
 __all__ = [
     "BaseModule",
+    "PeftOptions",
+    "check_peft_options",
     "base_modules",
     "base_modules_from_shape",
     "lora_spec",
@@ -220,6 +222,87 @@ def _base_name(hf: Optional[dict[str, Any]]) -> Optional[str]:
     return None
 
 
+def check_peft_options(
+    *,
+    precision: str,
+    lora_rank: Optional[int] = None,
+    lora_targets: Optional[str] = None,
+    lora_alpha: Optional[float] = None,
+    adapter: Optional[Path] = None,
+    trainable_params: Optional[str] = None,
+    base_quant: Optional[str] = None,
+) -> None:
+    """The checks of the fine-tuning options that need no model (one SpecError line each): LoRA
+    flags with --adapter or --trainable-params, a rank ≤ 0, --lora-targets/--lora-alpha without a
+    rank, an unknown --base-quant, a quantized base with fp32 or without an adapter."""
+    lora_flags = lora_rank is not None or lora_targets is not None or lora_alpha is not None
+    if sum((lora_flags, adapter is not None, trainable_params is not None)) > 1:
+        raise SpecError("give one of --lora-rank/--lora-targets, --adapter or --trainable-params, not several")
+    if lora_rank is not None and lora_rank <= 0:
+        raise SpecError(f"--lora-rank {lora_rank!r} is not valid; give a whole number >= 1 (typical: 8, 16, 64)")
+    if (lora_targets is not None or lora_alpha is not None) and lora_rank is None:
+        raise SpecError("--lora-targets/--lora-alpha need --lora-rank (e.g. --lora-rank 16)")
+    quant = base_quant or "none"
+    if quant not in BASE_QUANTS:
+        raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
+    if quant != "none":
+        if precision == "fp32":
+            raise SpecError(
+                f"--base-quant {quant} with --precision fp32: bitsandbytes bases compute in bf16 or fp16; use --precision bf16"
+            )
+        if not (lora_flags or adapter is not None):
+            raise SpecError(f"--base-quant {quant} needs an adapter (--lora-rank or --adapter): a quantized base cannot train")
+
+
+@dataclass(frozen=True)
+class PeftOptions:
+    """The fine-tuning options as given (``--lora-rank`` … ``--base-quant``; None where not given),
+    so every command resolves and checks them one way (see docs/peft.md)."""
+
+    lora_rank: Optional[int] = None
+    """LoRA rank r (``--lora-rank``)."""
+    lora_targets: Optional[str] = None
+    """Modules to adapt, comma-separated or ``all-linear`` (``--lora-targets``)."""
+    lora_alpha: Optional[float] = None
+    """LoRA α (``--lora-alpha``); no effect on memory."""
+    adapter: Optional[Path] = None
+    """A PEFT adapter_config.json or its folder (``--adapter``)."""
+    trainable_params: Optional[str] = None
+    """``N`` or ``P%`` of the base trains (``--trainable-params``)."""
+    base_quant: Optional[str] = None
+    """Storage of the frozen base: none, nf4 or int8 (``--base-quant``)."""
+
+    @property
+    def given(self) -> list[str]:
+        """The flags given, spelled as on the command line."""
+        return ["--" + f.name.replace("_", "-") for f in fields(PeftOptions) if getattr(self, f.name) is not None]
+
+    @property
+    def label(self) -> str:
+        """The options as typed, for notes (``--lora-alpha`` left out: no effect on memory)."""
+        return " ".join(f"{flag} {getattr(self, flag[2:].replace('-', '_'))}" for flag in self.given if flag != "--lora-alpha")
+
+    def options(self) -> dict[str, Any]:
+        """The six options by name (the keyword arguments of :func:`resolve_peft`)."""
+        return {f.name: getattr(self, f.name) for f in fields(PeftOptions)}
+
+    def check(self, precision: str) -> None:
+        """:func:`check_peft_options` on these options, plus a readable ``--adapter`` file."""
+        check_peft_options(precision=precision, **self.options())
+        if self.adapter is not None:
+            read_adapter_config(self.adapter)
+
+    def apply(self, model_spec: ModelSpec, model_arg: Optional[str], *, precision: str) -> ModelSpec:
+        """The model with its frozen/trainable split from these options (unchanged when none is given)."""
+        return resolve_peft(model_spec, model_arg=model_arg, precision=precision, **self.options())
+
+    def require_model(self, what: str) -> None:
+        """SpecError naming the options given when there is no model to apply them to (``what``
+        says what to add and why)."""
+        if self.given:
+            raise SpecError(f"the fine-tuning options ({', '.join(self.given)}) {what}")
+
+
 def resolve_peft(
     model: ModelSpec,
     *,
@@ -238,19 +321,12 @@ def resolve_peft(
     without an adapter or with fp32, unknown targets, a rank ≤ 0 or above a layer's width, an
     adapter config made for another base model.
     """
+    check_peft_options(
+        precision=precision, lora_rank=lora_rank, lora_targets=lora_targets, lora_alpha=lora_alpha, adapter=adapter,
+        trainable_params=trainable_params, base_quant=base_quant,
+    )
     lora_flags = lora_rank is not None or lora_targets is not None or lora_alpha is not None
-    if sum((lora_flags, adapter is not None, trainable_params is not None)) > 1:
-        raise SpecError("give one of --lora-rank/--lora-targets, --adapter or --trainable-params, not several")
     quant = base_quant or "none"
-    if quant not in BASE_QUANTS:
-        raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
-    if quant != "none":
-        if precision == "fp32":
-            raise SpecError(
-                f"--base-quant {quant} with --precision fp32: bitsandbytes bases compute in bf16 or fp16; use --precision bf16"
-            )
-        if not (lora_flags or adapter is not None):
-            raise SpecError(f"--base-quant {quant} needs an adapter (--lora-rank or --adapter): a quantized base cannot train")
     if trainable_params is not None:
         return replace(model, peft=partial_spec(model, trainable_params))
     if not (lora_flags or adapter is not None):
@@ -291,8 +367,6 @@ def resolve_peft(
             notes=tuple(notes),
         )
         return replace(model, peft=spec)
-    if lora_rank is None:
-        raise SpecError("--lora-targets/--lora-alpha need --lora-rank (e.g. --lora-rank 16)")
     text = lora_targets or "q_proj,v_proj"
     targets_arg: str | list[str] = "all-linear" if text == "all-linear" else text.split(",")
     if lora_targets is None:

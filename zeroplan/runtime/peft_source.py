@@ -18,83 +18,29 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
+from zeroplan.profiles.lora import PeftOptions
 from zeroplan.spec import ModelSpec, PeftSpec, SpecError
 
 __all__ = ["PeftFlags", "model_for_estimate"]
 
 
 @dataclass(frozen=True)
-class PeftFlags:
-    """``zeroplan probe``'s fine-tuning options, checked here for what needs no model."""
+class PeftFlags(PeftOptions):
+    """``zeroplan probe``'s fine-tuning options (:class:`zeroplan.profiles.lora.PeftOptions`) with
+    the model and precision they apply to, checked at construction for what needs no model."""
 
-    lora_rank: int | None = None
-    """LoRA rank r (``--lora-rank``)."""
-    lora_targets: str | None = None
-    """Modules to adapt, comma-separated or ``all-linear`` (``--lora-targets``)."""
-    lora_alpha: float | None = None
-    """LoRA α (``--lora-alpha``); no effect on memory."""
-    adapter: Path | None = None
-    """A PEFT adapter_config.json or its folder (``--adapter``)."""
-    trainable_params: str | None = None
-    """``N`` or ``P%`` of the base trains (``--trainable-params``)."""
-    base_quant: str | None = None
-    """Storage of the frozen base: none, nf4 or int8 (``--base-quant``)."""
     model_arg: str | None = None
     """``--model`` as given (a preset or a config.json path: the module widths come from it)."""
     precision: str = "bf16"
     """Training precision (a quantized base needs bf16 or fp16)."""
 
     def __post_init__(self) -> None:
-        from zeroplan.profiles.lora import read_adapter_config
-        from zeroplan.spec.peft import BASE_QUANTS
+        self.check(self.precision)
 
-        lora_flags = self.lora_rank is not None or self.lora_targets is not None or self.lora_alpha is not None
-        if sum((lora_flags, self.adapter is not None, self.trainable_params is not None)) > 1:
-            raise SpecError("give one of --lora-rank/--lora-targets, --adapter or --trainable-params, not several")
-        if self.lora_rank is not None and self.lora_rank <= 0:
-            raise SpecError(f"--lora-rank {self.lora_rank!r} is not valid; give a whole number >= 1 (typical: 8, 16, 64)")
-        if (self.lora_targets is not None or self.lora_alpha is not None) and self.lora_rank is None:
-            raise SpecError("--lora-targets/--lora-alpha need --lora-rank (e.g. --lora-rank 16)")
-        quant = self.base_quant or "none"
-        if quant not in BASE_QUANTS:
-            raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
-        if quant != "none" and self.precision == "fp32":
-            raise SpecError(
-                f"--base-quant {quant} with --precision fp32: bitsandbytes bases compute in bf16 or fp16; use --precision bf16"
-            )
-        if quant != "none" and not (lora_flags or self.adapter is not None):
-            raise SpecError(f"--base-quant {quant} needs an adapter (--lora-rank or --adapter): a quantized base cannot train")
-        if self.adapter is not None:
-            read_adapter_config(self.adapter)
-
-    @property
-    def given(self) -> bool:
-        """Whether any fine-tuning option was given."""
-        return any(v is not None for v in (self.lora_rank, self.lora_targets, self.lora_alpha, self.adapter,
-                                           self.trainable_params, self.base_quant))
-
-    @property
-    def label(self) -> str:
-        """The options as typed, for notes."""
-        parts = []
-        for flag, value in (("--lora-rank", self.lora_rank), ("--lora-targets", self.lora_targets),
-                            ("--adapter", self.adapter), ("--trainable-params", self.trainable_params),
-                            ("--base-quant", self.base_quant)):
-            if value is not None:
-                parts.append(f"{flag} {value}")
-        return " ".join(parts)
-
-    def apply(self, model: ModelSpec) -> ModelSpec:
+    def for_model(self, model: ModelSpec) -> ModelSpec:
         """``model`` with the PeftSpec these options give (SpecError when they do not fit it)."""
-        from zeroplan.profiles.lora import resolve_peft
-
-        return resolve_peft(
-            model, model_arg=self.model_arg, precision=self.precision, lora_rank=self.lora_rank,
-            lora_targets=self.lora_targets, lora_alpha=self.lora_alpha, adapter=self.adapter,
-            trainable_params=self.trainable_params, base_quant=self.base_quant,
-        )
+        return self.apply(model, self.model_arg, precision=self.precision)
 
 
 def model_for_estimate(
@@ -121,7 +67,7 @@ def model_for_estimate(
         layout = "the options given" if given and origin == "--model" else origin
     elif model.peft is None and given:
         try:
-            model = flags.apply(model)
+            model = flags.for_model(model)
             layout = flags.label
         except SpecError as exc:
             return _from_counts(model, trainable, frozen, why=f"{flags.label} does not fit {origin} ({exc})")
