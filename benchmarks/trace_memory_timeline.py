@@ -55,6 +55,30 @@ def _optimizer_tensor_mib(optimizer) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def _live_tensor_census(min_mib: float = 0.2) -> list[str]:
+    """Live tensors the garbage collector can see, one line per storage of at least ``min_mib``:
+    size, dtype, shape and whether it is some parameter's ``.grad`` (tensors held only inside
+    autograd's C++ buffers are not reachable and do not appear)."""
+    import gc
+
+    import torch
+
+    seen: dict[int, str] = {}
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.Tensor) or obj.device.type != "cpu":
+                continue
+            st = obj.untyped_storage()
+        except Exception:  # noqa: BLE001 - objects that refuse inspection
+            continue
+        key = st.data_ptr()
+        if key in seen or st.nbytes() < min_mib * MIB:
+            continue
+        kind = "param" if isinstance(obj, torch.nn.Parameter) else "tensor"
+        seen[key] = f"{st.nbytes() / MIB:8.2f}  {kind} {str(obj.dtype).removeprefix('torch.')} {tuple(obj.shape)}"
+    return sorted(seen.values(), reverse=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3))
@@ -67,21 +91,44 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--peak-stack", action="store_true", help="print the Python stack that allocated each rank's peak")
+    p.add_argument("--census", action="store_true", help="list the live tensors (gc) at the last step's token-embedding backward, every rank")
+    p.add_argument("--big-mib", type=float, default=0.0, help="list every allocation of at least this many MiB (op, label, live MiB) on rank 0")
     args = p.parse_args()
 
     import torch
 
     from zeroplan.runtime.memory import StorageTracker
 
+    import traceback
+
     label = ["init"]
     events: list[tuple[str, int]] = []
     max_by_label: dict[str, int] = {}
+    peak_at: list = [0, "", [], 0, []]  # bytes, label, stack, bytes of the allocation that set it, largest live storages
+
+    big: list[str] = []
 
     class Tracker(StorageTracker):
+        op = "?"
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.op = str(func)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
         def _add(self, st) -> None:
+            before = self.current_bytes
             super()._add(st)
+            if args.big_mib and self.current_bytes - before >= args.big_mib * MIB:
+                frames = [f"{f.filename.split('/')[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-3]][-3:]
+                big.append(f"{(self.current_bytes - before) / MIB:6.2f} MiB by {self.op} under '{label[0]}' -> live {self.current_bytes / MIB:.2f}; {' < '.join(reversed(frames))}")
             if self.current_bytes > max_by_label.get(label[0], 0):
                 max_by_label[label[0]] = self.current_bytes
+            if args.peak_stack and self.current_bytes > peak_at[0]:
+                stack = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}: {f.line}" for f in traceback.extract_stack()[:-3]]
+                largest = sorted(self._sizes.values(), reverse=True)[:8]
+                peak_at[:] = [self.current_bytes, label[0], stack[-14:], self.current_bytes - before, largest]
 
     tracker = Tracker()
 
@@ -101,7 +148,7 @@ def main() -> int:
         deepspeed.init_distributed(dist_backend="gloo")
         cfg = gpt_task.GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq_len=args.seq_len)
         plan = Plan(micro_batch=args.micro_batch, stage=args.stage, offload_optimizer=args.offload, gradient_accumulation_steps=args.gas)
-        training = TrainingSpec(precision="bf16", seq_len=args.seq_len)
+        training = TrainingSpec(precision=args.precision, seq_len=args.seq_len)
         config = build_config(plan, world_size=dist.get_world_size(), training=training, model=gpt_task.model_spec(cfg))
         model = gpt_task.GPT(cfg)
         mark("model built")
@@ -111,6 +158,20 @@ def main() -> int:
         step = 0
         for i, block in enumerate(model.blocks):
             block.register_full_backward_pre_hook(lambda m, g, i=i: mark(f"s{step} bwd block{i} start", f"s{step} bwd block{i}"))
+        # The token embedding's backward comes last; with tied weights its gradient and the head's
+        # meet there (one AccumulateGrad node for the shared leaf).
+        at_embedding = []
+        census: list[str] = []
+
+        def embedding_start(m, g):
+            mark(f"s{step} bwd token embedding start", f"s{step} bwd embedding")
+            at_embedding.append((step, _optimizer_tensor_mib(engine.optimizer)))
+            if args.census and step == args.steps - 1:
+                census.extend(_live_tensor_census())
+
+        model.tok.register_full_backward_pre_hook(embedding_start)
+        model.tok.weight.register_hook(lambda g: mark(f"s{step} summed gradient reaches tok.weight ({g.numel() * g.element_size() / MIB:.2f} MiB)",
+                                                      f"s{step} bwd tok.weight grad"))
 
         def loss_fn(x, y):
             logits = engine(x)
@@ -139,7 +200,7 @@ def main() -> int:
 
         if rank == 0:
             inner = getattr(engine.optimizer, "optimizer", None)
-            print(f"stage {args.stage}, offload_optimizer {args.offload}, gas {args.gas}: {type(engine.optimizer).__name__}"
+            print(f"stage {args.stage}, offload_optimizer {args.offload}, gas {args.gas}, {args.precision}: {type(engine.optimizer).__name__}"
                   f" over {type(inner).__name__}; MiB of live tensor storage on rank 0")
             print("timeline:")
             for name, live in events:
@@ -148,8 +209,31 @@ def main() -> int:
             for name, live in max_by_label.items():
                 print(f"  {live / MIB:9.2f}  {name}")
             print(f"peak: {tracker.peak_bytes / MIB:.2f} MiB")
+            if args.big_mib:
+                print(f"allocations of at least {args.big_mib:g} MiB:")
+                for line in big:
+                    print(f"  {line}")
             for step_no, tensors in before_step:
                 print(f"optimizer tensors before step s{step_no} (MiB): {tensors}")
+            for step_no, tensors in at_embedding:
+                print(f"optimizer tensors at the token embedding's backward s{step_no} (MiB): {tensors}")
+        if args.census:
+            for r in range(dist.get_world_size()):
+                if r == rank:
+                    print(f"rank {rank}: live tensors reachable from Python at the token embedding's backward (MiB, storage counted once):")
+                    for line in census:
+                        print(f"    {line}")
+                    sys.stdout.flush()
+                dist.barrier()
+        if args.peak_stack:
+            for r in range(dist.get_world_size()):
+                if r == rank:
+                    print(f"rank {rank} peak {peak_at[0] / MIB:.2f} MiB under '{peak_at[1]}', set by a {peak_at[3] / MIB:.2f} MiB allocation; "
+                          f"largest live storages then (MiB): {[round(b / MIB, 2) for b in peak_at[4]]}; allocated at:")
+                    for line in peak_at[2]:
+                        print(f"    {line}")
+                    sys.stdout.flush()
+                dist.barrier()
         dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # skip engine teardown (gloo threads), as zeroplan.runtime.worker does
