@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Optional
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
 from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
 from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import HostPhases, host_phases
 from zeroplan.estimator.memory import (
     EngineOverhead,
@@ -20,7 +21,7 @@ from zeroplan.estimator.memory import (
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
-from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = [
     "BUCKET_CONVENTIONS",
@@ -159,6 +160,10 @@ class PlanEstimate:
         return d
 
 
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB // 10 else f"{n / 2**20:.1f} MiB"
+
+
 def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
@@ -242,6 +247,15 @@ def estimate_plan(
         rebuild = acts.layers + acts.embeddings + acts.recompute_working_set + acts.logits_held
     at_rebuild = rebuild > at_loss - credit
     backward = (rebuild if at_rebuild else at_loss - credit) + sum(extra.during_backward.values())
+    # The token embedding's backward, last in the backward: activations freed, the gradient
+    # partition allocated, the embedding's gradients (and stage 1's unreduced ones) alive.
+    knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
+    embedding = embedding_backward(model, training, plan, reduce_bucket_size=knobs["reduce_bucket_size"])
+    at_embedding = embedding is not None and embedding.total + sum(extra.during_backward.values()) > backward
+    prior_backward, prior_rebuild = backward, at_rebuild
+    if at_embedding:
+        backward = embedding.total + sum(extra.during_backward.values())
+        at_rebuild = False
     step_phase = sum(extra.during_step.values())
     allocated = states.total + always + max(backward, step_phase)
     if step_phase > backward:
@@ -252,15 +266,21 @@ def estimate_plan(
     reserve = 0
     allocator = None
     overhead_items = extra.items()
+    if at_embedding and backward >= step_phase:
+        overhead_items.update(embedding.items())
     if device == "cuda":
-        if step_phase > backward:
+        if step_phase > prior_backward:
             transients = dict(extra.during_step)
         elif acts is None:
             transients = {}
-        elif at_rebuild:
+        elif prior_rebuild:
             transients = {"rebuilt_block": acts.recompute_working_set}
         else:
             transients = {"loss_gradients": acts.loss_transients}
+        if at_embedding and backward >= step_phase:
+            # The segments the other peak moment's transients left cached stay reserved (the
+            # allocator keeps freed blocks until empty_cache); the embedding's new tensors come on top.
+            transients.update({k: v for k, v in embedding.items().items() if k in ("embedding_gradient", "summed_embedding_gradient")})
         allocator = allocator_reserve(
             transients=transients,
             live_large_tensors=(acts.saved_tensors if acts is not None else 0) + _STATE_TENSORS_DEEPSPEED,
@@ -275,7 +295,22 @@ def estimate_plan(
     # deferred gradient buffers are not allocated yet, so ``gradients`` shows the model-state
     # gradients less that credit; at an optimizer-step peak the activations are already freed.
     # ``model_states`` in the JSON keeps the paper's full categories either way.
-    if backward >= step_phase:
+    if backward >= step_phase and at_embedding:
+        notes.append(
+            f"peak at the token embedding's backward: activations freed, {_size(embedding.total)} of gradients "
+            f"({', '.join(embedding.items())}) beside the model states"
+        )
+        gpu = GpuMemory(
+            params=states.params,
+            gradients=states.gradients,
+            optimizer_states=states.optimizer_states,
+            activations=0,
+            overhead=always + backward + reserve,
+            total=total,
+            peak_allocated=allocated,
+            peak_reserved=allocated + (allocator.total if allocator is not None else 0),
+        )
+    elif backward >= step_phase:
         absent = 0 if at_rebuild else credit
         if absent:
             notes.append(f"peak at the loss's backward, before DeepSpeed allocates {_gib(absent)} of gradients")

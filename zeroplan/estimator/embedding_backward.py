@@ -1,0 +1,103 @@
+"""The token embedding's backward: the last moment of a DeepSpeed stage 1–2 backward.
+
+Pure arithmetic (stdlib only). The embedding is the first module of the forward, so its backward
+runs last, after every activation is freed but while every gradient DeepSpeed has not yet
+reduced is still alive. Three tensors of the embedding's shape (V·h elements, the parameter's
+dtype) can coexist there, and at stage 1 the gradients of the parameters larger than the reduce
+bucket are all still held. With small activations (short sequences, fp32, where the loss's
+arrays over the logits are small beside the gradients) this moment is the peak: measured on 4
+CPU ranks (the example GPT, fp32, s = 32, b = 1) the estimate was 24–43 % low without it
+(docs/notes/memory-gaps.md, "The token embedding's backward").
+
+Sources:
+
+* torch autograd (torch 2.13): a tied output projection and the embedding share one leaf, so
+  both gradients go to one ``AccumulateGrad`` node; autograd's input buffer
+  (torch/csrc/autograd/input_buffer.cpp, ``InputBuffer::add``) keeps the projection's weight
+  gradient (``mm`` in the head's backward) until the embedding's gradient arrives, and sums the
+  two out of place (``aten::add`` allocates a third V·h tensor; torch's own profiler shows it
+  without any tracker attached). ``aten::embedding_dense_backward`` makes a dense V·h gradient
+  whatever the number of tokens.
+* DeepSpeed 0.19.8 runtime/zero/stage_1_and_2.py, ``reduce_independent_p_g_buckets_and_remove_grads``
+  (lines 1441-1448): with ``contiguous_gradients`` a gradient larger than ``reduce_bucket_size``
+  bypasses the bucket and is reduced in place; ``reduce_ipg_grads`` then clears the gradients of
+  other ranks' parameters only when ``partition_gradients`` (stage 2, lines 2262-2269); stage 1
+  ("partition only optimizer state", lines 2272-2274) keeps them until the backward's
+  epilogue (``independent_gradient_partition_epilogue`` → ``_clear_param_grad_only``, line 1067),
+  which runs after the embedding's backward. Smaller gradients are copied into the bucket and
+  their own storage freed at either stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from zeroplan.spec import ModelSpec, Plan, TrainingSpec, bytes_per_param
+
+__all__ = ["EmbeddingBackward", "embedding_backward"]
+
+
+@dataclass(frozen=True)
+class EmbeddingBackward:
+    """Gradient bytes alive at the token embedding's backward beyond the model states (per GPU)."""
+
+    embedding_gradient: int
+    """``embedding_dense_backward``'s dense V·h gradient, in the parameters' dtype."""
+    held_output_gradient: int
+    """Tied embeddings: the output projection's V·h weight gradient, held by autograd since the head's backward."""
+    summed_gradient: int
+    """Tied embeddings: the out-of-place sum of the two, the shared weight's gradient."""
+    unreduced_gradients: int
+    """Stage 1: gradients of the block (and untied head) matrices larger than the reduce bucket, kept whole until the epilogue."""
+
+    @property
+    def total(self) -> int:
+        return self.embedding_gradient + self.held_output_gradient + self.summed_gradient + self.unreduced_gradients
+
+    def items(self) -> dict[str, int]:
+        """The non-zero terms by name (for ``overhead_items``)."""
+        named = {
+            "embedding_gradient": self.embedding_gradient,
+            "held_output_projection_gradient": self.held_output_gradient,
+            "summed_embedding_gradient": self.summed_gradient,
+            "stage1_unreduced_gradients": self.unreduced_gradients,
+        }
+        return {k: v for k, v in named.items() if v}
+
+
+def _matrices_over(model: ModelSpec, bucket: int) -> int:
+    """Elements of the weight matrices larger than ``bucket`` elements: per block Q and O (h×h),
+    K and V (h×kv) and the MLP's 2 or 3 h×ffn matrices (as :attr:`ModelSpec.block_params` counts
+    them; a fused QKV such as GPT-2's ``c_attn`` is one 3h² matrix and is not seen here), plus an
+    untied output projection (V·h). The token embedding is not included: its gradient is being made."""
+    h, kv, f = model.hidden_size, model.num_kv_heads * model.head_dim, model.ffn_size
+    block = [h * h, h * h, h * kv, h * kv] + [h * f] * (3 if model.gated_mlp else 2)
+    total = model.num_layers * sum(n for n in block if n > bucket)
+    if not model.tied_embeddings and model.embedding_params > bucket:
+        total += model.embedding_params
+    return total
+
+
+def embedding_backward(model: ModelSpec, training: TrainingSpec, plan: Plan, *, reduce_bucket_size: int) -> Optional[EmbeddingBackward]:
+    """Gradients alive at the token embedding's backward of a DeepSpeed stage 1–2 step (module
+    docstring), or None where this moment is not modelled: other stages (stage 0 reduces after
+    backward, stage 3 has its own partitioned gradients), optimizer offload, gradient accumulation
+    (stage 1 then keeps every gradient between micro-steps, in the model states) and a frozen
+    base (PEFT: the embedding has no gradient).
+
+    The model states at this moment include the gradient partition (the bucket has flushed); the
+    activations are freed. ``unreduced_gradients`` assumes no held matrix lies in this rank's own
+    partition (those are moved into it), which is the worst rank.
+    """
+    if plan.stage not in (1, 2) or plan.offload_optimizer != "none" or plan.gradient_accumulation_steps != 1 or model.peft is not None:
+        return None
+    p = bytes_per_param(training.precision)
+    vh = p * model.embedding_params
+    tied = model.tied_embeddings
+    return EmbeddingBackward(
+        embedding_gradient=vh,
+        held_output_gradient=vh if tied else 0,
+        summed_gradient=vh if tied else 0,
+        unreduced_gradients=p * _matrices_over(model, reduce_bucket_size) if plan.stage == 1 else 0,
+    )
