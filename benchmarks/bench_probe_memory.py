@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated subset of {', '.join(PLANS)}")
+    p.add_argument("--reduce-bucket-size", type=int, default=None,
+                   help="elements per reduce bucket (default: Hugging Face's h², as zeroplan's configs)")
+    p.add_argument("--no-overlap-comm", action="store_true", help="overlap_comm false (one reduce buffer in stages 1–2)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--format", default="table", choices=("table", "json"))
     p.add_argument("-o", "--output", type=Path)
@@ -85,12 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         bar = progress.add_task("probing", total=len(names))
         for name in names:
             progress.update(bar, description=f"probing {name}")
-            plan = Plan(micro_batch=args.micro_batch, **PLANS[name])
+            plan = Plan(micro_batch=args.micro_batch, reduce_bucket_size=args.reduce_bucket_size,
+                        overlap_comm=False if args.no_overlap_comm else None, **PLANS[name])
             result = run_probe(ProbeRequest(script=ROOT / "examples" / "gpt_task.py", nproc=args.nproc, plan=plan, training=training,
                                             script_args=script_args, steps=args.steps, warmup=args.warmup, timeout_s=args.timeout))
             on_cpu = result.memory_kind != "cuda"
             est = estimator.estimate_plan(model, cluster, training, plan, device="cpu" if on_cpu else "cuda")
             host_share = sum(est.host.cpu_items.values()) // args.nproc if on_cpu else 0
+            # Before the step the backward's buffers are freed (the reduce buffers of stages 1–2
+            # at the epilogue); stage 3's gathered parameters are counted as before.
             extra = engine_overhead(model, cluster, training, plan, device="cpu" if on_cpu else "cuda")
             always = sum(extra.always.values()) + sum(extra.during_backward.values())
             rows.append({
@@ -107,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 "estimated_activations": est.gpu.activations,
                 "overhead_items": est.overhead_items,
                 "peak_phase": est.peak_phase,
+                "peak_note": next((n for n in est.notes if n.startswith("peak")), ""),
+                "reduce_bucket_size": args.reduce_bucket_size,
+                "overlap_comm": not args.no_overlap_comm,
                 "step_time_s": result.step_time,
                 "memory_kind": result.memory_kind,
                 "workdir": result.workdir,
@@ -122,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r["status"] == "ok" for r in rows) else 1
 
     out = Console(file=args.output.open("w") if args.output else None, width=160)
+    bucket = f"reduce bucket {args.reduce_bucket_size:,}" if args.reduce_bucket_size else f"reduce bucket h² = {args.hidden ** 2:,}"
     title = (f"DeepSpeed on {args.nproc} ranks: GPT L{args.layers} h{args.hidden} V{args.vocab} s{args.seq_len} "
-             f"(Ψ = {model.params:,}), micro-batch {args.micro_batch}, {args.precision}; MiB per rank")
+             f"(Ψ = {model.params:,}), micro-batch {args.micro_batch}, {args.precision}, {bucket}, "
+             f"overlap_comm {'false' if args.no_overlap_comm else 'true'}; MiB per rank")
     table = Table(title=title, title_justify="left")
     for col in ("plan", "rank", "states (paper)", "states+bufs est", "before step meas", "err", "peak est", "peak meas", "err", "step s"):
         table.add_column(col, justify="left" if col == "plan" else "right")

@@ -4,11 +4,12 @@
         benchmarks/trace_memory_timeline.py --stage 2 [--offload cpu] [--gas 2] [--steps 3]
 
 Wraps the whole run in zeroplan.runtime.memory.StorageTracker (the probes' CPU meter) and prints,
-on rank 0, the live MiB at labelled points of each micro-step (forward, the gradient reaching
-the fp32 and the 16-bit logits, each block's backward, before and after the optimizer step), the
-largest live MiB seen under each label, and the optimizer's tensor attributes (MiB) before the
-step. The loss function is the task's (logits die when it returns), so the peaks match
-``benchmarks/bench_probe_memory.py``. Findings: docs/notes/memory-gaps.md.
+on rank 0, the live MiB (and bytes) at labelled points of each micro-step (forward, the gradient
+reaching the fp32 and the 16-bit logits, each block's backward, DeepSpeed's first gradient hook,
+first bucket flush and backward epilogue, before and after the optimizer step), the largest live
+MiB seen under each label, and the optimizer's tensor attributes (MiB) before the step.
+``--reduce-bucket-size`` and ``--no-overlap-comm`` change the reduce buffers. The loss function
+is the task's (logits die when it returns), so the peaks match ``benchmarks/bench_probe_memory.py``. Findings: docs/notes/memory-gaps.md.
 """
 
 from __future__ import annotations
@@ -79,6 +80,54 @@ def _live_tensor_census(min_mib: float = 0.2) -> list[str]:
     return sorted(seen.values(), reverse=True)
 
 
+def _wrap_engine_moments(engine, mark) -> None:
+    """Mark the moments DeepSpeed allocates or frees its gradient buffers.
+
+    Stages 1–2: ``setup_buckets`` (the ipg buffers, at the first gradient hook of a backward),
+    the first write into ``grads_in_partition`` (the gradient partition, at the first bucket
+    flush) and ``_release_ipg_buffers`` (the backward epilogue). Stage 0: the engine's
+    ``allreduce_gradients`` (after backward). Stage 3: ``reduce_independent_p_g_buckets_and_remove_grads``
+    at its first call per backward (the first gradient hook).
+    """
+    opt = engine.optimizer
+    if hasattr(opt, "setup_buckets"):
+        setup = opt.setup_buckets
+
+        def setup_buckets():
+            first = not opt.ready_for_gradients
+            setup()
+            if first:
+                mark("first gradient hook: ipg buffers allocated", "bwd after first hook")
+
+        opt.setup_buckets = setup_buckets
+        copy = opt.copy_grads_in_partition
+
+        def copy_grads_in_partition(*a, **k):
+            first = opt.grads_in_partition is None
+            copy(*a, **k)
+            if first:
+                mark("first flush: gradient partition allocated", "bwd after first flush")
+
+        opt.copy_grads_in_partition = copy_grads_in_partition
+        release = opt._release_ipg_buffers
+
+        def release_ipg_buffers():
+            mark("epilogue: before the ipg buffers are released", "bwd epilogue")
+            release()
+            mark("epilogue: ipg buffers released", "after backward")
+
+        opt._release_ipg_buffers = release_ipg_buffers
+    allreduce = engine.allreduce_gradients
+
+    def allreduce_gradients(*a, **k):
+        mark("allreduce_gradients start", "allreduce_gradients")
+        out = allreduce(*a, **k)
+        mark("allreduce_gradients end", "after backward")
+        return out
+
+    engine.allreduce_gradients = allreduce_gradients
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3))
@@ -95,6 +144,9 @@ def main() -> int:
     p.add_argument("--peak-stack", action="store_true", help="print the Python stack that allocated each rank's peak")
     p.add_argument("--census", action="store_true", help="list the live tensors (gc) at the last step's token-embedding backward, every rank")
     p.add_argument("--big-mib", type=float, default=0.0, help="list every allocation of at least this many MiB (op, label, live MiB) on rank 0")
+    p.add_argument("--reduce-bucket-size", type=int, default=None, help="elements (default: the model's h², Hugging Face's rule)")
+    p.add_argument("--no-overlap-comm", action="store_true", help="overlap_comm false (zeroplan's configs set it true)")
+    p.add_argument("--print-rank", type=int, default=0, help="the rank whose timeline is printed (the last one owns the last blocks' partition)")
     args = p.parse_args()
 
     import torch
@@ -147,15 +199,19 @@ def main() -> int:
 
         deepspeed.init_distributed(dist_backend="gloo")
         cfg = gpt_task.GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq_len=args.seq_len)
-        plan = Plan(micro_batch=args.micro_batch, stage=args.stage, offload_optimizer=args.offload, gradient_accumulation_steps=args.gas)
+        plan = Plan(micro_batch=args.micro_batch, stage=args.stage, offload_optimizer=args.offload, gradient_accumulation_steps=args.gas,
+                    reduce_bucket_size=args.reduce_bucket_size)
         training = TrainingSpec(precision=args.precision, seq_len=args.seq_len)
         config = build_config(plan, world_size=dist.get_world_size(), training=training, model=gpt_task.model_spec(cfg))
+        if args.no_overlap_comm and args.stage > 0:
+            config["zero_optimization"]["overlap_comm"] = False
         model = gpt_task.GPT(cfg)
         mark("model built")
         engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=config)
         mark("after deepspeed.initialize")
         rank = dist.get_rank()
         step = 0
+        _wrap_engine_moments(engine, lambda name, new_label=None: mark(f"s{step} {name}", new_label and f"s{step} {new_label}"))
         for i, block in enumerate(model.blocks):
             block.register_full_backward_pre_hook(lambda m, g, i=i: mark(f"s{step} bwd block{i} start", f"s{step} bwd block{i}"))
         # The token embedding's backward comes last; with tied weights its gradient and the head's
@@ -198,16 +254,16 @@ def main() -> int:
             engine.step()
             mark(f"s{step} after engine.step()")
 
-        if rank == 0:
+        if rank == args.print_rank:
             inner = getattr(engine.optimizer, "optimizer", None)
             print(f"stage {args.stage}, offload_optimizer {args.offload}, gas {args.gas}, {args.precision}: {type(engine.optimizer).__name__}"
-                  f" over {type(inner).__name__}; MiB of live tensor storage on rank 0")
+                  f" over {type(inner).__name__}; MiB of live tensor storage on rank {rank}")
             print("timeline:")
             for name, live in events:
-                print(f"  {live / MIB:9.2f}  {name}")
+                print(f"  {live / MIB:9.2f}  {live:>12,} B  {name}")
             print("largest live MiB under each label:")
             for name, live in max_by_label.items():
-                print(f"  {live / MIB:9.2f}  {name}")
+                print(f"  {live / MIB:9.2f}  {live:>12,} B  {name}")
             print(f"peak: {tracker.peak_bytes / MIB:.2f} MiB")
             if args.big_mib:
                 print(f"allocations of at least {args.big_mib:g} MiB:")

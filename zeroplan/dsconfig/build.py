@@ -99,7 +99,8 @@ def _zero_block(plan: Plan, buckets: dict[str, int], nvme_path: str | None) -> d
     zero: dict = {"stage": plan.stage}
     if plan.stage == 0:
         return zero
-    zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": buckets["reduce_bucket_size"]})
+    zero.update({"overlap_comm": plan.overlap_comm, "contiguous_gradients": True,
+                 "reduce_bucket_size": buckets["reduce_bucket_size"]})
     if plan.stage in (1, 2):
         zero["reduce_scatter"] = True
         zero["allgather_bucket_size"] = buckets["allgather_bucket_size"]

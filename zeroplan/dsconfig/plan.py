@@ -18,6 +18,7 @@ from zeroplan.spec import Plan, SpecError, TrainingSpec
 
 __all__ = [
     "plan_from_config",
+    "overlap_comm_from_config",
     "training_from_config",
     "precision_from_config",
     "zero_stage",
@@ -136,7 +137,7 @@ def plan_from_config(
       ``activation_checkpointing`` block (the model code decides what it wraps; a config cannot
       say ``selective``), else ``none``.
     * Bucket and ZeRO-3 sizes: whole numbers the config sets (either spelling); ``"auto"``
-      leaves the estimator's rule.
+      leaves the estimator's rule. ``overlap_comm``: :func:`overlap_comm_from_config`.
 
     Raises SpecError naming the key when the stage or batch keys cannot be read.
     """
@@ -192,7 +193,19 @@ def plan_from_config(
         cpu_checkpointing=cpu_checkpointing,
         **{field: _bucket(config, field) for field in BUCKET_KEY_SPELLINGS},
         **_zeropp(config, stage),
+        overlap_comm=overlap_comm_from_config(config, stage),
     )
+
+
+def overlap_comm_from_config(config: dict, stage: int) -> bool:
+    """``zero_optimization.overlap_comm`` as DeepSpeed reads it: the config's true/false, else its
+    default (runtime/zero/config.py ``overlap_comm_valid``: true at stage 3 only). Stage 0 has no
+    ZeRO reduce buffers: the Plan's default (true) there."""
+    if stage == 0:
+        return True
+    zero = config.get("zero_optimization")
+    value = zero.get("overlap_comm") if isinstance(zero, dict) else None
+    return value if isinstance(value, bool) else stage == 3
 
 
 def _zeropp(config: dict, stage: int) -> dict:
@@ -227,3 +240,4 @@ def training_from_config(config: dict, plan: Plan, *, base: TrainingSpec | None 
         global_batch=None,
         grad_accum=plan.gradient_accumulation_steps,
     )
+

@@ -186,7 +186,7 @@ class ActivationMemory:
     recompute_working_set: int
     """One block's full activations, rebuilt during backward under full recomputation."""
     embeddings: int
-    """Embedding dropout mask and final-norm input."""
+    """Embedding dropout mask, the final norm's input and (trainable head) the output projection's input."""
     logits: int
     """Bytes alive at the loss's backward (:func:`loss_activation_bytes`; (12 + e)·s·b·V for ``hf``)."""
     on_cpu: int
@@ -280,6 +280,12 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
         on_cpu, layers = layers, per_layer
     dropout = model.has_dropout
     embeddings = (s * b * h if dropout else 0) + e * s * b * h
+    if model.peft is None and training.loss != "fused":
+        # A trainable output projection saves its input (the final norm's output) for its weight
+        # gradient, beside the final norm's own saved input: two e·sbh tensors at the top of the
+        # model (saved-tensor hooks on the example GPT: ln_f's input and the head's input, the
+        # rest per block). Liger's fused loss takes the gradients in forward and saves no input.
+        embeddings += e * s * b * h
     if model.peft is not None and model.peft.method == "lora" and model.gated_mlp:
         # Frozen final RMSNorm and LM head save neither the normalized tensor nor the head's input
         # (zeroplan.estimator.peft.frozen_base_activation_terms).

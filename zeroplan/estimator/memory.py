@@ -11,6 +11,7 @@ Pure arithmetic (stdlib only). Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from zeroplan.estimator.peft import (
     dequant_workspace_bytes,
@@ -35,6 +36,7 @@ __all__ = [
     "model_states",
     "engine_overhead",
     "largest_param_numel",
+    "first_flush_blocks",
     "host_memory",
     "CUDA_CONTEXT_BYTES",
 ]
@@ -153,8 +155,10 @@ class EngineOverhead:
     """What DeepSpeed allocates on the GPU beyond the paper's model states, by phase.
 
     ``during_backward`` items coexist with activations; ``during_step`` items exist only in the
-    optimizer step, after activations are freed; ``always`` items exist throughout. The peak is
-    always + max(activations + during_backward − min(deferred, logits), during_step).
+    optimizer step, after activations are freed; ``always`` items exist throughout; the other
+    fields belong to moments of the backward (:func:`zeroplan.estimator.plans.estimate_plan` takes
+    the largest moment: the loss's backward, the first gradient hook, the first bucket flush or the
+    backward's epilogue, a reduction after backward, the optimizer step).
     """
 
     always: dict[str, int] = field(default_factory=dict)
@@ -168,9 +172,24 @@ class EngineOverhead:
     activation peak (logits' gradients) they are absent; once they exist the logits' term is
     gone, so the backward peak is activations − min(deferred, logits) over the model states."""
 
+    after_first_hook: dict[str, int] = field(default_factory=dict)
+    """Buffers allocated at the first gradient hook of each backward and freed at its epilogue
+    (stages 1–2: the reduce buffers). Absent at the loss's backward; alive beside the activations of
+    the blocks whose backward has not run yet, and beside the gradient partition once it exists."""
+    at_first_hook: dict[str, int] = field(default_factory=dict)
+    """Tensors alive when the first gradient hook runs, beside ``after_first_hook`` (the output
+    projection's weight gradient)."""
+    first_flush_blocks: Optional[int] = None
+    """Stages 1–2: blocks whose backward has run when the first bucket flush allocates the deferred
+    gradient partition (:func:`first_flush_blocks`); None: the flush comes at the epilogue."""
+    after_backward: dict[str, int] = field(default_factory=dict)
+    """Buffers of a reduction that runs once the whole backward is done: every gradient alive, no
+    activation (stage 0's flattened all-reduce)."""
+
     def items(self) -> dict[str, int]:
         """Every named item (for the JSON ``overhead_items``)."""
-        return {**self.always, **self.during_backward, **self.during_step, **self.unallocated}
+        return {**self.always, **self.during_backward, **self.at_first_hook, **self.after_first_hook,
+                **self.after_backward, **self.during_step, **self.unallocated}
 
     @property
     def deferred_bytes(self) -> int:
@@ -213,6 +232,9 @@ def engine_overhead(
     backward: dict[str, int] = {}
     step: dict[str, int] = {}
     deferred: dict[str, int] = {}
+    after_first_hook: dict[str, int] = {}
+    at_first_hook: dict[str, int] = {}
+    after_backward: dict[str, int] = {}
     single_step = plan.gradient_accumulation_steps == 1
 
     if plan.stage == 0:
@@ -228,12 +250,27 @@ def engine_overhead(
         if single_step:
             # param.grad is created by backward and set to None by zero_grad after the step.
             deferred["gradients"] = p * psi
-        # engine.allreduce_gradients flattens each bucket of reduce_bucket_size elements.
-        backward["reduce_bucket"] = p * min(knobs["reduce_bucket_size"], psi)
+        # engine.py _backward_epilogue -> allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE),
+        # once backward is done: allreduce_no_retain gathers gradients until a chunk passes 5e8
+        # elements (whatever reduce_bucket_size says) and allreduce_bucket flattens the chunk, a
+        # p-byte copy beside every gradient (measured on 2 CPU ranks: after-backward live bytes
+        # + 2Ψ exactly, with reduce_bucket_size 65,536 and 2e7 alike).
+        after_backward["flat_allreduce_chunk"] = p * min(psi, _ALLREDUCE_CHUNK + largest_param_numel(model))
     elif plan.stage in (1, 2):
-        # stage_1_and_2.py setup_buckets: contiguous_gradients (default True) allocates an ipg buffer
-        # of reduce_bucket_size elements (two when overlap_comm; default False below stage 3).
-        backward["reduce_bucket"] = p * knobs["reduce_bucket_size"]
+        # stage_1_and_2.py setup_buckets, called by process_gradients at the first gradient hook of
+        # each backward: contiguous_gradients (default True; forced by CPU offload) allocates one
+        # ipg buffer of reduce_bucket_size elements in the model's dtype on the accelerator, and a
+        # second one when overlap_comm ("Use double buffers"); _release_ipg_buffers frees both at
+        # the backward's epilogue. Measured on 2 CPU ranks at reduce_bucket_size 2e7 (bf16):
+        # +2 × 40,000,000 B from the first hook to the epilogue, +1 × with overlap_comm false, none
+        # at the loss's backward (docs/notes/memory-gaps.md, "The reduce buffers").
+        buffers = 2 if plan.overlap_comm else 1
+        after_first_hook["ipg_buffers"] = buffers * p * knobs["reduce_bucket_size"]
+        if model.peft is None:
+            # The first hook runs once the output projection's backward has made its weight
+            # gradient (V·h elements; a tied one is held by autograd until the embedding's backward
+            # adds to it): measured +4 MiB = 2·V·h beside the buffers on the example GPT.
+            at_first_hook["output_projection_gradient"] = p * model.embedding_params
         if plan.offload_optimizer == "none":
             # stage_1_and_2.py step() (lines 3111-3116): flat_grad_partition = flatten(averaged
             # gradients), a p-byte copy of the partition, then single_grad_partition =
@@ -252,8 +289,10 @@ def engine_overhead(
                 step = {"fp32_gradient_partition": 4 * shard, "optimizer_temporaries": temps - p * shard}
             if single_step:
                 # The partition (grads_in_partition, torch.empty at line 2192) is allocated by the
-                # first reduction in backward and dropped in step() (averaged_gradients[i] = None,
-                # line 3131): absent at the loss's backward. With accumulation it persists.
+                # first bucket flush in backward (copy_grads_in_partition) and dropped in step()
+                # (averaged_gradients[i] = None, line 3131): absent at the loss's backward and at
+                # the first gradient hook (first_flush_blocks says when it comes). With
+                # accumulation it persists.
                 deferred["gradient_partition"] = p * shard
         else:
             # CPU offload (stage_1_and_2.py lines 653-661): temp_grad_buffer_for_gpu_offload, the
@@ -261,8 +300,11 @@ def engine_overhead(
             # (device=get_accelerator().current_device_name()).
             always["offload_grad_staging"] = p * largest_param_numel(model)
     else:
-        # stage3.py: the ipg bucket of reduce_bucket_size elements (__ipg_bucket_flat_buffer).
-        backward["reduce_bucket"] = p * knobs["reduce_bucket_size"]
+        # stage3.py __init__ (lines 780-784): with contiguous_gradients one ipg buffer of
+        # reduce_bucket_size elements per communication dtype, allocated with the optimizer and
+        # never freed, whatever overlap_comm says (measured on 2 CPU ranks at 2e7, bf16: +40,000,000 B
+        # from the engine's start on, overlap_comm true and false alike).
+        always["reduce_bucket"] = p * knobs["reduce_bucket_size"]
         # partitioned_param_coordinator: parameters gathered for the module running now plus
         # those prefetched, bounded by stage3_max_live_parameters and by the model itself.
         # Measured (docs/notes/memory-gaps.md): at the loss's backward of a 2-rank probe every
@@ -313,10 +355,42 @@ def engine_overhead(
     workspace = dequant_workspace_bytes(model, training.precision)
     if workspace:
         backward["dequantized_weight"] = workspace
-    if device == "cuda":
-        unallocated = {"cuda_context": CUDA_CONTEXT_BYTES}
-        return EngineOverhead(always=always, during_backward=backward, during_step=step, unallocated=unallocated, deferred=deferred)
-    return EngineOverhead(always=always, during_backward=backward, during_step=step, deferred=deferred)
+    return EngineOverhead(
+        always=always, during_backward=backward, during_step=step, deferred=deferred,
+        unallocated={"cuda_context": CUDA_CONTEXT_BYTES} if device == "cuda" else {},
+        after_first_hook=after_first_hook, at_first_hook=at_first_hook, after_backward=after_backward,
+        first_flush_blocks=first_flush_blocks(model, reduce_bucket_size=knobs["reduce_bucket_size"]) if after_first_hook else None,
+    )
+
+
+#: engine.py MEMORY_OPT_ALLREDUCE_SIZE: the elements stage 0's all-reduce gathers before it flattens a chunk.
+_ALLREDUCE_CHUNK = 500_000_000
+
+
+def first_flush_blocks(model: ModelSpec, *, reduce_bucket_size: int) -> int | None:
+    """Blocks whose backward has run when stages 1–2 first flush the reduce bucket — the moment the
+    gradient partition is allocated (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``
+    flushes when the next gradient would overflow the bucket; ``reduce_ipg_grads`` then
+    ``copy_grads_in_partition`` allocates ``grads_in_partition``). None when the bucket holds every
+    trainable gradient: the first flush is then the backward's epilogue, after the activations.
+
+    Gradients arrive in backward order: the final norm (h), the untied output projection (V·h),
+    then one block (:attr:`ModelSpec.block_params`) after another from the last. A gradient larger
+    than the bucket bypasses it but counts against it, so an output projection over the bucket
+    makes the next hook flush (0 blocks). Under ``peft`` the trainable parameters are taken as
+    spread evenly over the blocks.
+    """
+    psi = model.trainable_params
+    if reduce_bucket_size >= psi:
+        return None
+    if model.peft is None:
+        head = model.hidden_size + (0 if model.tied_embeddings else model.embedding_params)
+        block = model.block_params
+    else:
+        head, block = 0, max(1, psi // model.num_layers)
+    if head > reduce_bucket_size:
+        return 0
+    return min(model.num_layers, (reduce_bucket_size - head) // block)
 
 
 def largest_param_numel(model: ModelSpec) -> int:

@@ -18,6 +18,7 @@ from zeroplan.estimator.memory import (
     host_memory,
     model_states,
 )
+from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, deepspeed_moments
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
@@ -160,10 +161,6 @@ class PlanEstimate:
         return d
 
 
-def _size(n: int) -> str:
-    return f"{n / GiB:.1f} GiB" if n >= GiB // 10 else f"{n / 2**20:.1f} MiB"
-
-
 def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
@@ -196,8 +193,10 @@ def estimate_plan(
     optimizer step's temporaries; None: the engine's default (DeepSpeed's own optimizers,
     torch's AdamW under fsdp).
 
-    Peak GPU bytes = model states + always-resident engine extras + max(activations + buffers
-    alive in backward, buffers alive only in the optimizer step), plus on CUDA the context and
+    Peak GPU bytes = model states + always-resident engine extras + the largest of the step's
+    moments (:func:`~zeroplan.estimator.moments.deepspeed_moments`: the loss's backward, the
+    first gradient hook, the first bucket flush or the backward's epilogue, the optimizer step,
+    each with what is alive then), plus on CUDA the context and
     the caching allocator's reserve (:func:`~zeroplan.estimator.allocator.allocator_reserve`;
     ``expandable_segments`` as with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
     ``device="cpu"`` leaves those out, for probes measured on CPU).
@@ -234,108 +233,43 @@ def estimate_plan(
         notes.append("activations traced (FakeTensorMode), not from the formula")
 
     always = sum(extra.always.values())
-    # Deferred model states (gradients created during backward) and the logits' gradients (at the
-    # loss's backward) are never live together (docs/notes/memory-gaps.md).
-    logits = acts.logits if acts is not None else 0
-    credit = min(extra.deferred_bytes, logits)
-    at_loss = act_total  # activations shown at a backward peak
-    rebuild = 0
-    if acts is not None and acts.recompute_working_set:
-        # The loss's backward and the last checkpointed block's rebuild come one after the other
-        # (ActivationMemory.backward_peak): by the rebuild the deferred gradients may exist.
-        at_loss = acts.layers + acts.embeddings + acts.logits
-        rebuild = acts.layers + acts.embeddings + acts.recompute_working_set + acts.logits_held
-    at_rebuild = rebuild > at_loss - credit
-    backward = (rebuild if at_rebuild else at_loss - credit) + sum(extra.during_backward.values())
-    # The token embedding's backward, last in the backward: activations freed, the gradient
-    # partition allocated, the embedding's gradients (and stage 1's unreduced ones) alive.
+    # The token embedding's backward, last in the backward (zeroplan.estimator.embedding_backward).
     knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     embedding = embedding_backward(model, training, plan, reduce_bucket_size=knobs["reduce_bucket_size"])
-    at_embedding = embedding is not None and embedding.total + sum(extra.during_backward.values()) > backward
-    prior_backward, prior_rebuild = backward, at_rebuild
-    if at_embedding:
-        backward = embedding.total + sum(extra.during_backward.values())
-        at_rebuild = False
-    step_phase = sum(extra.during_step.values())
-    allocated = states.total + always + max(backward, step_phase)
-    if step_phase > backward:
-        notes.append(
-            f"peak is in the optimizer step ({', '.join(extra.during_step)} {_gib(step_phase)} "
-            f"> activations and buckets {_gib(backward)})"
-        )
+    moments = deepspeed_moments(model, extra, acts, act_total, embedding=embedding)
+    peak = max(moments, key=lambda m: m.allocated_above_states)
+    allocated = states.total + always + peak.allocated_above_states
+    on_step = peak.name == STEP_MOMENT
     reserve = 0
     allocator = None
     overhead_items = extra.items()
-    if at_embedding and backward >= step_phase:
+    if embedding is not None and peak.name == EMBEDDING_MOMENT:
         overhead_items.update(embedding.items())
     if device == "cuda":
-        if step_phase > prior_backward:
-            transients = dict(extra.during_step)
-        elif acts is None:
-            transients = {}
-        elif prior_rebuild:
-            transients = {"rebuilt_block": acts.recompute_working_set}
-        else:
-            transients = {"loss_gradients": acts.loss_transients}
-        if at_embedding and backward >= step_phase:
-            # The segments the other peak moment's transients left cached stay reserved (the
-            # allocator keeps freed blocks until empty_cache); the embedding's new tensors come on top.
-            transients.update({k: v for k, v in embedding.items().items() if k in ("embedding_gradient", "summed_embedding_gradient")})
         allocator = allocator_reserve(
-            transients=transients,
+            transients=peak.transients,
             live_large_tensors=(acts.saved_tensors if acts is not None else 0) + _STATE_TENSORS_DEEPSPEED,
             expandable_segments=expandable_segments,
         )
         overhead_items["allocator_fragmentation"] = allocator.total
         reserve = allocator.total + sum(extra.unallocated.values())
         if allocator.stranded_transients >= GiB:
-            notes.append(stranded_note(allocator, transients))
+            notes.append(stranded_note(allocator, peak.transients))
     total = allocated + reserve
-    # The breakdown is a snapshot at the peak. At a backward peak (the loss's backward) the
-    # deferred gradient buffers are not allocated yet, so ``gradients`` shows the model-state
-    # gradients less that credit; at an optimizer-step peak the activations are already freed.
-    # ``model_states`` in the JSON keeps the paper's full categories either way.
-    if backward >= step_phase and at_embedding:
-        notes.append(
-            f"peak at the token embedding's backward: activations freed, {_size(embedding.total)} of gradients "
-            f"({', '.join(embedding.items())}) beside the model states"
-        )
-        gpu = GpuMemory(
-            params=states.params,
-            gradients=states.gradients,
-            optimizer_states=states.optimizer_states,
-            activations=0,
-            overhead=always + backward + reserve,
-            total=total,
-            peak_allocated=allocated,
-            peak_reserved=allocated + (allocator.total if allocator is not None else 0),
-        )
-    elif backward >= step_phase:
-        absent = 0 if at_rebuild else credit
-        if absent:
-            notes.append(f"peak at the loss's backward, before DeepSpeed allocates {_gib(absent)} of gradients")
-        gpu = GpuMemory(
-            params=states.params,
-            gradients=states.gradients - absent,
-            optimizer_states=states.optimizer_states,
-            activations=rebuild if at_rebuild else at_loss,
-            overhead=always + sum(extra.during_backward.values()) + reserve,
-            total=total,
-            peak_allocated=allocated,
-            peak_reserved=allocated + (allocator.total if allocator is not None else 0),
-        )
-    else:
-        notes.append(f"activations ({_gib(act_total)}) are freed before this optimizer-step peak")
-        gpu = GpuMemory(
-            params=states.params,
-            gradients=states.gradients,
-            optimizer_states=states.optimizer_states,
-            activations=0,
-            overhead=always + step_phase + reserve,
-            total=total,
-            peak_allocated=allocated,
-            peak_reserved=allocated + (allocator.total if allocator is not None else 0),
-        )
+    # The breakdown is a snapshot at the peak moment: gradients DeepSpeed has not allocated yet are
+    # left out of ``gradients``, activations already freed out of ``activations``, and ``overhead``
+    # holds the engine items alive then. ``model_states`` in the JSON keeps the paper's categories.
+    gpu = GpuMemory(
+        params=states.params,
+        gradients=states.gradients - peak.absent_gradients,
+        optimizer_states=states.optimizer_states,
+        activations=peak.activations,
+        overhead=always + sum(peak.items.values()) + reserve,
+        total=total,
+        peak_allocated=allocated,
+        peak_reserved=allocated + (allocator.total if allocator is not None else 0),
+    )
+    notes.append(peak.note(act_total))
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
     phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu)
     worst = phases.worst
@@ -384,7 +318,7 @@ def estimate_plan(
         tokens_per_second=tps,
         fits=fits,
         notes=tuple(notes),
-        peak_phase="step" if step_phase > backward else "backward",
+        peak_phase="step" if on_step else "backward",
         host_phases=phases,
         allocator=allocator,
     )

@@ -38,6 +38,7 @@ def with_config_buckets(plan: Plan, config: dict) -> Plan:
     (transformers/integrations/deepspeed.py, ``fill_only``), so a plain DeepSpeed script's
     ``{"zero_optimization": {"stage": 2}}`` allocates 5e8-element reduce buffers. ``"auto"`` values
     are left to the estimator's Hugging Face rule, as the integration fills them from the model.
+    ``overlap_comm`` is the config's (DeepSpeed's default, true only at stage 3, where the key is absent).
     """
     zero = config.get("zero_optimization") or {}
     updates = {}
@@ -47,6 +48,10 @@ def with_config_buckets(plan: Plan, config: dict) -> Plan:
         value = zero.get(key, DEEPSPEED_DEFAULT_KNOBS[key])
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             updates[key] = int(value)
+    from zeroplan.dsconfig.plan import overlap_comm_from_config
+
+    if overlap_comm_from_config(config, plan.stage) != plan.overlap_comm:
+        updates["overlap_comm"] = overlap_comm_from_config(config, plan.stage)
     return dataclasses.replace(plan, **updates) if updates else plan
 
 

@@ -72,6 +72,10 @@ class Plan:
     """ZeRO++ qwZ (§3.1): INT8 weights in the forward all-gather."""
     zero_quantized_gradients: bool = False
     """ZeRO++ qgZ (§3.3): INT4 hierarchical all-to-all gradient reduce (only across nodes)."""
+    overlap_comm: bool = True
+    """DeepSpeed ``overlap_comm``: stages 1–2 then keep two reduce buffers of reduce_bucket_size
+    elements instead of one (stage_1_and_2.py ``setup_buckets``). True as zeroplan's configs set
+    it; a config read without the key takes DeepSpeed's default (true at stage 3 only)."""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -106,6 +110,8 @@ class Plan:
         for name in ("zero_quantized_weights", "zero_quantized_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name}={getattr(self, name)!r} is not valid; give true or false")
+        if not isinstance(self.overlap_comm, bool):
+            raise SpecError(f"overlap_comm={self.overlap_comm!r} is not valid; give true or false")
         if self.stage != 3 and (self.zero_hpz_partition_size > 1 or self.zero_quantized_weights or self.zero_quantized_gradients):
             raise SpecError(
                 f"ZeRO++ (zero_hpz_partition_size={self.zero_hpz_partition_size}, zero_quantized_weights="
@@ -152,6 +158,8 @@ class Plan:
         for name in ("zero_quantized_weights", "zero_quantized_gradients"):
             if getattr(self, name):
                 d[name] = True
+        if not self.overlap_comm and self.stage in (1, 2):
+            d["overlap_comm"] = False
         return d
 
 

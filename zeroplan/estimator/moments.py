@@ -1,0 +1,167 @@
+"""The moments of a DeepSpeed step whose live bytes can be the GPU peak, and what is alive at each.
+
+Pure arithmetic (stdlib only). DeepSpeed allocates some buffers only part of the way through the
+backward, so the peak is the largest of several moments, not model states + activations + every
+buffer. Each moment below is a snapshot measured on real engines (DeepSpeed 0.19, 2 CPU ranks,
+live tensor storage; docs/notes/memory-gaps.md):
+
+* **the loss's backward**: log-softmax's fp32 arrays over the logits at their largest; no reduce
+  buffer yet and, in stages 1–2, no gradient partition.
+* **the last checkpointed block's rebuild** (recomputation only): the loss's fp32 arrays are gone,
+  the last block's activations are rebuilt.
+* **the first gradient hook** (stages 1–2): ``setup_buckets`` allocates the reduce buffers
+  (stage_1_and_2.py; two with ``overlap_comm``) while every block's activations are still alive,
+  beside the output projection's fresh weight gradient; the gradient partition does not exist yet.
+* **the first bucket flush** (stages 1–2, before the epilogue when the bucket is smaller than the
+  trainable parameters): ``copy_grads_in_partition`` allocates the gradient partition while the
+  blocks whose backward has not run keep their activations
+  (:func:`~zeroplan.estimator.memory.first_flush_blocks`).
+* **the token embedding's backward** (stages 1–2): last in the backward, the embedding's gradients
+  (:mod:`~zeroplan.estimator.embedding_backward`) beside the buffers, the activations freed.
+* **the backward's epilogue** (stages 1–2 when the bucket holds every gradient): the first flush
+  comes only here, with every gradient and the buffers, the activations freed.
+* **the all-reduce after backward** (stage 0): a flat copy of the gradients.
+* **the optimizer step**: the step's flat and fp32 copies of the gradients, activations freed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from zeroplan.estimator.activations import ActivationMemory
+from zeroplan.estimator.embedding_backward import EmbeddingBackward
+from zeroplan.estimator.memory import EngineOverhead
+from zeroplan.spec import GiB, ModelSpec
+
+__all__ = ["Moment", "deepspeed_moments", "STEP_MOMENT", "EMBEDDING_MOMENT"]
+
+#: The moment name of the optimizer step (the only moment with ``peak_phase`` = ``step``).
+STEP_MOMENT = "the optimizer step"
+#: The moment name of the token embedding's backward (:mod:`zeroplan.estimator.embedding_backward`).
+EMBEDDING_MOMENT = "the token embedding's backward"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB // 10 else f"{n / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class Moment:
+    """Bytes alive at one moment of a step, beyond the model states and the always-resident extras."""
+
+    name: str
+    """The moment, as the notes name it (e.g. ``the first gradient hook``)."""
+    activations: int
+    """Activation bytes alive then."""
+    absent_gradients: int = 0
+    """Model-state gradient bytes DeepSpeed has not allocated yet (or has freed) then."""
+    items: dict[str, int] = field(default_factory=dict)
+    """Engine items alive then (beyond ``EngineOverhead.always``), by name."""
+    transients: dict[str, int] = field(default_factory=dict)
+    """Tensors allocated for this moment and freed soon after (the CUDA allocator may strand them)."""
+    why: str = ""
+    """What is alive then, for the note."""
+
+    @property
+    def allocated_above_states(self) -> int:
+        """Live bytes at this moment minus the model states and ``always``."""
+        return self.activations - self.absent_gradients + sum(self.items.values())
+
+    def note(self, activations_total: int) -> str:
+        """One sentence naming the moment, for the plan's notes."""
+        if self.name == STEP_MOMENT:
+            return (f"peak is in the optimizer step ({', '.join(self.items) or 'model states'} "
+                    f"{_gib(sum(self.items.values()))}); activations ({_gib(activations_total)}) are freed before it")
+        return f"peak at {self.name}" + (f": {self.why}" if self.why else "")
+
+
+def deepspeed_moments(
+    model: ModelSpec, extra: EngineOverhead, acts: Optional[ActivationMemory], activations_total: int,
+    *, embedding: Optional[EmbeddingBackward] = None,
+) -> list[Moment]:
+    """Every candidate peak moment of a DeepSpeed step (module docstring), in step order;
+    ``embedding`` adds the token embedding's backward (stages 1–2).
+
+    ``acts`` is None when activations were traced as one total (``--trace``): every backward
+    moment then keeps that total, the loss's arrays included (conservative).
+    """
+    during = dict(extra.during_backward)
+    buffers = dict(extra.after_first_hook)
+    deferred = extra.deferred_bytes
+    if acts is not None:
+        layers, embeddings, logits, held = acts.layers, acts.embeddings, acts.logits, acts.logits_held
+        working = acts.recompute_working_set
+        at_loss = layers + embeddings + logits
+    else:
+        layers, embeddings, logits, held, working = activations_total, 0, 0, 0, 0
+        at_loss = activations_total
+    if buffers:
+        # Stages 1–2: when the gradient partition exists is a moment of its own (below).
+        credit = deferred
+    else:
+        # Stage 0's param.grad tensors appear block by block while the blocks' activations are
+        # freed, and never beside the loss's arrays over the logits: counting them all with every
+        # block's activations bounds the moments between (docs/notes/memory-gaps.md).
+        credit = min(deferred, logits)
+    moments = [Moment(
+        "the loss's backward", activations=at_loss, absent_gradients=credit, items=during,
+        transients={"loss_gradients": acts.loss_transients} if acts is not None else {},
+        why=f"DeepSpeed has not allocated {_gib(credit)} of gradients yet" if credit else "",
+    )]
+    # A tied output projection's gradient waits in autograd for the embedding's backward; an
+    # untied one is copied into the bucket (or reduced) at the next hook.
+    held_head = extra.at_first_hook if model.tied_embeddings else {}
+    if working:
+        # Conservative as before the buffers were a moment: the gradients may exist by then.
+        moments.append(Moment(
+            "the last checkpointed block's rebuild", activations=layers + embeddings + working + held,
+            items={**during, **buffers, **held_head}, transients={"rebuilt_block": working},
+        ))
+    if buffers:
+        moments.append(Moment(
+            "the first gradient hook", activations=layers + embeddings + held, absent_gradients=deferred,
+            items={**during, **buffers, **extra.at_first_hook},
+            transients={} if model.tied_embeddings else dict(extra.at_first_hook),
+            why=f"DeepSpeed's reduce buffers ({_gib(sum(buffers.values()))}) beside every block's activations"
+                + (f", before the {_gib(deferred)} gradient partition exists" if deferred else ""),
+        ))
+        k = extra.first_flush_blocks
+        if deferred and k is None:
+            moments.append(Moment(
+                "the backward's epilogue", activations=held, items=buffers,
+                why=f"the first bucket flush allocates the {_gib(deferred)} gradient partition beside the reduce "
+                    f"buffers ({_gib(sum(buffers.values()))}) once the activations are freed",
+            ))
+        elif deferred:
+            blocks_left = model.num_layers - k
+            remaining = max(0, layers - k * acts.per_layer) if acts is not None else layers
+            moments.append(Moment(
+                "the first bucket flush", activations=remaining + embeddings + held + (working if blocks_left else 0),
+                items={**during, **buffers, **held_head},
+                why=f"the {_gib(deferred)} gradient partition is allocated while {blocks_left} of {model.num_layers} "
+                    f"blocks keep their activations, beside the reduce buffers ({_gib(sum(buffers.values()))})",
+            ))
+    if embedding is not None:
+        # Last in the backward: every activation freed (the logits a loop holds stay), the reduce
+        # buffers still alive, the gradient partition too unless the bucket holds every gradient
+        # (the first flush is then the epilogue, after this moment). The loss's (or the rebuild's)
+        # cached transients stay reserved; the embedding's new tensors come on top.
+        earlier = moments[1] if working else moments[0]
+        moments.append(Moment(
+            EMBEDDING_MOMENT, activations=held,
+            absent_gradients=deferred if buffers and extra.first_flush_blocks is None else 0,
+            items={**during, **buffers, **embedding.items()},
+            transients={**earlier.transients, **{k: v for k, v in embedding.items().items()
+                                                 if k in ("embedding_gradient", "summed_embedding_gradient")}},
+            why=f"activations freed, {_gib(embedding.total)} of gradients ({', '.join(embedding.items())}) "
+                "beside the model states" + (f" and the reduce buffers ({_gib(sum(buffers.values()))})" if buffers else ""),
+        ))
+    if extra.after_backward:
+        moments.append(Moment(
+            "the all-reduce after backward", activations=held, items=dict(extra.after_backward),
+            transients=dict(extra.after_backward),
+            why=f"a flat copy of the gradients ({_gib(sum(extra.after_backward.values()))}) beside all of them",
+        ))
+    moments.append(Moment(STEP_MOMENT, activations=0, items=dict(extra.during_step), transients=dict(extra.during_step)))
+    return moments
