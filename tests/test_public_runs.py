@@ -49,6 +49,11 @@ KNOWN_DISAGREEMENTS = {
     # 77 GiB allocated at the OOM against 66 GiB estimated; the thread does not pin down the
     # failing run's offload setting or sequence length.
     "deepseek-coder-33b-z3-8xa800",
+    # DeepSpeed 0.19 holds both 1 GB reduce buffers (the tutorial's overlap_comm, 5e8 default
+    # buckets) and the tied head's weight gradient at the last block's rebuild: 28.8 GiB allocated,
+    # + 1 GiB context fits the 31.7 GiB; the allocator's 2.9 GiB stranded-rebuild reserve tips it
+    # to 32.7 (benchmarks/results/public_runs.txt).
+    "ds-tutorial-gpt2-10b-offload-1gpu",
 }
 
 
