@@ -126,6 +126,11 @@ def test_overlap_comm_is_read_as_deepspeed_reads_it():
         for value in (True, False):
             cfg = {**base, "zero_optimization": {"stage": stage, "overlap_comm": value}}
             assert plan_from_config(cfg, 2).overlap_comm is value
+    from zeroplan.runtime.prediction import with_config_buckets
+
+    # A probe of a plain script with its own config estimates with the config's overlap_comm.
+    assert with_config_buckets(Plan(stage=2), {"zero_optimization": {"stage": 2}}).overlap_comm is False
+    assert with_config_buckets(Plan(stage=2), {"zero_optimization": {"stage": 2, "overlap_comm": True}}).overlap_comm is True
     training = TrainingSpec(seq_len=128)
     assert build_config(Plan(stage=2), world_size=2, training=training)["zero_optimization"]["overlap_comm"] is True
     assert build_config(Plan(stage=2, overlap_comm=False), world_size=2, training=training)["zero_optimization"]["overlap_comm"] is False
