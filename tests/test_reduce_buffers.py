@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from zeroplan.estimator import estimate_plan
-from zeroplan.estimator.memory import engine_overhead, first_flush_blocks
+from zeroplan.estimator.memory import engine_overhead, first_flush_blocks, model_states
 from zeroplan.profiles import default_gpu
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 
@@ -136,3 +136,42 @@ def test_overlap_comm_is_read_as_deepspeed_reads_it():
     assert build_config(Plan(stage=2, overlap_comm=False), world_size=2, training=training)["zero_optimization"]["overlap_comm"] is False
     with pytest.raises(SpecError, match="overlap_comm"):
         Plan(stage=2, overlap_comm="yes")
+
+
+def _timelines() -> dict[str, dict[str, int]]:
+    """benchmarks/results/reduce_buffer_timelines.txt: per section, each timeline mark and each
+    label's largest live bytes (``s1 ...`` names) → bytes."""
+    out: dict[str, dict[str, int]] = {}
+    section = None
+    for line in (ROOT / "benchmarks" / "results" / "reduce_buffer_timelines.txt").read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:]
+            out[section] = {}
+        elif section and " B  s1 " in line:
+            size, name = line.split(" B  s1 ", 1)
+            out[section].setdefault(name.strip(), int(size.split()[-1].replace(",", "")))
+    return out
+
+
+def test_the_buffers_come_and_go_where_deepspeed_allocates_them():
+    """From the traced step: stages 1–2 free exactly their buffers at the epilogue
+    (``_release_ipg_buffers``), 2 × or 1 × reduce_bucket_size × 2 B; stage 0's all-reduce after
+    backward adds exactly the flat copy the estimator counts (2Ψ); stage 3 holds its buffer
+    from the step's start to its end."""
+    t = _timelines()
+    model = _model()
+    for section, plan in (("stage 2", Plan(stage=2, reduce_bucket_size=20_000_000)),
+                          ("stage 2, overlap_comm false", Plan(stage=2, reduce_bucket_size=20_000_000, overlap_comm=False))):
+        released = t[section]["epilogue: before the ipg buffers are released"] - t[section]["epilogue: ipg buffers released"]
+        assert released == engine_overhead(model, _cluster(), _training(), plan, device="cpu").after_first_hook["ipg_buffers"]
+        # None of it at the loss's backward: the largest live bytes there are the h² run's.
+        assert t[section]["bwd loss"] == _row("z2", None)["measured_peak_per_rank"][1]
+    stage0 = engine_overhead(model, _cluster(), _training(), Plan(stage=0, reduce_bucket_size=20_000_000), device="cpu")
+    assert t["stage 0"]["allreduce_gradients"] - t["stage 0"]["allreduce_gradients start"] == stage0.after_backward["flat_allreduce_chunk"]
+    plan3 = Plan(stage=3, reduce_bucket_size=20_000_000)
+    stage3 = engine_overhead(model, _cluster(), _training(), plan3, device="cpu")
+    assert stage3.always["reduce_bucket"] == 2 * 20_000_000
+    # Between steps (no activation, no gradient in flight) stage 3 holds its states and the buffer.
+    resting = model_states(model, _cluster(), _training(), plan3).total + sum(stage3.always.values())
+    for mark in ("start", "after engine.step()"):
+        assert abs(t["stage 3"][mark] - resting) <= 0.001 * resting, (mark, t["stage 3"][mark], resting)
