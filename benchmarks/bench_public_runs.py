@@ -62,7 +62,10 @@ def estimate_row(row: dict, workdir: Path) -> dict:
     lora = row.get("lora") or {}
     model = with_peft(
         resolve_model(None, model_arg), model_arg, precision=row["precision"], lora_rank=lora.get("rank"),
-        lora_targets=lora.get("targets"), lora_alpha=None, adapter=None, trainable_params=None,
+        lora_targets=lora.get("targets"), lora_alpha=None, adapter=None,
+        # Adapters zeroplan cannot count module by module (LoRA on an encoder-decoder) are given
+        # by their trainable-parameter count, as `--trainable-params` would.
+        trainable_params=str(lora["trainable_params"]) if "trainable_params" in lora else None,
         base_quant=lora.get("base_quant"),
     )
     cluster = resolve_cluster(
