@@ -1,7 +1,9 @@
 """The estimator against training runs reported in public (benchmarks/public_runs.json).
 
-Golden rows: the runs whose source publishes a peak-memory figure, each checked within a stated
-tolerance; and the fits/OOM verdict of every run whose disagreement is not explained below.
+Every published peak-memory figure is checked in one of three ways: within a stated tolerance
+where zeroplan can express the run's setting; on the side an unmodelled mechanism predicts where
+the run relies on one; in a band around today's error where the cause is not pinned down. And the
+fits/OOM verdict of every run whose disagreement is not explained below.
 The allocator-reserve model (zeroplan.estimator.allocator) is checked as a pure function.
 """
 
@@ -29,8 +31,8 @@ BENCH = _bench()
 ROWS = {row["id"]: row for row in BENCH.load_rows()}
 RESULTS = {r["id"]: r for r in BENCH.evaluate(list(ROWS.values()))}
 
-#: Published peaks, each with its source (also in the table's `source` column), and the tolerance
-#: on (estimate − reported) / reported.
+#: Published peaks of runs whose setting the estimator can express, each with its source (also in
+#: the table's `source` column) and the tolerance on (estimate − reported) / reported.
 GOLDEN_PEAKS = {
     # torchtitan docs/performance.md Table 1: Llama 3.1 8B, 8 H100, FSDP, local batch 2, selective AC: 82.4 GiB reserved.
     "torchtitan-llama3.1-8b-h100x8": 0.10,
@@ -38,6 +40,53 @@ GOLDEN_PEAKS = {
     "torchtitan-llama3.1-8b-h100x128": 0.10,
     # huggingface/peft README: bloomz-7b1 LoRA in plain PyTorch on one A100 80GB: 32 GB.
     "peft-bloomz-7b1-lora": 0.10,
+    # Same table: T0_3B LoRA in plain PyTorch, 14.4 GB. ±15 %: the sequence length is assumed (tweets
+    # padded per batch) and T5's decoder is counted at the encoder's length; the fp32 base (10.4 GiB)
+    # is most of the peak.
+    "peft-t0-3b-lora": 0.15,
+    # Same table: mt0-xxl LoRA in plain PyTorch, 56 GB. ±15 %: as T0_3B, and zeroplan counts T5's
+    # head as tied (transformers 5 ties it) where mT5's untied head holds 3.8 GiB more (-7 %).
+    "peft-mt0-xxl-lora": 0.15,
+}
+
+#: Published peaks of runs that rely on a mechanism zeroplan does not model; the estimate must lie
+#: on the side that mechanism predicts (its size is in the row's note), so that modelling it, or a
+#: change that flips the side, shows here.
+OUTSIDE_THE_MODEL = {
+    # The example's single-process accelerate loop has no DDP; zeroplan charges DDP's gradient
+    # buckets at world size 1 (a full fp32 gradient copy, 10.4 GiB).
+    "peft-t0-3b-full": "above",
+    # torchtune's dtype=bf16 builds the model in bf16 (pure bf16: no fp32 master, bf16 AdamW states);
+    # zeroplan's bf16 keeps an fp32 base plus autocast's bf16 copies (LoRA) or 16 B/param (full).
+    "torchtune-llama2-7b-lora-1x4090": "above",
+    "torchtune-llama2-7b-full-4x4090": "above",
+    "torchtune-llama3.2-3b-full-packed-a100": "above",
+    # Pure bf16 as above, plus bitsandbytes' paged AdamW (states in CUDA unified memory, outside the
+    # caching allocator) stepped inside the backward (one gradient alive at a time).
+    "torchtune-llama2-7b-full-lowmem-1x4090": "above",
+    # Activation offloading (1.3 GiB of checkpointed block inputs on the host) and torch.compile of
+    # the model and of the chunked loss; the LoRA row also has the pure-bf16 base.
+    "torchtune-llama3.2-3b-lora-a100": "above",
+    "torchtune-llama3.2-3b-qlora-a100": "above",
+}
+
+#: Published peaks the estimate misses for causes not pinned down (each row's note lists the
+#: suspects). Held in a band around today's error, so that a change that moves them is seen and
+#: the note revisited; not a claim of accuracy.
+UNEXPLAINED_PEAKS = {
+    # DeepSpeed ZeRO-3 with CPU-offloaded fp32 parameters on one GPU (PEFT README, Dec 2022):
+    # today -15 %, -36 %, -50 %. Suspects: the figure may be the eval loop's (generate under
+    # ZeRO-3 gathers every block per token), or DeepSpeed 0.7 held more gathered parameters than
+    # the stage3_max_live_parameters bound the estimate counts.
+    "peft-t0-3b-lora-ds-z3-offload": (-0.30, 0.0),
+    "peft-mt0-xxl-lora-ds-z3-offload": (-0.50, -0.20),
+    "peft-bloomz-7b1-lora-ds-z3-offload": (-0.65, -0.35),
+    # torchtune's max_memory_reserved keeps what model building and loading cached (reserved
+    # memory never shrinks without empty_cache); today -26 % (QLoRA, 1 GPU) and -8 % (LoRA, FSDP
+    # over 2 GPUs, where rank 0 builds the whole bf16 model on its GPU before FSDP shards it, and
+    # the pure-bf16 base pulls the other way).
+    "torchtune-llama2-7b-qlora-1x4090": (-0.40, -0.10),
+    "torchtune-llama2-7b-lora-2x4090": (-0.25, 0.10),
 }
 
 #: Runs the estimator gets wrong today, and why (docs/estimate.md, "Held against public runs").
@@ -54,28 +103,54 @@ KNOWN_DISAGREEMENTS = {
     # + 1 GiB context fits the 31.7 GiB; the allocator's 2.9 GiB stranded-rebuild reserve tips it
     # to 32.7 (benchmarks/results/public_runs.txt).
     "ds-tutorial-gpt2-10b-offload-1gpu",
+    # Pure bf16 (and, for the low-memory recipe, a paged optimizer stepped in the backward):
+    # OUTSIDE_THE_MODEL above; each fits a 24 GB card (or the 80 GB A100) as published.
+    "torchtune-llama2-7b-lora-1x4090",
+    "torchtune-llama2-7b-full-lowmem-1x4090",
+    "torchtune-llama2-7b-full-4x4090",
+    "torchtune-llama3.2-3b-full-packed-a100",
 }
 
 
 def test_table_has_sources_and_settings():
-    assert len(ROWS) >= 20
+    assert len(ROWS) >= 37
     for row in ROWS.values():
         assert row["source"].startswith("https://"), row["id"]
         assert row["outcome"] in ("fits", "oom"), row["id"]
         assert ("model" in row) != ("hf_config" in row), row["id"]
         if "reported_peak_gib" in row:
             assert row["reported_kind"] in ("reserved", "allocated", "nvidia-smi"), row["id"]
-    assert set(GOLDEN_PEAKS) <= {i for i, r in ROWS.items() if "reported_peak_gib" in r}
+    published = {i for i, r in ROWS.items() if "reported_peak_gib" in r}
+    groups = (set(GOLDEN_PEAKS), set(OUTSIDE_THE_MODEL), set(UNEXPLAINED_PEAKS))
+    # Every published peak is checked, in exactly one way.
+    assert set.union(*groups) == published
+    assert sum(map(len, groups)) == len(published)
     assert KNOWN_DISAGREEMENTS <= set(ROWS)
 
 
 @pytest.mark.parametrize("run", sorted(GOLDEN_PEAKS))
 def test_published_peak_within_tolerance(run):
+    assert abs(RESULTS[run]["peak_error"]) <= GOLDEN_PEAKS[run], _peak_message(run)
+
+
+def _peak_message(run: str) -> str:
     result = RESULTS[run]
-    assert abs(result["peak_error"]) <= GOLDEN_PEAKS[run], (
+    return (
         f"{run}: estimated {result['predicted_peak'] / 2**30:.1f} GiB vs reported {result['reported_peak'] / 2**30:.1f} GiB "
         f"({result['peak_error']:+.1%})"
     )
+
+
+@pytest.mark.parametrize("run", sorted(OUTSIDE_THE_MODEL))
+def test_unmodelled_mechanism_on_its_side(run):
+    error = RESULTS[run]["peak_error"]
+    assert (error > 0) == (OUTSIDE_THE_MODEL[run] == "above"), _peak_message(run)
+
+
+@pytest.mark.parametrize("run", sorted(UNEXPLAINED_PEAKS))
+def test_unexplained_peak_in_its_band(run):
+    low, high = UNEXPLAINED_PEAKS[run]
+    assert low <= RESULTS[run]["peak_error"] <= high, _peak_message(run)
 
 
 @pytest.mark.parametrize("run", sorted(set(ROWS) - KNOWN_DISAGREEMENTS))
