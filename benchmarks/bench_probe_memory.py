@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             progress.update(bar, description=f"probing {name}")
             plan = Plan(micro_batch=args.micro_batch, reduce_bucket_size=args.reduce_bucket_size,
-                        overlap_comm=False if args.no_overlap_comm else None, **PLANS[name])
+                        overlap_comm=not args.no_overlap_comm, **PLANS[name])
             result = run_probe(ProbeRequest(script=ROOT / "examples" / "gpt_task.py", nproc=args.nproc, plan=plan, training=training,
                                             script_args=script_args, steps=args.steps, warmup=args.warmup, timeout_s=args.timeout))
             on_cpu = result.memory_kind != "cuda"
