@@ -109,6 +109,11 @@ def estimate_row(row: dict, workdir: Path) -> dict:
         plan_kwargs["buckets"] = bucket_sizes(buckets)
     elif buckets != "hf":
         fallback.append(f"buckets {buckets}→hf")
+    if row.get("expandable_segments"):
+        if _accepts(estimate_all, "expandable_segments"):
+            est_kwargs["expandable_segments"] = True
+        else:
+            fallback.append("expandable_segments→off")
     plans = enumerate_plans(
         model, cluster, training, stage=row["stage"], offload_optimizer=row.get("offload_optimizer", "none"),
         offload_param=row.get("offload_param", "none"), checkpointing=ckpt, **plan_kwargs,

@@ -35,6 +35,8 @@ RESULTS = {r["id"]: r for r in BENCH.evaluate(list(ROWS.values()))}
 #: the table's `source` column) and the tolerance on (estimate − reported) / reported.
 GOLDEN_PEAKS = {
     # torchtitan docs/performance.md Table 1: Llama 3.1 8B, 8 H100, FSDP, local batch 2, selective AC: 82.4 GiB reserved.
+    # Both torchtitan rows assume expandable segments off (the benchmark does not say; with them on
+    # the estimate is 16-19 % low: the rows' notes).
     "torchtitan-llama3.1-8b-h100x8": 0.10,
     # Same page, Table 3: the same run on 128 H100: 67.0 GiB reserved.
     "torchtitan-llama3.1-8b-h100x128": 0.10,
@@ -87,6 +89,10 @@ UNEXPLAINED_PEAKS = {
     # the pure-bf16 base pulls the other way).
     "torchtune-llama2-7b-qlora-1x4090": (-0.40, -0.10),
     "torchtune-llama2-7b-lora-2x4090": (-0.25, 0.10),
+    # torchtitan Table 2, 32k tokens, full AC: 83.9 GiB reserved; today +18 %, of which the
+    # allocator's 32 GiB reserve for the loss gradients' stranded segments is the suspect (with
+    # expandable segments the estimate is -20 %; float8 and compile lower the real figure).
+    "torchtitan-llama3.1-8b-h100x8-seq32k": (0.05, 0.30),
 }
 
 #: Runs the estimator gets wrong today, and why (docs/estimate.md, "Held against public runs").
@@ -109,6 +115,8 @@ KNOWN_DISAGREEMENTS = {
     "torchtune-llama2-7b-full-lowmem-1x4090",
     "torchtune-llama2-7b-full-4x4090",
     "torchtune-llama3.2-3b-full-packed-a100",
+    # The allocator reserve at 32k tokens (UNEXPLAINED_PEAKS above): 99.7 GiB against 95.0.
+    "torchtitan-llama3.1-8b-h100x8-seq32k",
 }
 
 
