@@ -6,8 +6,9 @@ peak memory. For each row this runs the estimator through the library calls `zer
 makes (resolve_model, with_peft, resolve_cluster, resolve_training, bucket_sizes,
 enumerate_plans, estimate_all) with the engine, optimizer implementation, loss and bucket
 convention the row implies, and prints estimate vs reported: fits/OOM agreement, and for rows
-with a reported peak the error of the comparable figure (``reserved`` rows: the estimate less
-the CUDA context; ``allocated``: ``gpu.peak_allocated``; ``nvidia-smi``: ``gpu.total``).
+with a reported peak the error of the comparable figure (``reserved`` rows: ``gpu.peak_reserved``;
+``allocated``: ``gpu.peak_allocated``; ``nvidia-smi``: ``gpu.total``). Fits/OOM is decided on
+``gpu.required``: the cached segments the allocator frees before raising an OOM do not count.
 
 It also runs against older zeroplan code (PYTHONPATH=<older checkout>): an option that code
 lacks falls back to its default, and the row's ``fallback`` column says which.
@@ -128,10 +129,12 @@ def estimate_row(row: dict, workdir: Path) -> dict:
     }
     return {
         # Public reports are GPU outcomes: compare the GPU verdict (est.fits also weighs host RAM,
-        # where a per-rank fp32 model build can fail a run that builds on the meta device).
-        "fits": est.gpu.total <= cluster.gpu_memory_bytes,
+        # where a per-rank fp32 model build can fail a run that builds on the meta device). The
+        # verdict is on gpu.required (older code: gpu.total, cached segments included).
+        "fits": gpu.get("required", gpu["total"]) <= cluster.gpu_memory_bytes,
         "fits_with_host": est.fits,
         "gpu_total": gpu["total"],
+        "gpu_required": gpu.get("required", gpu["total"]),
         "gpu_memory": cluster.gpu_memory_bytes,
         "comparable": comparable,
         "fallback": fallback,
@@ -178,7 +181,7 @@ def render(rows: list[dict], results: list[dict], label: str) -> str:
         if "peak_error" in r:
             peak = f"{r['reported_peak'] / GiB:9.1f} {r['predicted_peak'] / GiB:9.1f} {r['peak_error']:+7.1%}"
         else:
-            peak = f"{'':9} {r['gpu_total'] / GiB:9.1f} {'':>7}"
+            peak = f"{'':9} {r['gpu_required'] / GiB:9.1f} {'':>7}"
         lines.append(f"{row['id']:<40} {gpus:>9} {row['outcome']:>9} {est:>9} {'yes' if r['agree'] else 'NO':>5} {peak}  {', '.join(r['fallback'])}")
     s = summary(results)
     med = f"{s['median_abs_peak_error']:.1%}" if s["median_abs_peak_error"] is not None else "n/a"
@@ -186,7 +189,7 @@ def render(rows: list[dict], results: list[dict], label: str) -> str:
         "",
         f"fits/OOM agreement: {sum(r['agree'] for r in results)}/{s['rows']} = {s['agreement']:.0%}; "
         f"median |peak error| over {s['peak_rows']} rows with a reported peak: {med}",
-        "peak est. without a reported peak: the estimate's GPU total (what fits/OOM is decided on), GiB",
+        "peak est. without a reported peak: what fits/OOM is decided on (gpu.required; gpu.total before it existed), GiB",
     ]
     return "\n".join(lines)
 

@@ -34,7 +34,7 @@ def test_fit_finding_agrees_with_the_estimator(gpu_gib, fits):
     }))
     assert est.fits is fits
     assert finding.severity == ("info" if fits else "error")
-    assert f"predicted GPU peak {est.gpu.total / GiB:.1f} of {gpu_gib:.1f} GiB" in finding.message
+    assert f"predicted GPU peak {est.gpu.required / GiB:.1f} of {gpu_gib:.1f} GiB" in finding.message
 
 
 def test_fit_needs_model_and_readable_batch():

@@ -111,8 +111,8 @@ def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]")
 def _short_reason(est: "PlanEstimate", cluster) -> str:
     """One short cell for the table naming every limit the plan exceeds (the sentences are in ``notes``)."""
     reasons = []
-    if est.gpu.total > cluster.gpu_memory_bytes:
-        reasons.append(f"GPU {est.gpu.total / GiB:.1f}>{cluster.gpu_memory_bytes / GiB:.0f}")
+    if est.gpu.required > cluster.gpu_memory_bytes:
+        reasons.append(f"GPU {est.gpu.required / GiB:.1f}>{cluster.gpu_memory_bytes / GiB:.0f}")
     if cluster.cpu_memory_per_node_bytes and est.cpu_per_node > cluster.cpu_memory_per_node_bytes:
         reasons.append(f"CPU {est.cpu_per_node / GiB:.0f}>{cluster.cpu_memory_per_node_bytes / GiB:.0f}")
     if est.nvme_per_node and not cluster.nvme_per_node_bytes:

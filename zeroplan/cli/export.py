@@ -213,7 +213,7 @@ def export(
 
             plan = replace(plan, cpu_checkpointing=True)
         _note(
-            f"chose {plan.label}: predicted {best.gpu.total / 1024**3:.1f} GiB per GPU, "
+            f"chose {plan.label}: predicted {best.gpu.required / 1024**3:.1f} GiB per GPU, "
             f"{best.tokens_per_second:,.0f} tokens/s ({choice.fitting} of {choice.considered} plans fit)"
         )
 

@@ -20,6 +20,17 @@ both read from c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x):
   pages are unmapped, so transients strand nothing (``should_split`` then splits any remainder
   ≥ 512 B, and the 2 MiB page granularity stays).
 
+**What an out-of-memory error leaves.** The stranded bytes are cached, not in use: when
+``cudaMalloc`` fails, ``DeviceCachingAllocator::malloc`` (pytorch/pytorch at 001074d) retries
+``alloc_block(params, false) || (release_available_cached_blocks(params) && alloc_block(...)) ||
+(release_cached_blocks() && alloc_block(params, true))`` — "Free all non-split cached blocks and
+retry alloc" — before it raises, and its OOM message notes that "at this point free_cached_blocks
+has already returned all possible 'cached' memory to the driver. The only remaining 'cached'
+memory is split from a larger block that is partially in-use." So a stranded segment raises
+``max_memory_reserved`` (and nvidia-smi) on a GPU with room to spare, but on a full GPU it is
+handed back and reused: only the rounding inside live blocks (:attr:`AllocatorReserve.held`)
+counts towards running out of memory.
+
 Public figures this is checked against (benchmarks/public_runs.json, docs/estimate.md):
 torchtitan's Llama 3.1 8B FSDP runs on 8 and 128 H100s (``max_memory_reserved`` 82.4 and 67.0
 GiB, docs/performance.md Tables 1 and 3), where the loss's fp32 gradients over a 128k vocabulary
@@ -52,7 +63,14 @@ class AllocatorReserve:
 
     @property
     def total(self) -> int:
+        """Reserved − allocated at the peak on a GPU with room to spare (``max_memory_reserved``)."""
         return self.block_rounding + self.stranded_transients
+
+    @property
+    def held(self) -> int:
+        """The part a failing malloc cannot hand back (``release_cached_blocks`` frees only unsplit
+        cached segments; the round-up tail inside a live block stays): what counts towards an OOM."""
+        return self.block_rounding
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -60,6 +78,7 @@ class AllocatorReserve:
             "stranded_transients": self.stranded_transients,
             "largest_transient": self.largest_transient,
             "total": self.total,
+            "held": self.held,
         }
 
 

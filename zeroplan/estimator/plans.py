@@ -57,6 +57,11 @@ class GpuMemory:
     peak_reserved: int = 0
     """``peak_allocated`` plus the caching allocator's reserve (:mod:`zeroplan.estimator.allocator`):
     what ``torch.cuda.max_memory_reserved`` should report (``total`` less the CUDA context)."""
+    required: int = 0
+    """What the GPU must have for the step not to run out of memory, and what fits is decided on:
+    ``peak_allocated`` + the CUDA context + the reserve a failing malloc cannot release
+    (:attr:`~zeroplan.estimator.allocator.AllocatorReserve.held`). Cached segments the allocator
+    frees before raising an OOM are in ``total`` and ``peak_reserved`` only."""
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -68,6 +73,7 @@ class GpuMemory:
             "total": self.total,
             "peak_allocated": self.peak_allocated,
             "peak_reserved": self.peak_reserved,
+            "required": self.required,
         }
 
 
@@ -173,6 +179,20 @@ def stranded_note(allocator: AllocatorReserve, transients: dict[str, int]) -> st
     )
 
 
+def gpu_fit_note(gpu: GpuMemory, capacity_bytes: int) -> str:
+    """Why ``gpu`` does not fit ``capacity_bytes`` (decided on ``gpu.required``), or why it fits
+    although its reserved peak does not (the allocator releases its cached segments before an
+    OOM); "" when neither."""
+    if gpu.required > capacity_bytes:
+        return f"GPU needs {_gib(gpu.required)} > {_gib(capacity_bytes)}"
+    if gpu.total > capacity_bytes:
+        return (
+            f"fits in {_gib(gpu.required)} of {_gib(capacity_bytes)}; the reserved peak ({_gib(gpu.total)} with the "
+            f"context) does not, and the caching allocator frees those cached segments and retries before an OOM"
+        )
+    return ""
+
+
 def estimate_plan(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -241,6 +261,7 @@ def estimate_plan(
     allocated = states.total + always + peak.allocated_above_states
     on_step = peak.name == STEP_MOMENT
     reserve = 0
+    held = 0
     allocator = None
     overhead_items = extra.items()
     if embedding is not None and peak.name == EMBEDDING_MOMENT:
@@ -253,6 +274,7 @@ def estimate_plan(
         )
         overhead_items["allocator_fragmentation"] = allocator.total
         reserve = allocator.total + sum(extra.unallocated.values())
+        held = allocator.held + sum(extra.unallocated.values())
         if allocator.stranded_transients >= GiB:
             notes.append(stranded_note(allocator, peak.transients))
     total = allocated + reserve
@@ -268,6 +290,7 @@ def estimate_plan(
         total=total,
         peak_allocated=allocated,
         peak_reserved=allocated + (allocator.total if allocator is not None else 0),
+        required=allocated + held,
     )
     notes.append(peak.note(act_total))
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
@@ -282,9 +305,12 @@ def estimate_plan(
         notes.append(f"ZeRO-3 with a {model.peft.base_quant} base needs care (validate rule ZP801): "
                      + ("int8 does not partition" if model.peft.base_quant == "int8" else "NF4 needs bnb_4bit_quant_storage=bfloat16"))
     fits = True
-    if total > cluster.gpu_memory_bytes:
+    gpu_note = gpu_fit_note(gpu, cluster.gpu_memory_bytes)
+    if gpu.required > cluster.gpu_memory_bytes:
         fits = False
-        notes.insert(0, f"GPU needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
+        notes.insert(0, gpu_note)
+    elif gpu_note:
+        notes.append(gpu_note)
     if worst.per_node_bytes > cluster.cpu_memory_per_node_bytes > 0:
         fits = False
         notes.insert(
@@ -349,4 +375,4 @@ def estimate_all(
         )
         for p in plans
     ]
-    return sorted(estimates, key=lambda e: (not e.fits, -e.tokens_per_second if e.fits else e.gpu.total))
+    return sorted(estimates, key=lambda e: (not e.fits, -e.tokens_per_second if e.fits else e.gpu.required))

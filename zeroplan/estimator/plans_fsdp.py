@@ -9,21 +9,24 @@ from zeroplan.estimator.activations import ActivationMemory, activation_memory, 
 from zeroplan.estimator.allocator import allocator_reserve
 from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.memory import CUDA_CONTEXT_BYTES, HostMemory
-from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib, stranded_note
+from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib, gpu_fit_note, stranded_note
 from zeroplan.estimator.timing import step_time
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
 
 __all__ = ["estimate_fsdp"]
 
 
-def _fit_notes(total: int, host: HostMemory, cluster: ClusterSpec) -> tuple[bool, list[str]]:
-    """(fits, reasons) for GPU, host RAM and NVMe needs against ``cluster``."""
-    notes: list[str] = []
-    if total > cluster.gpu_memory_bytes:
-        notes.append(f"GPU needs {_gib(total)} > {_gib(cluster.gpu_memory_bytes)}")
+def _fit_notes(gpu: GpuMemory, host: HostMemory, cluster: ClusterSpec) -> tuple[bool, list[str]]:
+    """(fits, notes) for GPU and host RAM needs against ``cluster``: the reasons it does not fit
+    first; GPU fit is decided on ``gpu.required`` (:func:`~zeroplan.estimator.plans.gpu_fit_note`)."""
+    reasons: list[str] = []
+    gpu_note = gpu_fit_note(gpu, cluster.gpu_memory_bytes)
+    if gpu.required > cluster.gpu_memory_bytes:
+        reasons.append(gpu_note)
     if host.cpu_per_node > cluster.cpu_memory_per_node_bytes > 0:
-        notes.append(f"CPU needs {_gib(host.cpu_per_node)}/node > {_gib(cluster.cpu_memory_per_node_bytes)}")
-    return not notes, notes
+        reasons.append(f"CPU needs {_gib(host.cpu_per_node)}/node > {_gib(cluster.cpu_memory_per_node_bytes)}")
+    fits = not reasons
+    return fits, reasons + ([gpu_note] if gpu_note and gpu.required <= cluster.gpu_memory_bytes else [])
 
 
 def estimate_fsdp(
@@ -56,6 +59,7 @@ def estimate_fsdp(
     allocated = mem.peak_allocated
     overhead_items = {f"{k}@{name}": v for name, ph in mem.phases.items() for k, v in ph.items() if k not in ("activations", "sharded_gradients", "gradients") and v}
     reserve = 0
+    held = 0
     allocator = None
     if device == "cuda":
         transients = _fsdp_transients(phase, mem.phases[phase], acts if act_total is None else None)
@@ -67,6 +71,7 @@ def estimate_fsdp(
         overhead_items["allocator_fragmentation"] = allocator.total
         overhead_items["cuda_context"] = CUDA_CONTEXT_BYTES
         reserve = allocator.total + CUDA_CONTEXT_BYTES
+        held = allocator.held + CUDA_CONTEXT_BYTES
         if allocator.stranded_transients >= GiB:
             notes.append(stranded_note(allocator, transients))
     act_at_peak = items.pop("activations", 0)
@@ -80,6 +85,7 @@ def estimate_fsdp(
         total=allocated + reserve,
         peak_allocated=allocated,
         peak_reserved=allocated + (allocator.total if allocator is not None else 0),
+        required=allocated + held,
     )
     notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {_FSDP_KIND[plan.stage]})")
     g = cluster.gpus_in_node
@@ -92,7 +98,7 @@ def estimate_fsdp(
     comm = comm_volume(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
-    fits, reasons = _fit_notes(gpu.total, host, cluster)
+    fits, reasons = _fit_notes(gpu, host, cluster)
     return PlanEstimate(
         plan=plan,
         gpu=gpu,

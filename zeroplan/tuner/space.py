@@ -216,9 +216,9 @@ class SearchSpace:
 def _pruned_reason(estimate: Any, cluster: ClusterSpec) -> str:
     """Why the estimator says a plan does not fit, in one line with the numbers."""
     reasons = []
-    if estimate.gpu.total > cluster.gpu_memory_bytes:
+    if estimate.gpu.required > cluster.gpu_memory_bytes:
         reasons.append(
-            f"predicted {estimate.gpu.total / GiB:.2f} GiB per GPU > {cluster.gpu_memory_bytes / GiB:.2f} GiB"
+            f"predicted {estimate.gpu.required / GiB:.2f} GiB per GPU > {cluster.gpu_memory_bytes / GiB:.2f} GiB"
         )
     host = host_fit_reason(estimate, cluster)
     if host is not None:

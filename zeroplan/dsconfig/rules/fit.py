@@ -110,9 +110,13 @@ def _fits(ctx: Context) -> Iterator[Finding]:
         yield _f("ZP702", "", f"memory fit not checked: {exc}", "fix the values the estimator cannot use", severity="info")
         return
     gib = 1024**3
-    total, capacity = est.gpu.total, ctx.cluster.gpu_memory_bytes
+    # Fit is decided on gpu.required: the cached segments the allocator frees before an OOM
+    # count in the reserved peak (gpu.total) only.
+    required, capacity = est.gpu.required, ctx.cluster.gpu_memory_bytes
     where = f"{ctx.model.name} on {ctx.cluster.gpus} × {ctx.cluster.gpu.name}"
-    peak = f"predicted GPU peak {total / gib:.1f} of {capacity / gib:.1f} GiB"
+    peak = f"predicted GPU peak {required / gib:.1f} of {capacity / gib:.1f} GiB"
+    if est.gpu.total > required:
+        peak += f" (reserved {est.gpu.total / gib:.1f} with the allocator's cache)"
     if est.fits:
         yield _f("ZP702", "", f"fits: {peak} for {where} ({plan.label})", "nothing to do", severity="info")
     else:
