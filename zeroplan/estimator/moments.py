@@ -34,7 +34,7 @@ from zeroplan.estimator.embedding_backward import EmbeddingBackward
 from zeroplan.estimator.memory import EngineOverhead
 from zeroplan.spec import GiB, ModelSpec
 
-__all__ = ["Moment", "deepspeed_moments", "STEP_MOMENT", "EMBEDDING_MOMENT"]
+__all__ = ["Moment", "deepspeed_moments", "ipg_buffer_written_elements", "STEP_MOMENT", "EMBEDDING_MOMENT"]
 
 #: The moment name of the optimizer step (the only moment with ``peak_phase`` = ``step``).
 STEP_MOMENT = "the optimizer step"
@@ -165,3 +165,29 @@ def deepspeed_moments(
         ))
     moments.append(Moment(STEP_MOMENT, activations=0, items=dict(extra.during_step), transients=dict(extra.during_step)))
     return moments
+
+
+def ipg_buffer_written_elements(model: ModelSpec, *, reduce_bucket_size: int, overlap_comm: bool) -> tuple[int, ...]:
+    """Elements of each stage-1/2 reduce buffer that DeepSpeed ever writes, buffer by buffer.
+
+    ``setup_buckets`` (stage_1_and_2.py) allocates each buffer with ``torch.empty`` of
+    ``reduce_bucket_size`` elements; only ``reduce_independent_p_g_buckets_and_remove_grads``
+    writes into it — ``bucket.buffer[bucket.index].narrow(0, bucket.elements, param.numel())
+    .copy_(grad)`` for a gradient no larger than the bucket (a larger one bypasses it:
+    ``extra_large_param_to_reduce``) — and ``reduce_ipg_grads`` reduces the filled
+    ``narrow(0, 0, bucket.elements)``. With ``overlap_comm`` the fills alternate between the two
+    buffers (``bucket.index = 1 - bucket.index`` after each flush). So the first buffer is filled
+    with min(bucket, G) elements and the second with min(bucket, G − bucket), G the trainable
+    elements that pass through the buckets: the trainable parameters less the token embedding
+    (and an untied output projection) when V·h exceeds the bucket. Other parameters over the
+    bucket are counted as passing through (an upper bound). Pages of a buffer never written are
+    not resident: host RSS on a CPU probe counts only these.
+    """
+    through = model.trainable_params
+    if model.peft is None and model.embedding_params > reduce_bucket_size:
+        through -= model.embedding_params * (1 if model.tied_embeddings else 2)
+    through = max(0, through)
+    first = min(reduce_bucket_size, through)
+    if not overlap_comm:
+        return (first,)
+    return first, min(reduce_bucket_size, max(0, through - reduce_bucket_size))

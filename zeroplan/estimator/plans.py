@@ -18,7 +18,7 @@ from zeroplan.estimator.memory import (
     host_memory,
     model_states,
 )
-from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, deepspeed_moments
+from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, deepspeed_moments
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
@@ -102,6 +102,9 @@ class PlanEstimate:
     """The engine modelled: ``deepspeed`` or ``fsdp`` (PyTorch's DDP/FSDP2)."""
     allocator: Optional[AllocatorReserve] = None
     """What the CUDA caching allocator reserves beyond ``gpu.peak_allocated`` (None on CPU)."""
+    moments: tuple[Moment, ...] = ()
+    """Every candidate peak moment of a DeepSpeed step (:func:`~zeroplan.estimator.moments.deepspeed_moments`);
+    ``gpu.peak_allocated`` is the model states and always-resident extras plus the largest. Empty under fsdp."""
 
     @property
     def cpu_per_node(self) -> int:
@@ -347,6 +350,7 @@ def estimate_plan(
         peak_phase="step" if on_step else "backward",
         host_phases=phases,
         allocator=allocator,
+        moments=tuple(moments),
     )
 
 

@@ -237,7 +237,10 @@ def device_bytes_on_host(est, model=None, *, world_size: int = 1) -> dict[str, i
     * engine_init: the 16-bit parameters, twice for stages 0-2 (DeepSpeed flattens them into one
       buffer while the originals still exist: stage_1_and_2.py ``flatten_dense_tensors_aligned``),
       plus the fp32 master partition when it stays on the device (created at init).
-    * step: the estimator's device peak (``gpu.peak_allocated``, activations included); stages 1-2
+    * step: the estimator's device peak (``gpu.peak_allocated``, activations included), with
+      stages 1-2's reduce buffers counted by their written part only (``torch.empty`` pages are
+      resident once written: :func:`~zeroplan.estimator.moments.ipg_buffer_written_elements`),
+      which can move the peak to another moment (``model`` given); stages 1-2
       with an offloaded optimizer add the fp32 copy of one parameter's gradient slice that
       stage_1_and_2.py ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` makes on the device
       (``src_tensor.to(self.master_weights_and_grads_dtype)``) before copying it to the host
@@ -252,12 +255,37 @@ def device_bytes_on_host(est, model=None, *, world_size: int = 1) -> dict[str, i
         # Master weights: 4 of the K bytes per parameter in mixed precision (ZeRO paper §3.1).
         init += states.optimizer_states // 3 if states.optimizer_states else 0
     step = int(est.gpu.peak_allocated)
+    if model is not None:
+        step -= unwritten_reduce_buffer_bytes(est, model)
     if model is not None and plan.stage in (1, 2) and plan.offload_optimizer != "none":
         from zeroplan.estimator.memory import largest_param_numel
 
         partition = -(-model.trainable_params // max(1, world_size))
         step += 4 * min(largest_param_numel(model), partition)
     return {"engine_init": init, "step": step, "checkpoint_save": states.total}
+
+
+def unwritten_reduce_buffer_bytes(est, model) -> int:
+    """How much less than ``gpu.peak_allocated`` is resident on a CPU probe because stages 1-2's
+    reduce buffers (``ipg_buffers``) are written only in part: the peak taken again over the
+    step's moments (``est.moments``) with each buffer at its written elements. 0 when no moment
+    holds the buffers or the buffers are filled whole."""
+    from zeroplan.estimator.moments import ipg_buffer_written_elements
+    from zeroplan.spec import resolve_engine_knobs
+
+    moments = getattr(est, "moments", ())
+    buffers = next((m.items["ipg_buffers"] for m in moments if "ipg_buffers" in m.items), 0)
+    if not buffers:
+        return 0
+    plan = est.plan
+    bucket = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)[
+        "reduce_bucket_size"]
+    written = ipg_buffer_written_elements(model, reduce_bucket_size=bucket, overlap_comm=plan.overlap_comm)
+    # ipg_buffers = len(written) buffers × bucket elements × bytes per element.
+    unwritten = buffers - buffers * sum(written) // (len(written) * bucket)
+    peak = max(m.allocated_above_states for m in moments)
+    resident = max(m.allocated_above_states - (unwritten if "ipg_buffers" in m.items else 0) for m in moments)
+    return peak - resident
 
 
 def estimated_host(est, model, cluster, training, *, on_cpu: bool, baseline_node: int | None, build: str | None = None,
