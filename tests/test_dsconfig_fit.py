@@ -44,3 +44,30 @@ def test_fit_needs_model_and_readable_batch():
     assert f.severity == "info" and "not checked" in f.message
     with pytest.raises(SpecError):
         validate_config(cfg, cluster=cluster)  # GPUs without a model
+
+
+def test_missing_bucket_keys_run_at_deepspeeds_defaults():
+    """A config without bucket keys runs at DeepSpeed's own defaults (Hugging Face fills only
+    "auto" ones): validate's estimate sizes the reduce buffer at DeepSpeedZeroConfig's 5e8
+    elements, not at the Hugging Face rule's h²; "auto" keeps the rule."""
+    ds_config = pytest.importorskip("deepspeed.runtime.zero.config")
+    from zeroplan.dsconfig import plan_from_config
+    from zeroplan.spec import BUCKET_KEYS
+
+    cluster = _cluster(8)
+    training = TrainingSpec(seq_len=2048)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    plan = plan_from_config(cfg, 8)
+    deepspeed_reads = ds_config.DeepSpeedZeroConfig(stage=2)
+    for key in BUCKET_KEYS:
+        # DeepSpeedZeroConfig names the stage-3 fields without their "stage3_" alias prefix.
+        assert getattr(plan, key) == getattr(deepspeed_reads, key.removeprefix("stage3_")), key
+    (finding,) = [f for f in validate_config(cfg, model=MODEL, cluster=cluster, training=training) if f.rule_id == "ZP702"]
+    deepspeed_default = estimate_plan(MODEL, cluster, training, plan)
+    hf_rule = estimate_plan(MODEL, cluster, training, replace(plan, reduce_bucket_size=None, allgather_bucket_size=None))
+    assert deepspeed_default.overhead_items["ipg_buffers"] == 2 * 500_000_000  # one bf16 buffer: overlap_comm off at stage 2
+    assert hf_rule.overhead_items["ipg_buffers"] == 2 * MODEL.hidden_size**2
+    assert f"predicted GPU peak {deepspeed_default.gpu.required / GiB:.1f} of" in finding.message
+    assert f"{deepspeed_default.gpu.required / GiB:.1f}" != f"{hf_rule.gpu.required / GiB:.1f}"
+    auto = {**cfg, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "allgather_bucket_size": "auto"}}
+    assert plan_from_config(auto, 8).reduce_bucket_size is None

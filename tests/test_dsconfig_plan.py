@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zeroplan.dsconfig import build_config, load_config, plan_from_config, resolve_buckets, training_from_config
-from zeroplan.spec import BUCKET_KEYS, CHECKPOINTING, OFFLOADS, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import BUCKET_KEYS, DEEPSPEED_DEFAULT_KNOBS, CHECKPOINTING, OFFLOADS, ModelSpec, Plan, SpecError, TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = Path(__file__).parent / "data" / "configs"
@@ -58,11 +58,12 @@ def test_plan_from_config_inverts_build_config(plan, world_size, training, model
     read = plan_from_config(json.loads(json.dumps(cfg)), world_size,
                             checkpointing=plan.checkpointing if plan.checkpointing in ("attention", "selective-op") else None)
     buckets = resolve_buckets(plan, model)
-    # The config spells out (resolved) only the sizes its stage uses.
+    # The config spells out (resolved) only the sizes its stage uses; the others run at
+    # DeepSpeed's defaults (the sizes its stage does not use are never read).
     used = {"reduce_bucket_size"} if plan.stage else set()
     used |= {"allgather_bucket_size"} if plan.stage in (1, 2) else set()
     used |= {k for k in buckets if k.startswith("stage3_")} if plan.stage == 3 else set()
-    assert read == replace(plan, **{k: (buckets[k] if k in used else None) for k in BUCKET_KEYS})
+    assert read == replace(plan, **{k: (buckets[k] if k in used else DEEPSPEED_DEFAULT_KNOBS[k]) for k in BUCKET_KEYS})
     back = training_from_config(cfg, read, base=training)
     assert (back.precision, back.optimizer, back.seq_len) == (training.precision, training.optimizer, training.seq_len)
     assert (back.micro_batch, back.grad_accum) == (plan.micro_batch, plan.gradient_accumulation_steps)

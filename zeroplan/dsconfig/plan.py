@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 
 from zeroplan.dsconfig.keys import BATCH_INT_KEYS, BUCKET_KEY_SPELLINGS
-from zeroplan.spec import Plan, SpecError, TrainingSpec
+from zeroplan.spec import DEEPSPEED_DEFAULT_KNOBS, Plan, SpecError, TrainingSpec
 
 __all__ = [
     "plan_from_config",
+    "bucket_sizes_from_config",
     "overlap_comm_from_config",
     "training_from_config",
     "precision_from_config",
@@ -100,17 +101,28 @@ def _batch_key(config: dict, key: str) -> int | None:
     raise SpecError(f"{key}={value!r} is not valid; give a whole number >= 1 (or \"auto\" with the value given separately)")
 
 
-def _bucket(config: dict, field: str) -> int | None:
+def bucket_sizes_from_config(config: dict) -> dict[str, int | None]:
+    """The bucket and ZeRO-3 sizes (elements) DeepSpeed runs a config with, by Plan field.
+
+    A whole number the config sets (either spelling) is taken as is. A key the config leaves out
+    runs at DeepSpeed's own default (:data:`zeroplan.spec.DEEPSPEED_DEFAULT_KNOBS`, the
+    DeepSpeedZeroConfig fields of deepspeed/runtime/zero/config.py): Hugging Face's integration
+    fills only keys whose value is ``"auto"`` (transformers/integrations/deepspeed.py,
+    ``fill_only``/``is_auto``), so ``{"zero_optimization": {"stage": 2}}`` allocates 5e8-element
+    reduce buffers under a plain script and under the Trainer alike. ``"auto"`` — and a value
+    DeepSpeed rejects (a fraction, a negative; `zeroplan validate` reports it) — gives None: the
+    estimator's Hugging Face rule, as the integration fills ``"auto"`` from the model.
+    """
     zero = config.get("zero_optimization")
-    if not isinstance(zero, dict):
-        return None
-    for name in BUCKET_KEY_SPELLINGS[field]:
-        value = zero.get(name)
-        # "auto" (Hugging Face) and values DeepSpeed rejects (fractions, negatives) leave the
-        # estimator's own rule; `zeroplan validate` reports the latter.
-        if is_whole_number(value) and value >= 0:
-            return int(value)
-    return None
+    zero = zero if isinstance(zero, dict) else {}
+    out: dict[str, int | None] = {}
+    for field, names in BUCKET_KEY_SPELLINGS.items():
+        present = [zero[name] for name in names if name in zero]
+        if not present:
+            out[field] = DEEPSPEED_DEFAULT_KNOBS[field]
+            continue
+        out[field] = next((int(v) for v in present if is_whole_number(v) and v >= 0), None)
+    return out
 
 
 def plan_from_config(
@@ -136,8 +148,9 @@ def plan_from_config(
     * Checkpointing: ``checkpointing`` when given, else ``full`` when the config has an
       ``activation_checkpointing`` block (the model code decides what it wraps; a config cannot
       say ``selective``), else ``none``.
-    * Bucket and ZeRO-3 sizes: whole numbers the config sets (either spelling); ``"auto"``
-      leaves the estimator's rule. ``overlap_comm``: :func:`overlap_comm_from_config`.
+    * Bucket and ZeRO-3 sizes: :func:`bucket_sizes_from_config` — the config's whole numbers,
+      DeepSpeed's defaults for missing keys, ``"auto"`` left to the estimator's rule.
+      ``overlap_comm``: :func:`overlap_comm_from_config`.
 
     Raises SpecError naming the key when the stage or batch keys cannot be read.
     """
@@ -191,7 +204,7 @@ def plan_from_config(
         micro_batch=mb,
         gradient_accumulation_steps=ga,
         cpu_checkpointing=cpu_checkpointing,
-        **{field: _bucket(config, field) for field in BUCKET_KEY_SPELLINGS},
+        **bucket_sizes_from_config(config),
         **_zeropp(config, stage),
         overlap_comm=overlap_comm_from_config(config, stage),
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zeroplan.runtime.api import ProbeRequest
 from zeroplan.runtime.hostmem import PHASES, estimated_host
-from zeroplan.spec import BUCKET_KEYS, DEEPSPEED_DEFAULT_KNOBS, Plan, SpecError, TrainingSpec
+from zeroplan.spec import Plan, SpecError, TrainingSpec
 
 __all__ = ["comparable_estimate", "config_for_plan", "with_config_buckets"]
 
@@ -29,27 +29,20 @@ def config_for_plan(plan: Plan, training: TrainingSpec, *, world_size: int, mode
 def with_config_buckets(plan: Plan, config: dict) -> Plan:
     """``plan`` with the bucket and ZeRO-3 sizes the engine ran with.
 
-    A numeric value in the config's ``zero_optimization`` block fills the plan's unset field: a
-    config built before the model was known keeps DeepSpeed's 5e8-element buckets, which the
-    estimator must not replace with the Hugging Face rule or a fine-tuning cap for the model
-    discovered later. A key the config leaves out runs at DeepSpeed's own default
-    (:data:`zeroplan.spec.DEEPSPEED_DEFAULT_KNOBS`, from deepspeed/runtime/zero/config.py):
-    Hugging Face's integration fills only keys whose value is ``"auto"``
-    (transformers/integrations/deepspeed.py, ``fill_only``), so a plain DeepSpeed script's
-    ``{"zero_optimization": {"stage": 2}}`` allocates 5e8-element reduce buffers. ``"auto"`` values
-    are left to the estimator's Hugging Face rule, as the integration fills them from the model.
-    ``overlap_comm`` is the config's (DeepSpeed's default, true only at stage 3, where the key is absent).
+    The config's sizes as DeepSpeed reads them
+    (:func:`zeroplan.dsconfig.plan.bucket_sizes_from_config`: its numbers, DeepSpeed's defaults
+    for missing keys, ``"auto"`` left to the estimator's Hugging Face rule) fill the plan's unset
+    fields: a config built before the model was known keeps DeepSpeed's 5e8-element buckets,
+    which the estimator must not replace with the Hugging Face rule or a fine-tuning cap for the
+    model discovered later. ``overlap_comm`` is the config's (DeepSpeed's default, true only at
+    stage 3, where the key is absent).
     """
-    zero = config.get("zero_optimization") or {}
-    updates = {}
-    for key in BUCKET_KEYS:
-        if getattr(plan, key, None) is not None:
-            continue
-        value = zero.get(key, DEEPSPEED_DEFAULT_KNOBS[key])
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            updates[key] = int(value)
-    from zeroplan.dsconfig.plan import overlap_comm_from_config
+    from zeroplan.dsconfig.plan import bucket_sizes_from_config, overlap_comm_from_config
 
+    updates = {
+        key: value for key, value in bucket_sizes_from_config(config).items()
+        if getattr(plan, key, None) is None and value is not None
+    }
     if overlap_comm_from_config(config, plan.stage) != plan.overlap_comm:
         updates["overlap_comm"] = overlap_comm_from_config(config, plan.stage)
     return dataclasses.replace(plan, **updates) if updates else plan
