@@ -55,6 +55,7 @@ def main() -> None:
 
     from zeroplan.dsconfig import build_config
     from zeroplan.estimator.engine_work import engine_work
+    from zeroplan.runtime.dsops import skip_shm_comm_op
     from zeroplan.spec import Plan, TrainingSpec
     from zeroplan.tuner.checks import task_declaration
 
@@ -65,6 +66,7 @@ def main() -> None:
     plan = Plan(stage=args.stage, micro_batch=args.micro_batch, gradient_accumulation_steps=args.accumulation)
     training = TrainingSpec(seq_len=seq_len, global_batch=args.micro_batch * args.accumulation * world)
     cfg = build_config(plan, world_size=world, training=training, model=model_spec)
+    skip_shm_comm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     gpt = GPT(GPTConfig())
     engine, *_ = deepspeed.initialize(model=gpt, config=cfg, model_parameters=gpt.parameters())

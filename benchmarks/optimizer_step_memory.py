@@ -43,7 +43,10 @@ def run_one(stage: int, impl: str, steps: int) -> dict:
     import torch.distributed as dist
 
     import gpt_task
+    from zeroplan.runtime.dsops import skip_shm_comm_op
     from zeroplan.runtime.memory import StorageTracker
+
+    skip_shm_comm_op()
 
     cfg = gpt_task.GPTConfig(**SIZES)
     zero: dict = {"stage": stage, "reduce_bucket_size": cfg.hidden**2}

@@ -26,7 +26,9 @@ BLOG = Path(__file__).resolve().parent / "data" / "configs" / "blog_zero2_offloa
 _WORKER = r"""
 import json, os, sys, traceback
 import torch, deepspeed
+from zeroplan.runtime.dsops import skip_shm_comm_op
 
+skip_shm_comm_op()  # inference-only op: a minute of compiling on a fresh machine
 deepspeed.init_distributed(dist_backend="gloo")
 results = {}
 for name, cfg in json.load(open(sys.argv[1])).items():

@@ -258,3 +258,25 @@ def test_probe_estimate_uses_the_bucket_sizes_the_config_ran_with():
     assert bare.stage3_prefetch_bucket_size == ds.prefetch_bucket_size
     assert bare.stage3_param_persistence_threshold == ds.param_persistence_threshold
     assert with_config_buckets(Plan(stage=0), {}).reduce_bucket_size == ds.reduce_bucket_size
+
+
+def test_cpu_workers_keep_deepspeed_from_building_its_inference_only_shm_op(monkeypatch):
+    """deepspeed/comm/torch.py loads (on a fresh machine: compiles, about a minute of CPU) the shm
+    all-reduce op at every init_distributed; the workers mark it unavailable on the CPU
+    accelerator, after which DeepSpeed's own build_shm_op must return None without building."""
+    pytest.importorskip("deepspeed")
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op
+
+    from zeroplan.runtime.dsops import skip_shm_comm_op
+
+    if get_accelerator()._name != "cpu":
+        pytest.skip("the shm op exists on DeepSpeed's CPU accelerator only")
+    ops = deepspeed.ops.__compatible_ops__
+    if sys.platform == "linux":
+        assert ops["deepspeed_shm_comm"] is True  # unmarked, init_distributed would build it here
+    monkeypatch.setitem(ops, "deepspeed_shm_comm", ops["deepspeed_shm_comm"])  # restored afterwards
+    skip_shm_comm_op()
+    assert ops["deepspeed_shm_comm"] is False
+    assert build_shm_op() is None

@@ -256,10 +256,16 @@ def _engine(config: dict, rank: int, world: int, events_step: Any) -> dict[str, 
         "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(config["port"]),
     })
     try:
-        import deepspeed  # noqa: F401
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
         from deepspeed.utils import logger as ds_logger
 
         ds_logger.setLevel(logging.ERROR)
+        if get_accelerator()._name == "cpu":
+            # Training never calls the inference-only shm all-reduce op: no JIT build of it
+            # (zeroplan.runtime.dsops.skip_shm_comm_op says why; calibrate sits beside runtime
+            # in docs/design.md's layers, so it does the same here instead of importing it).
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     except Exception as exc:  # not installed, or its import fails on this machine: same on every rank
         return {"error": f"deepspeed unavailable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"}
     from zeroplan.dsconfig import build_config

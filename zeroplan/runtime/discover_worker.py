@@ -179,6 +179,9 @@ def watch_entry_points(on_model: Callable[[str, Any], None], on_engine: Callable
     built, ``on_engine(entry_point, engine_module)`` after (the module whose forward sees batches)."""
     import deepspeed
 
+    from zeroplan.runtime.dsops import skip_shm_comm_op
+
+    skip_shm_comm_op()
     original_initialize = deepspeed.initialize
 
     def initialize(*args, **kwargs):

@@ -44,6 +44,10 @@ def _set_parent_death_signal() -> None:
 def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
     import deepspeed
 
+    from zeroplan.runtime.dsops import skip_shm_comm_op
+
+    skip_shm_comm_op()  # before the script's own init_distributed
+
     original = deepspeed.initialize
 
     host = state.get("host")
