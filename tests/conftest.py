@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -29,6 +32,42 @@ if _no_cuda():
 # default at exec, so handling it here gives the children Ctrl-C as a terminal would.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+#: Builds DeepSpeed's CPU optimizer ops into the extensions cache, lowest CPU priority, in its own
+#: session (a Ctrl-C to the tests never stops a compile half-way and leaves its lock behind).
+_BUILD_OPS = """
+import os
+os.nice(19)
+from deepspeed.accelerator import get_accelerator
+if get_accelerator()._name == "cpu":
+    for name in ("FusedAdamBuilder", "CPUAdamBuilder"):
+        get_accelerator().create_op_builder(name).load()
+"""
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
+def pytest_collection_modifyitems(config, items):
+    """Run the ``slow`` tests (real engines) after the others, and meanwhile build the DeepSpeed ops
+    they load in the background.
+
+    On a fresh machine DeepSpeed JIT-compiles its CPU optimizer ops on first use: FusedAdam (an
+    optimizer block on the CPU accelerator) and DeepSpeedCPUAdam (optimizer offload), each a
+    compile of ``csrc/adam/cpu_adam_impl.cpp`` — about two minutes of CPU apiece, which the first
+    engine test used to wait for. The quick tests mostly keep one core busy; the build, at the
+    lowest priority, takes the other. An engine that needs an op still being built waits on the
+    build's lock (torch.utils.cpp_extension), as it would for another rank's build; a built op is
+    only loaded. The sort is stable: each group keeps the collection order.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+    if config.option.collectonly or os.environ.get("DS_ACCELERATOR") != "cpu":
+        return
+    if not any(item.get_closest_marker("slow") for item in items):
+        return
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    subprocess.Popen([sys.executable, "-c", _BUILD_OPS], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 @pytest.fixture(scope="session")
