@@ -5,7 +5,9 @@ The mapping is the one the probe runtime runs (zeroplan/runtime/backends/fsdp.py
 ``fully_shard(reshard_after_forward=False)``, 3 → ``fully_shard(reshard_after_forward=True)``,
 each transformer block then the root; ``MixedPrecisionPolicy(param_dtype=bf16|fp16,
 reduce_dtype=fp32)``; CPU offload → ``CPUOffloadPolicy(pin_memory=True)`` (parameters, gradients
-and the optimizer step on the host, stages 2–3 only).
+and the optimizer step on the host, stages 2–3 only). Precision ``bf16-pure``: the model cast to
+bf16 before wrapping (``model_dtype``), no policy, no autocast. One process at stages 0–1: the
+bare module (``engine: single``), no DDP.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from zeroplan.spec import Plan, SpecError, TrainingSpec
 
 __all__ = ["fsdp_settings"]
 
-_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32", "bf16-pure": "torch.bfloat16"}
 
 
 def fsdp_settings(plan: Plan, training: TrainingSpec, *, world_size: int, optimizer_impl: str | None = None) -> dict:
@@ -23,7 +25,8 @@ def fsdp_settings(plan: Plan, training: TrainingSpec, *, world_size: int, optimi
     from zeroplan.estimator.fsdp import check_fsdp_plan
 
     check_fsdp_plan(plan)
-    mixed = training.precision != "fp32"
+    mixed = training.precision in ("bf16", "fp16")
+    model_dtype = "torch.bfloat16" if training.precision == "bf16-pure" else "torch.float32"
     batch = {
         "micro_batch_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
@@ -43,18 +46,22 @@ def fsdp_settings(plan: Plan, training: TrainingSpec, *, world_size: int, optimi
         resolve_optimizer_impl(optimizer_impl, engine="fsdp", plan=plan)
         optimizer["fused"] = optimizer_impl == "torch-fused"
     if plan.stage <= 1:
+        single = world_size == 1
         engine = {
-            "wrapper": "torch.nn.parallel.DistributedDataParallel",
+            "wrapper": None if single else "torch.nn.parallel.DistributedDataParallel",
+            "model_dtype": model_dtype,
             "autocast": _DTYPES[training.precision] if mixed else None,
         }
         if plan.stage == 1:
             optimizer["wrapper"] = "torch.distributed.optim.ZeroRedundancyOptimizer"
-        return {"engine": "ddp", **engine, "batch": batch, "activation_checkpointing": checkpointing, "optimizer": optimizer}
+        return {"engine": "single" if single else "ddp", **engine, "batch": batch, "activation_checkpointing": checkpointing,
+                "optimizer": optimizer}
     offload = plan.offload_optimizer == "cpu" or plan.offload_param == "cpu"
     if plan.stage == 3 and offload and plan.offload_param != "cpu":
         raise SpecError("FSDP2's CPUOffloadPolicy offloads parameters too: at stage 3 give --offload-param cpu with --offload-optimizer cpu")
     return {
         "engine": "fsdp2",
+        "model_dtype": model_dtype,
         "fully_shard": {
             "apply_to": "each transformer block, then the root module",
             "reshard_after_forward": plan.stage == 3,

@@ -123,7 +123,9 @@ GlobalBatchOpt = Annotated[
 GradAccumOpt = Annotated[
     Optional[int], typer.Option("--grad-accum", help="Gradient-accumulation steps.", rich_help_panel=_TRAIN)
 ]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 | fp16 | fp32.", rich_help_panel=_TRAIN)]
+PrecisionOpt = Annotated[
+    str, typer.Option("--precision", help="bf16 | fp16 | fp32 | bf16-pure (bf16 weights, gradients and optimizer states, no fp32 master; engine fsdp).", rich_help_panel=_TRAIN)
+]
 OptimizerOpt = Annotated[
     str, typer.Option("--optimizer", help="adamw | adam | sgd | adafactor | lion.", rich_help_panel=_TRAIN)
 ]

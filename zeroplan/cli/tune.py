@@ -147,6 +147,7 @@ def tune(
         ProbeRunner,
         TuneSettings,
         Tuner,
+        check_tune_precision,
         make_sampler,
         open_study,
         storage_url,
@@ -157,6 +158,7 @@ def tune(
 
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     check_choice_option("--backend", backend, ("deepspeed", "fsdp"))
+    check_tune_precision(precision)
     plan_buckets = resolve_engine_options(
         engine=backend, engine_flag="--backend", optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,

@@ -181,6 +181,9 @@ def build_config_with_notes(
         "gradient_clipping": float(gradient_clipping),
         "steps_per_print": 100,
     }
+    from zeroplan.estimator.plans import check_engine_precision
+
+    check_engine_precision("deepspeed", training.precision)
     cfg.update(_precision_blocks(training.precision))
     cfg["zero_optimization"] = _zero_block(plan, buckets, nvme_path)
     cfg["optimizer"] = _optimizer_block(training.optimizer, lr=float(lr), weight_decay=float(weight_decay))

@@ -14,6 +14,10 @@ Every byte below is read from PyTorch 2.x ``torch/distributed/fsdp/_fully_shard/
 * ``_fsdp_param.py`` (``FSDPParam._init_sharded_param``): each parameter is sharded on dim 0 in
   its *original* dtype (fp32 when the model is built in fp32) — the sharded parameter is the
   optimizer's parameter, so it is also the fp32 master copy: m·Ψ/N, no separate 4Ψ master.
+  Precision ``bf16-pure`` (the model cast with ``.to(torch.bfloat16)``, no MixedPrecisionPolicy,
+  as torchtune's ``dtype: bf16``): m = 2, gathered, reduced and accumulated in bf16 too (with no
+  policy ``param_dtype`` and ``reduce_dtype`` are the parameter's own), and torch.optim's states
+  follow the parameter's dtype (torch/optim/adamw.py ``torch.zeros_like(p)``).
 * ``_fsdp_collectives.py`` ``foreach_all_gather``/``foreach_all_gather_copy_out``: a group is
   all-gathered in ``MixedPrecisionPolicy.param_dtype`` (p bytes) into unsharded parameters that
   live until the group reshards: after forward (``reshard_after_forward=True``) or after its
@@ -38,7 +42,7 @@ from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.memory import ModelStates
 from zeroplan.estimator.optimizer import optimizer_step_temporaries
 from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, quantized_weight_bytes
-from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param, master_bytes_per_param
 
 __all__ = [
     "FsdpGroups",
@@ -48,10 +52,10 @@ __all__ = [
     "check_fsdp_plan",
 ]
 
-#: Bytes of the sharded parameter (the model's own dtype: built in fp32) and of the
-#: reduce-scatter (``MixedPrecisionPolicy(reduce_dtype=torch.float32)``, the runtime's policy
-#: and torchtitan's default ``mixed_precision_reduce = "float32"``).
-_MASTER_BYTES = 4
+#: Bytes of the reduce-scatter in mixed precision (``MixedPrecisionPolicy(reduce_dtype=
+#: torch.float32)``, the runtime's policy and torchtitan's default ``mixed_precision_reduce =
+#: "float32"``). The sharded parameter's bytes m are the model's own dtype:
+#: :func:`zeroplan.spec.master_bytes_per_param` (fp32 as built, bf16 in bf16-pure).
 _REDUCE_BYTES = 4
 
 
@@ -161,8 +165,10 @@ def fsdp_memory(
     """Memory of ``plan`` under PyTorch's engines (module docstring: sources per term).
 
     With Ψ parameters, N = cluster.gpus, p compute bytes (``param_dtype``: 2 in bf16/fp16, 4 in
-    fp32), m = 4 (fp32 sharded parameter and gradient), r = 4 (fp32 reduce-scatter), K' the
-    optimizer's moment bytes (8 for Adam), root/block group sizes from :func:`fsdp_groups`:
+    fp32), m = 4 (fp32 sharded parameter and gradient; 2 in bf16-pure), r = 4 (fp32
+    reduce-scatter; 2 in bf16-pure, the parameter's dtype), K' the optimizer's moment bytes (8
+    for Adam, in the parameter's dtype: 4 in bf16-pure), root/block group sizes from
+    :func:`fsdp_groups`:
 
     * states: params m·Ψ/N, optimizer K'·Ψ/N, gradients m·Ψ/N (created by the reduce-scatters,
       freed by ``zero_grad(set_to_none=True)``: absent at the loss's backward).
@@ -176,9 +182,13 @@ def fsdp_memory(
       gradients (p each) + its reduce-scatter input (r).
     * optimizer_step: the sharded gradients + :func:`optimizer_step_temporaries`.
 
-    Stages 0–1 (DDP): fp32 parameters m·Ψ, DDP's gradient buckets m·Ψ (``Reducer``, a flat copy
+    Stages 0–1 (DDP): parameters m·Ψ, DDP's gradient buckets m·Ψ (``Reducer``, a flat copy
     of every gradient: ``gradient_as_bucket_view=False``), gradients m·Ψ created in backward,
-    optimizer K'·Ψ (stage 1: /N), and autocast's cached p-byte weight casts, saved for backward.
+    optimizer K'·Ψ (stage 1: /N), and autocast's cached p-byte weight casts, saved for backward
+    (none in bf16-pure: the weights already are in the compute dtype). At world size 1 there is
+    no DDP (a single-device loop, torchtune's ``*_single_device`` recipes, zeroplan's runtime):
+    the reducer and its buckets (torch/nn/parallel/distributed.py, built in ``DDP.__init__``)
+    do not exist.
     ``device="cpu"``: the host is the device, so CPU offload moves nothing (what a CPU-only
     probe measures). ``activation_total`` replaces the formula's total (``--trace``).
     """
@@ -190,8 +200,11 @@ def fsdp_memory(
     # states exist for the trainable parameters only; every parameter is still sharded and
     # gathered. Without peft all of these equal the full counts.
     psi_t, root_t, block_t, head_trains, largest_t = _trainable_split(model)
-    m, r = _MASTER_BYTES, _REDUCE_BYTES
-    moments = {"adamw": 8, "adam": 8, "sgd": 4, "lion": 4, "adafactor": 0}[training.optimizer]
+    m = master_bytes_per_param(training.precision)
+    # Mixed precision reduces in fp32; bf16-pure and fp32 in the parameter's own dtype.
+    r = _REDUCE_BYTES if p < m else m
+    # torch.optim's moments take the parameter's dtype: fp32 (8 B for Adam), bf16 in bf16-pure (4 B).
+    moments = {"adamw": 8, "adam": 8, "sgd": 4, "lion": 4, "adafactor": 0}[training.optimizer] * m // 4
     groups = fsdp_groups(model)
     on_gpu = device == "cuda"
     act_total = acts.total if activation_total is None else activation_total
@@ -210,17 +223,20 @@ def fsdp_memory(
             # weights, never an fp32 copy); peft's prepare_model_for_kbit_training keeps every
             # other parameter — norms, embeddings, head, adapters — in fp32. bitsandbytes
             # dequantizes one weight per matmul into the compute dtype instead of autocast.
+            # In bf16-pure (torchtune's QLoRA recipes: no prepare_model_for_kbit_training) they stay bf16.
             quantized = model.peft.quantized_params
-            params = parameter_bytes(model, "fp32").total
+            params = parameter_bytes(model, "bf16-pure" if m == 2 else "fp32").total
             workspace = {"dequantized_weight": dequant_workspace_bytes(model, training.precision)}
         optimizer = moments * (shard(psi_t) if plan.stage == 1 else psi_t)
         # autocast casts each matmul weight once per forward (the cast cache) and the matmul's
         # backward saves it: every floating-point weight but the untied input embedding's, p bytes.
-        cast_cache = p * (psi - quantized - (0 if model.tied_embeddings else model.embedding_params)) if p < 4 else 0
-        bucket = {"ddp_gradient_buckets": m * psi_t, **workspace}
+        cast_cache = p * (psi - quantized - (0 if model.tied_embeddings else model.embedding_params)) if p < m else 0
+        # One process trains without DDP (function docstring): no reducer, no buckets.
+        bucket = {**({"ddp_gradient_buckets": m * psi_t} if n > 1 else {}), **workspace}
         partition = shard(psi_t) if plan.stage == 1 else psi_t
         temps = optimizer_step_temporaries(
-            impl=optimizer_impl, optimizer=training.optimizer, partition_params=partition, largest_param=largest_t, on_gpu=on_gpu
+            impl=optimizer_impl, optimizer=training.optimizer, partition_params=partition, largest_param=largest_t,
+            state_bytes=m, on_gpu=on_gpu,
         )
         # Gradient accumulation under ``no_sync()`` (the runtime's loop): the earlier micro-steps'
         # gradients stay in ``param.grad`` through the last micro-step's backward.
@@ -256,7 +272,8 @@ def fsdp_memory(
         gathered_blocks = unsharded_all - root_p
         loss_unsharded = unsharded_all
     temps = optimizer_step_temporaries(
-        impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi_t), largest_param=shard(largest_t), on_gpu=on_gpu
+        impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi_t), largest_param=shard(largest_t),
+        state_bytes=m, on_gpu=on_gpu,
     )
     sharded_grads_gpu = 0 if offload else grads
     # Gradient accumulation with ``set_requires_gradient_sync(False)`` on all but the last

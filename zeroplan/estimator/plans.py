@@ -22,7 +22,7 @@ from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, de
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
-from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
+from zeroplan.spec import PURE_PRECISION_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = [
     "BUCKET_CONVENTIONS",
@@ -30,6 +30,7 @@ __all__ = [
     "bucket_sizes",
     "GpuMemory",
     "PlanEstimate",
+    "check_engine_precision",
     "estimate_plan",
     "enumerate_plans",
     "estimate_all",
@@ -196,6 +197,18 @@ def gpu_fit_note(gpu: GpuMemory, capacity_bytes: int) -> str:
     return ""
 
 
+def check_engine_precision(engine: str, precision: str) -> None:
+    """SpecError unless ``engine`` trains in ``precision``: bf16-pure (no fp32 master) is modelled
+    for :data:`~zeroplan.spec.PURE_PRECISION_ENGINES` only. DeepSpeed 0.19 runs ZeRO 1-3 with
+    ``bf16.bf16_master_weights_and_grads`` and ``bf16_optimizer_states`` (runtime/config.py), a
+    different layout this estimator does not model."""
+    if precision == "bf16-pure" and engine not in PURE_PRECISION_ENGINES:
+        raise SpecError(
+            f"precision bf16-pure (bf16 weights, gradients and optimizer states, no fp32 master) is modelled for "
+            f"engine {', '.join(PURE_PRECISION_ENGINES)} only, not {engine}; use --engine fsdp (probe, tune: --backend fsdp) or --precision bf16"
+        )
+
+
 def estimate_plan(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -230,6 +243,7 @@ def estimate_plan(
         raise SpecError(f"device={device!r} is not valid; choose cuda or cpu")
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
+    check_engine_precision(engine, training.precision)
     if engine == "fsdp":
         from zeroplan.estimator.plans_fsdp import estimate_fsdp
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.estimator.comm import CommVolume, collective_time
-from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, optimizer_state_bytes_per_param
+from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, compute_precision, optimizer_state_bytes_per_param
 
 __all__ = [
     "StepTime", "engine_overhead", "flops_per_token", "optimizer_step_bytes_per_param", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP",
@@ -41,9 +41,13 @@ def optimizer_step_bytes_per_param(optimizer: str, precision: str) -> int:
     are read and written (2K), the fp32 gradient partition read (4); in mixed precision the
     updated p-byte parameter copy is written (p), in fp32 the parameter itself is read and
     written (8, the master being the parameter). Mixed-precision Adam: 2·12 + 4 + 2 = 30 bytes.
+    In bf16-pure the moments (K = 4), the bf16 gradient (2) and the bf16 parameter read and
+    written (4): Adam 2·4 + 2 + 4 = 14 bytes.
     """
     k = optimizer_state_bytes_per_param(optimizer, precision)
     p = bytes_per_param(precision)
+    if precision == "bf16-pure":
+        return 2 * k + p + 2 * p
     return 2 * k + 4 + (p if precision != "fp32" else 8)
 
 
@@ -102,7 +106,7 @@ def step_time(
     n = cluster.gpus
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * training.seq_len
     flops = tokens * sum(flops_per_token(model, training, plan).values())
-    compute = flops / (gpu.peak_flops[training.precision] * gpu.efficiency)
+    compute = flops / (gpu.peak_flops[compute_precision(training.precision)] * gpu.efficiency)
 
     # Hierarchical collectives (comm.py): each link's bytes over its own bandwidth.
     communication = collective_time(comm.intra_node, comm.inter_node, comm.collectives, cluster)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zeroplan.runtime.multinode import NodeLaunch
 from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, resolve_optimizer_impl
+from zeroplan.estimator.plans import check_engine_precision
 from zeroplan.runtime.peft_source import PeftFlags
 from zeroplan.spec import LOSSES, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.spec.errors import check_choice
@@ -97,6 +98,8 @@ class ProbeRequest:
                 raise SpecError(f"optimizer_impl={self.optimizer_impl!r} does not exist for backend {self.backend}; choose one of {', '.join(valid)}")
             if self.plan is not None:
                 resolve_optimizer_impl(self.optimizer_impl, engine=self.backend, plan=self.plan)
+        if self.training is not None:
+            check_engine_precision(self.backend, self.training.precision)
         object.__setattr__(self, "script_args", tuple(str(a) for a in self.script_args))
         object.__setattr__(self, "torchrun_args", tuple(str(a) for a in self.torchrun_args))
         object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in self.env))

@@ -10,8 +10,11 @@ from zeroplan.spec.training import (
     LOSSES,
     OPTIMIZERS,
     PRECISIONS,
+    PURE_PRECISION_ENGINES,
     TrainingSpec,
     bytes_per_param,
+    compute_precision,
+    master_bytes_per_param,
     optimizer_state_bytes_per_param,
 )
 
@@ -36,12 +39,15 @@ __all__ = [
     "LOSSES",
     "OPTIMIZERS",
     "PRECISIONS",
+    "PURE_PRECISION_ENGINES",
     "Plan",
     "STAGES",
     "SpecError",
     "TrainingSpec",
     "bytes_per_param",
+    "compute_precision",
     "derive_shape_from_params",
+    "master_bytes_per_param",
     "optimizer_state_bytes_per_param",
     "resolve_engine_knobs",
 ]

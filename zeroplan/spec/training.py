@@ -9,13 +9,24 @@ from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 __all__ = [
     "LOSSES",
     "PRECISIONS",
+    "PURE_PRECISION_ENGINES",
     "OPTIMIZERS",
     "TrainingSpec",
     "bytes_per_param",
+    "compute_precision",
+    "master_bytes_per_param",
     "optimizer_state_bytes_per_param",
 ]
 
-PRECISIONS = ("bf16", "fp16", "fp32")
+#: bf16 and fp16: mixed precision (16-bit compute, fp32 master weights, gradients reduced and
+#: optimizer states in fp32); fp32; bf16-pure: weights, gradients and optimizer states all in
+#: bf16, no fp32 master (a model cast with ``.to(torch.bfloat16)`` and torch's AdamW, as
+#: torchtune's ``dtype: bf16`` trains).
+PRECISIONS = ("bf16", "fp16", "fp32", "bf16-pure")
+#: Engines whose memory model covers bf16-pure: PyTorch's (single device, DDP, FSDP2 without a
+#: MixedPrecisionPolicy). DeepSpeed 0.19's ``bf16.bf16_master_weights_and_grads`` /
+#: ``bf16_optimizer_states`` (ZeRO 1-3, deepspeed/runtime/config.py) are not modelled.
+PURE_PRECISION_ENGINES = ("fsdp",)
 #: Loss implementations over the logits (zeroplan.estimator.activations.loss_activation_bytes):
 #: hf (a Hugging Face model's loss, logits returned), plain (log-softmax + NLL in fp32, logits
 #: dropped), megatron (vocab-parallel cross-entropy, in place), fused (Liger's fused linear
@@ -25,12 +36,25 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
 
 
 def bytes_per_param(precision: str) -> int:
-    """Bytes of one parameter (and one gradient) in the training precision: 2 for bf16/fp16, 4 for fp32.
+    """Bytes of one parameter (and one gradient) in the training precision: 2 for bf16/fp16/bf16-pure, 4 for fp32.
 
     ZeRO paper (arXiv 1910.02054) §3.1: mixed precision keeps fp16 parameters and gradients (2Ψ + 2Ψ).
     """
     check_choice("precision", precision, PRECISIONS)
-    return 2 if precision in ("bf16", "fp16") else 4
+    return 4 if precision == "fp32" else 2
+
+
+def compute_precision(precision: str) -> str:
+    """The dtype the matmuls run in (the key of ``GpuSpec.peak_flops``): bf16-pure computes in bf16."""
+    check_choice("precision", precision, PRECISIONS)
+    return "bf16" if precision == "bf16-pure" else precision
+
+
+def master_bytes_per_param(precision: str) -> int:
+    """Bytes of the parameter the optimizer updates (and of a gradient reduced for it): the fp32
+    master in mixed precision and fp32 (4), the bf16 parameter itself in bf16-pure (2)."""
+    check_choice("precision", precision, PRECISIONS)
+    return 2 if precision == "bf16-pure" else 4
 
 
 def optimizer_state_bytes_per_param(optimizer: str, precision: str) -> int:
@@ -44,11 +68,16 @@ def optimizer_state_bytes_per_param(optimizer: str, precision: str) -> int:
     * Adafactor without momentum (Shazeer & Stern 2018, arXiv 1804.04235): master 4 + the factored
       second moment, O(rows + cols) per matrix, counted as 0 per parameter: K = 4.
 
-    In pure fp32 training there is no separate master copy, so K drops by 4 (Adam: 8).
+    In pure fp32 training there is no separate master copy, so K drops by 4 (Adam: 8). In
+    bf16-pure there is no master either, and torch.optim creates its states in the parameter's
+    dtype (torch/optim/adamw.py ``_init_group``: ``exp_avg = torch.zeros_like(p,
+    memory_format=torch.preserve_format)``): Adam's two moments take 2 + 2 = 4 bytes.
     """
     check_choice("optimizer", optimizer, OPTIMIZERS)
     check_choice("precision", precision, PRECISIONS)
     moments = {"adamw": 8, "adam": 8, "sgd": 4, "lion": 4, "adafactor": 0}[optimizer]
+    if precision == "bf16-pure":
+        return moments // 2
     master = 4 if precision in ("bf16", "fp16") else 0
     return master + moments
 
@@ -62,7 +91,8 @@ class TrainingSpec:
     """
 
     precision: str = "bf16"
-    """Training precision: bf16, fp16 (both mixed precision with fp32 master) or fp32."""
+    """Training precision: bf16, fp16 (both mixed precision with fp32 master), fp32, or bf16-pure
+    (bf16 weights, gradients and optimizer states; engine fsdp only)."""
     optimizer: str = "adamw"
     """adamw, adam, sgd (with momentum), adafactor or lion."""
     seq_len: int = 2048

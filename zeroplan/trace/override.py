@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zeroplan.spec import Plan, TrainingSpec
+from zeroplan.spec import Plan, TrainingSpec, compute_precision
 from zeroplan.trace.fit import ActivationModel, fit_activation_model
 
 __all__ = ["TracedActivationOverride", "activation_override"]
@@ -98,7 +98,8 @@ def activation_override(model_path: str | Path, training: TrainingSpec, *, measu
     model = fit_activation_model(
         model_path,
         seq_len=training.seq_len,
-        precision=training.precision,
+        # The traced model is built in the compute dtype: bf16-pure's activations are bf16's.
+        precision=compute_precision(training.precision),
         flash_attention=training.flash_attention,
         checkpointing=("none",),
         measure=measure,

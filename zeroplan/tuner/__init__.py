@@ -5,7 +5,7 @@
 throughput.png and the best ds_config.json. Optuna, pandas and matplotlib are imported lazily.
 """
 
-from zeroplan.tuner.objective import PROBE_STATUSES, ProbeOutcome, ProbeRunner, Runner
+from zeroplan.tuner.objective import PROBE_STATUSES, ProbeOutcome, ProbeRunner, Runner, check_tune_precision
 from zeroplan.tuner.policy import WinnerCheck, prove_winner, tune_space
 from zeroplan.tuner.results import CSV_COLUMNS, best_row, trials_frame, write_results
 from zeroplan.tuner.search import SAMPLERS, TuneSettings, TuneSummary, Tuner, initial_candidates, make_sampler
@@ -18,6 +18,7 @@ __all__ = [
     "PROBE_STATUSES",
     "ProbeOutcome",
     "ProbeRunner",
+    "check_tune_precision",
     "Runner",
     "SAMPLERS",
     "STUDY_NAME",

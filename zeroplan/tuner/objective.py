@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from zeroplan.runtime.api import STATUSES
-from zeroplan.spec import ModelSpec, Plan, TrainingSpec
+from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
 
-__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES"]
+__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES", "check_tune_precision"]
 
 #: Statuses a probe can end with (the runtime's, plus "invalid" for a config that fails validation).
 PROBE_STATUSES = (*STATUSES, "invalid")
@@ -83,6 +83,17 @@ class ProbeOutcome:
         return d
 
 
+def check_tune_precision(precision: str) -> None:
+    """SpecError for bf16-pure: every trial, and the winner tune hands back, is a DeepSpeed config
+    (checked by DeepSpeed's parser, whichever backend probes it), and DeepSpeed has no bf16-pure
+    zeroplan models (:func:`zeroplan.estimator.plans.check_engine_precision`)."""
+    if precision == "bf16-pure":
+        raise SpecError(
+            "tune writes each trial and its winner as a DeepSpeed config, which has no bf16-pure; measure bf16-pure plans "
+            "with zeroplan probe --backend fsdp --precision bf16-pure, or use --precision bf16"
+        )
+
+
 class Runner(Protocol):
     def __call__(self, plan: Plan, *, trial_number: int, on_line: Optional[Callable[[str], None]] = None) -> ProbeOutcome: ...
 
@@ -116,6 +127,9 @@ class ProbeRunner:
     """The user's DeepSpeed config (or the Trainer template): each trial is it with the tuned keys
     replaced (zeroplan.dsconfig.trial.apply_plan_config); None: zeroplan's complete config."""
     """``zeroplan.runtime.multinode.NodeLaunch`` for probes across nodes (``nproc`` is then per node)."""
+
+    def __post_init__(self) -> None:
+        check_tune_precision(self.training.precision)
 
     @property
     def world_size(self) -> int:

@@ -12,7 +12,12 @@
 
 Mixed precision: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16|fp16, reduce_dtype=fp32)`` —
 fp32 sharded master parameters and optimizer states, 16-bit compute — and ``torch.autocast`` for
-DDP, the same master/compute split DeepSpeed's bf16/fp16 modes make.
+DDP, the same master/compute split DeepSpeed's bf16/fp16 modes make. Precision ``bf16-pure``:
+the model is cast with ``.to(torch.bfloat16)`` and trained as it is (no policy, no autocast),
+so AdamW's states are bf16 too — torchtune's ``dtype: bf16``.
+
+One process (world size 1) at stages 0–1 trains the bare module, as a single-device loop does:
+DDP would add its reducer's gradient buckets for nothing.
 """
 
 from __future__ import annotations
@@ -26,13 +31,21 @@ from zeroplan.spec import SpecError
 
 __all__ = ["run_fsdp", "wrap_model"]
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "bf16-pure": torch.bfloat16}
+
+
+def _mixed(precision: str) -> bool:
+    """Whether ``precision`` computes in 16 bits over fp32 parameters (bf16, fp16)."""
+    return precision in ("bf16", "fp16")
 
 
 def wrap_model(model, *, blocks: list, plan, precision: str, device: torch.device):
-    """(wrapped model, kind) for ``plan``: kind is ``ddp`` or ``fsdp2``."""
+    """(wrapped model, kind) for ``plan``: kind is ``single`` (one process, stages 0–1),
+    ``ddp`` or ``fsdp2``."""
     import torch.distributed as dist
 
+    if precision == "bf16-pure":
+        model = model.to(torch.bfloat16)
     if plan.offload_param == "nvme" or plan.offload_optimizer == "nvme":
         raise SpecError("backend fsdp has no NVMe offload; use --backend deepspeed or offload cpu")
     offload = plan.offload_param == "cpu" or plan.offload_optimizer == "cpu"
@@ -42,13 +55,15 @@ def wrap_model(model, *, blocks: list, plan, precision: str, device: torch.devic
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = model.to(device)
+        if dist.get_world_size() == 1:
+            return model, "single"
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None), "ddp"
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     dtype = _DTYPES[precision]
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else MixedPrecisionPolicy()
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if _mixed(precision) else MixedPrecisionPolicy()
     kwargs = {
         "mesh": mesh,
         "reshard_after_forward": plan.stage == 3,
@@ -91,7 +106,7 @@ def run_fsdp(task, *, plan, training, meter, fused: bool = False) -> None:
     dtype = _DTYPES[training.precision]
     autocast = (
         (lambda: torch.autocast(device.type, dtype=dtype))
-        if kind == "ddp" and dtype != torch.float32
+        if kind in ("ddp", "single") and _mixed(training.precision)
         else contextlib.nullcontext
     )
     rank = dist.get_rank()
@@ -107,7 +122,7 @@ def run_fsdp(task, *, plan, training, meter, fused: bool = False) -> None:
                 model.set_requires_gradient_sync(last)
                 sync = contextlib.nullcontext()
             else:
-                sync = contextlib.nullcontext() if last else model.no_sync()
+                sync = contextlib.nullcontext() if last or kind == "single" else model.no_sync()
             batch = to_device(task.make_batch(plan.micro_batch, step, rank), device)
             with sync:
                 with autocast():
