@@ -22,6 +22,7 @@ SURFACE = {
         "--offload-optimizer", "--offload-param", "--optimizer", "--optimizer-impl", "--output", "--params",
         "--plot", "--precision", "--seq-len", "--stage", "--top", "--trace", "--trainable-params", "-o",
         "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size",
+        "--overlap-comm",
     }),
     "export": ((), {
         "--adapter", "--base-quant", "--checkpointing", "--cpu-checkpointing", "--cpu-memory", "--global-batch",
@@ -30,7 +31,7 @@ SURFACE = {
         "--offload-optimizer", "--offload-param", "--optimizer", "--output", "--params", "--precision", "--seq-len",
         "--stage", "--total-steps", "--trainable-params", "--warmup-steps", "-o",
         "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
-        "--prefetch-bucket-size",
+        "--prefetch-bucket-size", "--overlap-comm",
     }),
     "probe": (('script',), {
         "--adapter", "--allgather-bucket-size", "--backend", "--base-quant", "--buckets", "--checkpointing",
@@ -39,7 +40,7 @@ SURFACE = {
         "--node-rank", "--offload-optimizer", "--offload-param", "--optimizer", "--optimizer-impl", "--output",
         "--params", "--precision", "--prefetch-bucket-size", "--rdzv-endpoint", "--rdzv-timeout",
         "--reduce-bucket-size", "--seq-len", "--stage", "--steps", "--timeout", "--torchrun-arg",
-        "--trainable-params", "--verbose", "--warmup", "--workdir", "-o", "-v",
+        "--trainable-params", "--verbose", "--warmup", "--workdir", "-o", "-v", "--overlap-comm",
     }),
     "profiles": ((), {
         "--format", "--output", "-o",
@@ -53,7 +54,7 @@ SURFACE = {
         "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage", "--time-budget",
         "--timeout", "--trainable-params", "--trials", "--warmup", "-o",
         "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
-        "--prefetch-bucket-size",
+        "--prefetch-bucket-size", "--overlap-comm",
     }),
     "validate": (('config',), {
         "--adapter", "--base-quant", "--checkpointing", "--cpu-memory", "--format", "--gpu", "--gpu-memory",

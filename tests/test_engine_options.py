@@ -151,6 +151,11 @@ def test_bad_engine_options_exit_2_with_one_line(tmp_path):
         "--allgather-bucket-size -1 is not valid": ["export", "--stage", "2", "--micro-batch", "1", "--allgather-bucket-size", "-1"],
         "fixes it; give one of them": ["tune", script, "--gpus", "2", "--bucket-sizes", "5e7", "--reduce-bucket-size", "1e6"],
         "--prefetch-bucket-size 0 is not valid": ["tune", script, "--gpus", "2", "--prefetch-bucket-size", "0"],
+        "--overlap-comm 'yes' is not valid; choose one of on, off": ["estimate", "--params", "1e9", "--overlap-comm", "yes"],
+        "--overlap-comm 'true' is not valid; choose one of on, off ": ["export", "--stage", "2", "--micro-batch", "1", "--overlap-comm", "true"],
+        "--overlap-comm '1' is not valid; choose one of on, off": ["tune", script, "--gpus", "2", "--overlap-comm", "1"],
+        "--overlap-comm 'no' is not valid; choose one of on, off": ["probe", script, "--stage", "2", "--overlap-comm", "no"],
+        "overlap_comm comes from --config": ["probe", script, "--config", str(config), "--overlap-comm", "off"],
     }
     for (expected, argv), (rc, out, err) in zip(cases.items(), _run_cli(list(cases.values()))):
         assert rc == 2, (argv, rc, out, err)

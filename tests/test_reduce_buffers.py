@@ -265,3 +265,41 @@ def test_probe_host_step_with_default_buckets(tmp_path):
     measured = result["host_phase_peaks_per_node"]["step"]
     estimated = result["estimated_host_phases_per_node"]["step"]
     assert abs(estimated - measured) <= 0.10 * measured, (estimated, measured)
+
+
+def test_overlap_comm_flag_sets_the_plan_and_the_exported_config(tmp_path):
+    """``--overlap-comm off`` halves the stage-2 reduce buffers in the estimate and is written into
+    the exported config, where DeepSpeed's own parser reads it back; ``on`` (the default) keeps two."""
+    ds_config = pytest.importorskip("deepspeed.runtime.zero.config")
+    from test_engine_options import _run_cli
+
+    flags = ["--params", "1e9", "--gpus", "8", "--stage", "2", "--offload-optimizer", "none", "--micro-batch", "1", "--checkpointing", "full"]
+    on_json, off_json = tmp_path / "on.json", tmp_path / "off.json"
+    results = _run_cli([
+        ["estimate", *flags, "--format", "json"],
+        ["estimate", *flags, "--format", "json", "--overlap-comm", "off"],
+        ["export", *flags, "-o", str(on_json)],
+        ["export", *flags, "--overlap-comm", "off", "-o", str(off_json)],
+    ])
+    assert [rc for rc, _, _ in results] == [0, 0, 0, 0], results
+    (on,), (off,) = (json.loads(out)["plans"] for _, out, _ in results[:2])
+    assert "overlap_comm" not in on and off["overlap_comm"] is False
+    assert on["overhead_items"]["ipg_buffers"] == 2 * off["overhead_items"]["ipg_buffers"]
+    for path, expected in ((on_json, True), (off_json, False)):
+        zero = json.loads(path.read_text())["zero_optimization"]
+        assert ds_config.DeepSpeedZeroConfig(**zero).overlap_comm is expected
+
+
+def test_tune_overlap_comm_reaches_a_trial_built_on_a_base_config():
+    """``tune --overlap-comm off`` with a base config (the user's, or the Trainer template, which
+    has no overlap_comm): every trial's config says it, since apply_plan_config keeps the base's
+    untuned ZeRO keys and DeepSpeed's default would otherwise decide."""
+    from zeroplan.dsconfig import build_config
+    from zeroplan.dsconfig.trial import HF_TEMPLATE, apply_plan_config, with_overlap_comm
+
+    plan = Plan(stage=2, micro_batch=1, overlap_comm=False)
+    for base in (HF_TEMPLATE, {"zero_optimization": {"stage": 1, "overlap_comm": True}}):
+        cfg = apply_plan_config(with_overlap_comm(base, False), build_config(plan, world_size=2, training=_training()), plan)
+        assert cfg["zero_optimization"]["overlap_comm"] is False
+        assert "overlap_comm" not in HF_TEMPLATE["zero_optimization"]  # the template itself is untouched
+    assert with_overlap_comm(None, False) is None

@@ -62,6 +62,7 @@ __all__ = [
     "ReduceBucketOpt",
     "AllgatherBucketOpt",
     "PrefetchBucketOpt",
+    "OverlapCommOpt",
     "resolve_engine_options",
     "with_peft",
     "resolve_model",
@@ -181,6 +182,10 @@ AllgatherBucketOpt = Annotated[
 PrefetchBucketOpt = Annotated[
     Optional[float], typer.Option("--prefetch-bucket-size", help="Elements prefetched ahead in stage 3 (overrides --buckets).", rich_help_panel=_PLAN)
 ]
+OverlapCommOpt = Annotated[
+    Optional[str],
+    typer.Option("--overlap-comm", help="on | off: DeepSpeed's overlap_comm — stages 1-2 keep two reduce buffers when on, one when off; written into exported configs [default: on].", rich_help_panel=_PLAN),
+]
 
 
 def resolve_engine_options(
@@ -195,12 +200,14 @@ def resolve_engine_options(
     reduce_bucket_size: Optional[float] = None,
     allgather_bucket_size: Optional[float] = None,
     prefetch_bucket_size: Optional[float] = None,
-) -> dict[str, int]:
-    """Checks of the engine-dependent flags, each naming the flag; returns the plan's bucket fields.
+    overlap_comm: Optional[str] = None,
+) -> dict[str, int | bool]:
+    """Checks of the engine-dependent flags, each naming the flag; returns the plan's bucket fields
+    (and ``overlap_comm`` when ``--overlap-comm`` is given: on or off).
 
     An optimizer implementation the engine lacks (``--engine fsdp --optimizer-impl deepspeed-cpu``),
     NVMe offload with ``--engine fsdp`` (ZeRO++ comes only from a config: probe checks it), an unknown ``--loss`` or
-    ``--buckets`` and a bucket size ≤ 0 are errors (exit 2). Combinations with the plan
+    ``--buckets`` or ``--overlap-comm`` and a bucket size ≤ 0 are errors (exit 2). Combinations with the plan
     (``deepspeed-cpu`` without optimizer offload) are checked where the plan is known
     (:func:`zeroplan.estimator.optimizer.resolve_optimizer_impl`). ``engine_flag`` names the
     option in messages (``--backend`` for probe and tune).
@@ -227,7 +234,15 @@ def resolve_engine_options(
         if value is not None and not (value > 0 and float(value).is_integer()):
             raise SpecError(f"{flag} {value:g} is not valid; give a positive whole number of elements such as 5e8")
         sizes[name] = int(value) if value is not None else None
-    return bucket_sizes(buckets, **sizes)
+    check_choice_option("--overlap-comm", overlap_comm, OVERLAP_COMM_CHOICES)
+    fields: dict[str, int | bool] = dict(bucket_sizes(buckets, **sizes))
+    if overlap_comm is not None:
+        fields["overlap_comm"] = overlap_comm == "on"
+    return fields
+
+
+#: ``--overlap-comm`` values.
+OVERLAP_COMM_CHOICES = ("on", "off")
 
 
 def with_peft(model_spec: ModelSpec, model_arg: Optional[str], *, precision: str, **options) -> ModelSpec:

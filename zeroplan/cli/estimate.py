@@ -19,6 +19,7 @@ from zeroplan.cli.common import (
     LossOpt,
     OptimizerImplOpt,
     PrefetchBucketOpt,
+    OverlapCommOpt,
     ReduceBucketOpt,
     LoraAlphaOpt,
     LoraRankOpt,
@@ -295,6 +296,7 @@ def estimate(
     reduce_bucket_size: ReduceBucketOpt = None,
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
+    overlap_comm: OverlapCommOpt = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
     optimizer_impl: OptimizerImplOpt = None,
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
@@ -313,7 +315,7 @@ def estimate(
     plan_buckets = resolve_engine_options(
         engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
-        prefetch_bucket_size=prefetch_bucket_size,
+        prefetch_bucket_size=prefetch_bucket_size, overlap_comm=overlap_comm,
     )
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")

@@ -22,6 +22,7 @@ from zeroplan.cli.common import (
     LossOpt,
     OptimizerImplOpt,
     PrefetchBucketOpt,
+    OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
     BaseQuantOpt,
@@ -119,6 +120,7 @@ def export(
     reduce_bucket_size: ReduceBucketOpt = None,
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
+    overlap_comm: OverlapCommOpt = None,
     target: Annotated[
         str, typer.Option("--for", help='deepspeed | hf: hf writes "auto" wherever Hugging Face Trainer fills the value.', rich_help_panel="Output")
     ] = "deepspeed",
@@ -148,7 +150,7 @@ def export(
     plan_buckets = resolve_engine_options(
         engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
-        prefetch_bucket_size=prefetch_bucket_size,
+        prefetch_bucket_size=prefetch_bucket_size, overlap_comm=overlap_comm,
     )
     if accelerate_config is not None and output is None:
         raise SpecError("--accelerate-config points accelerate at the exported file: also give --output ds.json")

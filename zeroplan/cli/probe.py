@@ -25,6 +25,7 @@ from zeroplan.cli.common import (
     LossOpt,
     OptimizerImplOpt,
     PrefetchBucketOpt,
+    OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
     AdapterOpt,
@@ -168,6 +169,7 @@ def probe(
     reduce_bucket_size: ReduceBucketOpt = None,
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
+    overlap_comm: OverlapCommOpt = None,
     lora_rank: LoraRankOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_alpha: LoraAlphaOpt = None,
@@ -201,10 +203,12 @@ def probe(
     bucket_flags = dict(reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size, prefetch_bucket_size=prefetch_bucket_size)
     plan_buckets = resolve_engine_options(
         engine=backend, engine_flag="--backend", optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
-        buckets=buckets, **bucket_flags,
+        buckets=buckets, **bucket_flags, overlap_comm=overlap_comm,
     )
     if config is not None and (buckets != "hf" or any(v is not None for v in bucket_flags.values())):
         raise SpecError("bucket sizes come from --config; drop --buckets and --*-bucket-size (they size the config built from --stage)")
+    if config is not None and overlap_comm is not None:
+        raise SpecError("overlap_comm comes from --config (zero_optimization.overlap_comm); drop --overlap-comm (it sets the config built from --stage)")
     torchrun_args = tuple(torchrun_arg or ())
     nproc, nodes = resolve_nodes(
         gpus=gpus,

@@ -17,6 +17,7 @@ from zeroplan.cli.common import (
     LossOpt,
     OptimizerImplOpt,
     PrefetchBucketOpt,
+    OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
     BaseQuantOpt,
@@ -125,6 +126,7 @@ def tune(
     reduce_bucket_size: ReduceBucketOpt = None,
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
+    overlap_comm: OverlapCommOpt = None,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe | random (after the estimator's picks).", rich_help_panel=_TUNE)] = "tpe",
     initial: Annotated[Optional[int], typer.Option("--initial", help="Estimator-ranked plans probed before the sampler [default: half of --trials].", rich_help_panel=_TUNE)] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.", rich_help_panel=_TUNE)] = None,
@@ -162,7 +164,7 @@ def tune(
     plan_buckets = resolve_engine_options(
         engine=backend, engine_flag="--backend", optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
-        prefetch_bucket_size=prefetch_bucket_size,
+        prefetch_bucket_size=prefetch_bucket_size, overlap_comm=overlap_comm,
     )
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
@@ -220,7 +222,7 @@ def tune(
 
     # A Trainer script (transformers/TRL) takes --deepspeed; every trial starts from the user's
     # config, else (Trainer) from the "auto" template, else from zeroplan's complete config.
-    from zeroplan.dsconfig.trial import base_for_script
+    from zeroplan.dsconfig.trial import base_for_script, with_overlap_comm
     from zeroplan.runtime.trainer import TRAINER_CONFIG_ARG, is_trainer_script, trainer_precision
 
     trainer = kind == "script" and is_trainer_script(script)
@@ -232,6 +234,8 @@ def tune(
 
         user_base = load_config(config).config
     base_config = base_for_script(user_base, trainer=trainer)
+    if "overlap_comm" in plan_buckets:
+        base_config = with_overlap_comm(base_config, plan_buckets["overlap_comm"])
     if user_base is not None and not trainer:
         from zeroplan.dsconfig.hf_auto import auto_keys
 

@@ -17,7 +17,7 @@ from typing import Optional
 from zeroplan.dsconfig.keys import ZERO_DEFAULTS
 from zeroplan.spec import Plan
 
-__all__ = ["TUNED_TOP_LEVEL_KEYS", "TUNED_ZERO_KEYS", "HF_TEMPLATE", "apply_plan_config", "base_for_script"]
+__all__ = ["TUNED_TOP_LEVEL_KEYS", "TUNED_ZERO_KEYS", "HF_TEMPLATE", "apply_plan_config", "base_for_script", "with_overlap_comm"]
 
 #: Top-level keys a plan decides (the batch shape; activation checkpointing when it checkpoints).
 TUNED_TOP_LEVEL_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -86,3 +86,17 @@ def base_for_script(base: Optional[dict], *, trainer: bool) -> Optional[dict]:
     if base is not None:
         return base
     return copy.deepcopy(HF_TEMPLATE) if trainer else None
+
+
+def with_overlap_comm(base: Optional[dict], overlap_comm: bool) -> Optional[dict]:
+    """``base`` with ``zero_optimization.overlap_comm`` set (``tune --overlap-comm``), so every
+    trial's config runs what the plans were estimated with: :func:`apply_plan_config` keeps the
+    base's ZeRO keys it does not tune, and without the key DeepSpeed runs its default (true at
+    stage 3 only; runtime/zero/config.py ``overlap_comm_valid``). None stays None (the trial's
+    config is then the plan's own, which carries ``overlap_comm``)."""
+    if base is None:
+        return None
+    cfg = copy.deepcopy(base)
+    zero = cfg.get("zero_optimization")
+    cfg["zero_optimization"] = {**(zero if isinstance(zero, dict) else {}), "overlap_comm": overlap_comm}
+    return cfg
