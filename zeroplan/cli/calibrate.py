@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import PrecisionOpt, require_runtime
+from zeroplan.cli.common import require_runtime
 
 __all__ = ["calibrate"]
 
@@ -35,7 +35,7 @@ def calibrate(
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (~35 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.", rich_help_panel=_CAL)] = "auto",
-    precision: PrecisionOpt = "bf16",
+    precision: Annotated[str, typer.Option("--precision", help="bf16 | fp16 | fp32: the dtype of the efficiency workload.", rich_help_panel=_CAL)] = "bf16",
     task: Annotated[
         Optional[Path],
         typer.Option("--task", help="Measure transformer efficiency on this zeroplan task script instead of the built-in GPT.", rich_help_panel=_CAL),
