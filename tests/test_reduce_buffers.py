@@ -303,3 +303,45 @@ def test_tune_overlap_comm_reaches_a_trial_built_on_a_base_config():
         assert cfg["zero_optimization"]["overlap_comm"] is False
         assert "overlap_comm" not in HF_TEMPLATE["zero_optimization"]  # the template itself is untouched
     assert with_overlap_comm(None, False) is None
+
+
+# --- Traced activations (estimate --trace): the buffers beside what is alive after the loss ----
+
+
+@pytest.fixture(scope="module")
+def traced_example_gpt():
+    """The activation override ``estimate --trace`` builds for the probed example GPT (L4 h256
+    V8192, 128 tokens, bf16): a FakeTensorMode trace of examples/gpt_task.py."""
+    pytest.importorskip("torch")
+    from zeroplan.trace import activation_override
+
+    shape = {"GPT_LAYERS": "4", "GPT_HIDDEN": "256", "GPT_HEADS": "4", "GPT_VOCAB": "8192", "GPT_SEQ_LEN": str(DOC["training"]["seq_len"])}
+    saved = {k: os.environ.get(k) for k in shape}
+    os.environ.update(shape)
+    try:
+        override = activation_override(ROOT / "examples" / "gpt_task.py", _training())
+        override(Plan(stage=2, micro_batch=2))  # trace now, with the shape in the environment
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return override
+
+
+@pytest.mark.parametrize("row", range(len(DOC["rows"])), ids=lambda i: f"{DOC['rows'][i]['plan']}-{DOC['rows'][i]['reduce_bucket_size']}-{DOC['rows'][i]['overlap_comm']}")
+def test_traced_estimate_counts_the_buffers_beside_what_outlives_the_loss(traced_example_gpt, row):
+    """With traced activations the first gradient hook holds the reduce buffers beside the blocks'
+    saved tensors, not beside the loss's fp32 arrays over the logits (freed before the output
+    projection's backward fires the hook): every measured peak of the bucket benchmark within 4 %
+    (buffers on the traced total: up to +22.5 %; the loss's arrays missing from a task's trace:
+    −16.7 %)."""
+    from zeroplan.runtime.prediction import comparable_estimate
+
+    r = DOC["rows"][row]
+    plan = Plan(micro_batch=2, reduce_bucket_size=r["reduce_bucket_size"], overlap_comm=r["overlap_comm"], **PLANS[r["plan"]])
+    est = estimate_plan(_model(), _cluster(), _training(), plan, device="cpu", activation_bytes=traced_example_gpt)
+    predicted = comparable_estimate(est, on_cpu=True, ranks_per_node=2)
+    measured = max(r["measured_peak_per_rank"])
+    assert abs(predicted - measured) <= 0.04 * measured, (predicted, measured, est.notes[-1])

@@ -34,7 +34,7 @@ from zeroplan.estimator.embedding_backward import EmbeddingBackward
 from zeroplan.estimator.memory import EngineOverhead
 from zeroplan.spec import GiB, ModelSpec
 
-__all__ = ["Moment", "deepspeed_moments", "ipg_buffer_written_elements", "STEP_MOMENT", "EMBEDDING_MOMENT"]
+__all__ = ["Moment", "deepspeed_moments", "ipg_buffer_written_elements", "traced_after_loss", "STEP_MOMENT", "EMBEDDING_MOMENT"]
 
 #: The moment name of the optimizer step (the only moment with ``peak_phase`` = ``step``).
 STEP_MOMENT = "the optimizer step"
@@ -78,13 +78,17 @@ class Moment:
 
 def deepspeed_moments(
     model: ModelSpec, extra: EngineOverhead, acts: Optional[ActivationMemory], activations_total: int,
-    *, embedding: Optional[EmbeddingBackward] = None,
+    *, embedding: Optional[EmbeddingBackward] = None, traced_after_loss: Optional[int] = None,
 ) -> list[Moment]:
     """Every candidate peak moment of a DeepSpeed step (module docstring), in step order;
     ``embedding`` adds the token embedding's backward (stages 1–2).
 
-    ``acts`` is None when activations were traced as one total (``--trace``): every backward
-    moment then keeps that total, the loss's arrays included (conservative).
+    ``acts`` is None when activations were traced as one total (``--trace``): the loss's backward
+    keeps that total, and the moments after it (the first gradient hook, the first bucket flush,
+    where the reduce buffers exist) keep ``traced_after_loss`` — the total less the loss's arrays,
+    which autograd frees before the output projection's backward fires the first hook
+    (:func:`traced_after_loss`) — so the buffers are not stacked on the loss's peak. Without it
+    they keep the total too (conservative).
     """
     during = dict(extra.during_backward)
     buffers = dict(extra.after_first_hook)
@@ -95,6 +99,8 @@ def deepspeed_moments(
         at_loss = layers + embeddings + logits
     else:
         layers, embeddings, logits, held, working = activations_total, 0, 0, 0, 0
+        if traced_after_loss is not None:
+            layers = min(activations_total, traced_after_loss)
         at_loss = activations_total
     if buffers:
         # Stages 1–2: when the gradient partition exists is a moment of its own (below).
@@ -191,3 +197,17 @@ def ipg_buffer_written_elements(model: ModelSpec, *, reduce_bucket_size: int, ov
     if not overlap_comm:
         return (first,)
     return first, min(reduce_bucket_size, max(0, through - reduce_bucket_size))
+
+
+def traced_after_loss(parts: dict[str, int], *, logits_held: int) -> Optional[int]:
+    """Traced activation bytes still alive once the loss's backward is done, from a trace's
+    breakdown (``TracedActivationOverride.breakdown``: ``layers``, ``embeddings``, ``logits``,
+    ``recompute``, ``loss_gradients``, ``total``): the total less the loss's fp32 gradients and the
+    logits the trace counts, keeping the logits a loop holds through backward (``logits_held``, the
+    formula's :attr:`~zeroplan.estimator.activations.ActivationMemory.logits_held`). One block's
+    recompute stays (the last block's rebuild comes after the first hook, beside the buffers).
+    None when the breakdown does not separate the logits (a ``measure="peak"`` trace)."""
+    if "logits" not in parts or "total" not in parts:
+        return None
+    logits = parts["logits"]
+    return parts["total"] - parts.get("loss_gradients", 0) - logits + min(logits_held, logits)

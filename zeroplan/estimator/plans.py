@@ -18,7 +18,7 @@ from zeroplan.estimator.memory import (
     host_memory,
     model_states,
 )
-from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, deepspeed_moments
+from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, deepspeed_moments, traced_after_loss
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
@@ -259,6 +259,7 @@ def estimate_plan(
     if duplicate:
         notes.append(duplicate)
     extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device, optimizer_impl=impl)
+    after_loss = None
     if activation_bytes is None:
         acts: Optional[ActivationMemory] = activation_memory(model, training, plan)
         act_total = acts.total
@@ -268,12 +269,15 @@ def estimate_plan(
         act_total = int(activation_bytes(plan))
         act_on_cpu = 0
         notes.append("activations traced (FakeTensorMode), not from the formula")
+        breakdown = getattr(activation_bytes, "breakdown", None)
+        if callable(breakdown):
+            after_loss = traced_after_loss(breakdown(plan), logits_held=activation_memory(model, training, plan).logits_held)
 
     always = sum(extra.always.values())
     # The token embedding's backward, last in the backward (zeroplan.estimator.embedding_backward).
     knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     embedding = embedding_backward(model, training, plan, reduce_bucket_size=knobs["reduce_bucket_size"])
-    moments = deepspeed_moments(model, extra, acts, act_total, embedding=embedding)
+    moments = deepspeed_moments(model, extra, acts, act_total, embedding=embedding, traced_after_loss=after_loss)
     peak = max(moments, key=lambda m: m.allocated_above_states)
     allocated = states.total + always + peak.allocated_above_states
     on_step = peak.name == STEP_MOMENT

@@ -185,14 +185,19 @@ class Tracer:
     @property
     def vocab_size(self) -> int | None:
         """Rows of the output projection (the logits' last dimension), when the model exposes it:
-        a Hugging Face model's ``config.vocab_size``, else ``get_output_embeddings()``; else None."""
+        a Hugging Face model's ``config.vocab_size``, else ``get_output_embeddings()``, else the
+        vocabulary a zeroplan task declares in its ``model_spec``; else None."""
         config_vocab = getattr(getattr(self._model, "config", None), "vocab_size", None)
         if isinstance(config_vocab, int) and config_vocab > 0:
             return config_vocab
         get_head = getattr(self._model, "get_output_embeddings", None)
         head = get_head() if callable(get_head) else None
         weight = getattr(head, "weight", None)
-        return int(weight.shape[0]) if weight is not None else None
+        if weight is not None:
+            return int(weight.shape[0])
+        spec = getattr(getattr(self.source, "task", None), "model_spec", None)
+        vocab = getattr(spec, "vocab_size", None)
+        return vocab if isinstance(vocab, int) and vocab > 0 else None
 
     def _raw(self, *, micro_batch: int, seq_len: int, checkpointing: str) -> _RawTrace:
         import torch
