@@ -129,7 +129,27 @@ def zeroplan_search(space, runner, *, trials: int, workdir: Path, seed: int, gri
         "best_value": best.value if best else 0.0,
         "order": [k for k, _ in done],
         "reached": reached,
+        "outcomes": done,
     }
+
+
+def phase_table(title: str, outcomes: list, search_wall_s: float) -> Table:
+    """Where each probe's wall time went (zeroplan.runtime.launcher.PHASES), and the tuner's own
+    time between probes (estimator, Optuna, files): the search's wall time less its probes'."""
+    from zeroplan.runtime.launcher import PHASES
+
+    table = Table(title=title, title_justify="left")
+    for col in ("probe", "launcher", "wall s", *PHASES):
+        table.add_column(col, justify="left" if col in ("probe", "launcher") else "right")
+    sums = dict.fromkeys(PHASES, 0.0)
+    for key, o in outcomes:
+        table.add_row(key, o.launcher, f"{o.wall_s:.1f}", *(f"{o.phases_s[p]:.2f}" if p in o.phases_s else "–" for p in PHASES))
+        for p in PHASES:
+            sums[p] += o.phases_s.get(p, 0.0)
+    probes_s = sum(o.wall_s for _, o in outcomes)
+    table.add_row("all probes", "", f"{probes_s:.1f}", *(f"{sums[p]:.2f}" for p in PHASES))
+    table.add_row("tuner between probes", "", f"{search_wall_s - probes_s:.1f}", *([""] * len(PHASES)))
+    return table
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -252,25 +272,84 @@ def deepspeed_autotuner(args, tmp: Path) -> dict:
     }
 
 
+def compare_launchers(args, tmp: Path, model, training) -> None:
+    """The same plans probed under torchrun and the warm launcher, interleaved: what a probe
+    measures must not depend on how its ranks were started."""
+    import statistics
+
+    from zeroplan.runtime import ProbeRequest, run_probe
+    from zeroplan.spec import Plan
+
+    plans = [Plan(stage=0, micro_batch=32), Plan(stage=1, micro_batch=16), Plan(stage=3, micro_batch=8)]
+    rows: dict = {}
+    for r in range(args.compare_launchers):
+        for launcher in (("torchrun", "warm") if r % 2 == 0 else ("warm", "torchrun")):
+            for i, plan in enumerate(plans):
+                res = run_probe(ProbeRequest(
+                    script=DS_SCRIPT, nproc=1, plan=plan, training=training, model=model, script_args=("--steps", "30"), steps=10, warmup=2,
+                    timeout_s=300, workdir=tmp / "launchers" / f"r{r}-{launcher}-{i}", launcher=launcher))
+                rows.setdefault((i, launcher), []).append(res)
+                console.print(f"  round {r + 1} {launcher:<8} z{plan.stage}/mb{plan.micro_batch}: {res.status} step {res.step_time or 0:.4f} s, "
+                              f"wall {sum(res.phases_s.values()):.1f} s (load {os.getloadavg()[0]:.1f})")
+    table = Table(title=f"Launchers compared: {DS_SCRIPT.name}, 1 process, 10 measured steps after 2, {args.compare_launchers} rounds interleaved (medians)",
+                  title_justify="left")
+    for col in ("plan", "launcher", "step s", "step s per round", "peak tensor bytes/rank", "host step peak/rank MiB", "host peak/node MiB", "probe wall s"):
+        table.add_column(col, justify="left" if col in ("plan", "launcher", "step s per round") else "right")
+    for (i, launcher), results in sorted(rows.items()):
+        ok = [x for x in results if x.status == "ok"]
+        if not ok:
+            table.add_row(f"z{plans[i].stage}/mb{plans[i].micro_batch}", launcher, "failed", "", "", "", "", "")
+            continue
+        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+        table.add_row(
+            f"z{plans[i].stage}/mb{plans[i].micro_batch}", launcher, f"{med([x.step_time for x in ok]):.4f}",
+            " ".join(f"{x.step_time:.3f}" for x in ok), str(sorted({x.peak_memory for x in ok})),
+            f"{med([(x.host_phase_peaks_per_rank[0] or {}).get('step', 0) / 2**20 for x in ok]):.0f}",
+            f"{med([(x.host_peak_per_node or 0) / 2**20 for x in ok]):.0f}", f"{med([sum(x.phases_s.values()) for x in ok]):.1f}",
+        )
+    console.print(table)
+
+
 def part2(args, tmp: Path) -> None:
     from zeroplan.runtime import ProbeRequest, run_probe
 
     declared = task_declaration(TASK)
     model, seq_len = declared.model_spec, declared.seq_len
-    ds = deepspeed_autotuner(args, tmp)
     training = TrainingSpec(seq_len=seq_len)
-    # As `zeroplan tune` runs on CPU: the quick time model, micro-step probes stopping at ±10%,
-    # derived timeouts, 5 measured steps at most.
-    one, time_model = time_model_for_probes(cluster(1), on_cuda=False, gpu_given=False)
-    console.print(time_model)
-    space = tune_space(model, one, training, script_kind="script", max_micro_batch=args.max_micro_batch, device="cpu")
+    if args.compare_launchers:
+        compare_launchers(args, tmp, model, training)
+    ds = deepspeed_autotuner(args, tmp)
+    # As `zeroplan tune` runs on CPU (zeroplan/cli/tune.py): the warm server starts while this
+    # process imports torch for the quick time model, micro-step probes stop at ±10%, derived
+    # timeouts, 5 measured steps at most. Everything from here is part of zeroplan's wall time.
+    from zeroplan.runtime import warm
+
+    warm.shutdown()  # the search pays the warm server's start, as `zeroplan tune` does
+    tune_start = time.monotonic()
     # The script stops after --steps optimizer steps: leave room for warm-up plus the measured ones.
     script_args = ("--steps", str(args.steps + 10))
     runner = ProbeRunner(
         script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", script_args=script_args, steps=5, warmup=2,
-        timeout_s=300, target_ci=0.1, predicted_step_time=space.predicted_step_time, startup_floor_s=startup_floor_s(),
+        timeout_s=300, target_ci=0.1, launcher=args.launcher,
     )
+    warm_ready = runner.begin_warm_server()
+    warm_s: list = []
+    one, time_model = time_model_for_probes(cluster(1), on_cuda=False, gpu_given=False, before_measuring=lambda: warm_s.append(warm_ready()))
+    floor = warm_s[0] if warm_s and warm_s[0] is not None else startup_floor_s()
+    before_s = time.monotonic() - tune_start
+    console.print(time_model)
+    space = tune_space(model, one, training, script_kind="script", max_micro_batch=args.max_micro_batch, device="cpu")
+    runner.predicted_step_time = space.predicted_step_time
+    runner.startup_floor_s = floor
     z = zeroplan_search(space, runner, trials=args.trials_1, workdir=tmp / "study-1", seed=args.seed)
+    search_s = z["wall_s"]
+    z["wall_s"] = time.monotonic() - tune_start
+    console.print(phase_table(f"Part 2 — where zeroplan's wall time went (launcher {args.launcher}); before the search {before_s:.1f} s: "
+                              f"this CPU's time model (torch imported) and the start-up floor ({floor:.1f} s: "
+                              f"{'the warm server, started alongside' if warm_s and warm_s[0] is not None else 'an interpreter importing torch'})",
+                              z["outcomes"], search_s))
+    console.print(f"  the search's tuner time between probes includes the warm server's remaining preloads ({args.launcher} launcher) "
+                  "where the first probe waited for them; the space and study creation are in the {:.1f} s total".format(z['wall_s'] - search_s - before_s))
 
     remeasured = None
     if ds["optimal"]:
@@ -314,6 +393,9 @@ def main() -> None:
     p.add_argument("--skip-deepspeed", action="store_true", help="skip part 2")
     p.add_argument("--tuner-trials", type=int, default=0, help="part 1: probes the tuner may spend (default 25%% of the grid)")
     p.add_argument("--grid-only", action="store_true", help="part 1: probe the grid, save it, stop (reuse it with --reuse-grid)")
+    p.add_argument("--launcher", choices=("warm", "torchrun"), default="warm", help="how the tuner's probes start their ranks")
+    p.add_argument("--compare-launchers", type=int, default=0, metavar="ROUNDS",
+                   help="part 2: before the search, probe three plans ROUNDS times under each launcher, interleaved (step time, memory)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="zeroplan-bench-tuner-"))
     console.print(f"workdir {tmp}; {os.cpu_count()} CPU cores; torch probes on {'CUDA' if os.environ.get('CUDA_VISIBLE_DEVICES') else 'CPU (gloo)'}")

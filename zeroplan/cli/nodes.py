@@ -18,7 +18,9 @@ __all__ = [
     "NodeRankOpt",
     "RdzvEndpointOpt",
     "RdzvTimeoutOpt",
+    "CLI_LAUNCHERS",
     "LauncherOpt",
+    "local_launcher",
     "resolve_nodes",
     "follow_node0",
     "write_sbatch",
@@ -28,9 +30,17 @@ _NODES = "Nodes"
 
 NnodesOpt = Annotated[int, typer.Option("--nnodes", help="Nodes in each probe (--gpus = nodes × --gpus-per-node).", rich_help_panel=_NODES)]
 LauncherOpt = Annotated[
-    str,
-    typer.Option("--launcher", help="torchrun (one zeroplan agent per node, c10d rendezvous) | slurm (one srun step per probe, inside salloc/sbatch).", rich_help_panel=_NODES),
+    Optional[str],
+    typer.Option(
+        "--launcher",
+        help="warm (one node: ranks forked from a process that imported torch and DeepSpeed once) | torchrun (torchrun --standalone; "
+        "several nodes: one zeroplan agent per node, c10d rendezvous) | slurm (one srun step per probe, inside salloc/sbatch) "
+        "[default: warm on one node, torchrun on several].",
+        rich_help_panel=_NODES,
+    ),
 ]
+#: Values of --launcher.
+CLI_LAUNCHERS = ("warm", "torchrun", "slurm")
 NodeRankOpt = Annotated[
     Optional[int], typer.Option("--node-rank", help="torchrun launcher, --nnodes > 1: this node's rank, 0..nnodes-1.", rich_help_panel=_NODES)
 ]
@@ -47,14 +57,25 @@ def resolve_nodes(
     gpus: int,
     gpus_per_node: Optional[int],
     nnodes: int,
-    launcher: str,
+    launcher: Optional[str],
     node_rank: Optional[int],
     rdzv_endpoint: Optional[str],
     rdzv_timeout: float,
     legacy_torchrun_args: tuple[str, ...] = (),
 ):
-    """(processes per node, NodeLaunch or None for a plain one-node job); SpecError on bad input."""
+    """(processes per node, NodeLaunch or None for a plain one-node job); SpecError on bad input.
+
+    ``launcher`` None or ``warm`` on one node is a one-node job (:func:`local_launcher` says which
+    launcher starts it); ``warm`` across nodes is refused.
+    """
     from zeroplan.runtime.multinode import NodeLaunch, check_node_layout
+
+    if launcher is not None and launcher not in CLI_LAUNCHERS:
+        raise SpecError(f"--launcher {launcher} is not valid; choose one of {', '.join(CLI_LAUNCHERS)}")
+    if launcher == "warm" and nnodes > 1:
+        raise SpecError(f"--launcher warm starts the ranks of one node; with --nnodes {nnodes} use --launcher torchrun or --launcher slurm")
+    if launcher in (None, "warm"):
+        launcher = "torchrun"
 
     if nnodes == 1 and gpus_per_node is not None and gpus > gpus_per_node >= 1 and not any(a.startswith("--nnodes") for a in legacy_torchrun_args):
         raise SpecError(
@@ -64,6 +85,12 @@ def resolve_nodes(
     nproc = check_node_layout(gpus=gpus, nnodes=nnodes, gpus_per_node=gpus_per_node)
     launch = NodeLaunch(nnodes=nnodes, launcher=launcher, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout)
     return nproc, (launch if launch.multinode else None)
+
+
+def local_launcher(launcher: Optional[str]) -> str:
+    """How a one-node probe starts its ranks (``ProbeRequest.launcher``): ``torchrun`` when asked
+    for, else ``warm`` (a multi-node probe ignores it)."""
+    return "torchrun" if launcher in ("torchrun", "slurm") else "warm"
 
 
 def follow_node0(probes: Path, nodes: Any) -> None:

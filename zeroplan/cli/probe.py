@@ -54,7 +54,7 @@ from zeroplan.cli.common import (
     resolve_training,
     write_output,
 )
-from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
+from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
 from zeroplan.spec import GiB, SpecError
 
 __all__ = ["probe"]
@@ -180,12 +180,12 @@ def probe(
     output: OutputOpt = None,
     verbose: VerboseOpt = False,
     nnodes: NnodesOpt = 1,
-    launcher: LauncherOpt = "torchrun",
+    launcher: LauncherOpt = None,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvEndpointOpt = None,
     rdzv_timeout: RdzvTimeoutOpt = 120.0,
 ) -> None:
-    """Run SCRIPT for a few optimizer steps under torchrun and print measured vs estimated.
+    """Run SCRIPT for a few optimizer steps (ranks forked from a warm process, or torchrun) and print measured vs estimated.
 
     Script arguments go after `--`. The LoRA options (--lora-rank, --adapter, ...) set the layout
     the estimate uses when the run's own model does not carry one; the trainable count the
@@ -301,6 +301,7 @@ def probe(
         optimizer_impl=optimizer_impl,
         loss=loss,
         peft_flags=peft_flags if peft_flags.given else None,
+        launcher=local_launcher(launcher),
     )
 
     from rich.console import Console

@@ -50,7 +50,7 @@ from zeroplan.cli.common import (
     resolve_model,
     resolve_training,
 )
-from zeroplan.cli.nodes import LauncherOpt, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
+from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import best_text, print_summary
 from zeroplan.cli.tune_view import LiveView
 from zeroplan.spec import SpecError
@@ -133,7 +133,7 @@ def tune(
     steps: Annotated[int, typer.Option("--steps", help="Measured optimizer steps per probe.", rich_help_panel=_TUNE)] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured optimizer steps before them.", rich_help_panel=_TUNE)] = 2,
     nnodes: NnodesOpt = 1,
-    launcher: LauncherOpt = "torchrun",
+    launcher: LauncherOpt = None,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvEndpointOpt = None,
     rdzv_timeout: RdzvTimeoutOpt = 120.0,
@@ -306,8 +306,36 @@ def tune(
     )
     on_cuda = cuda_visible()
     from zeroplan.tuner.cpu_profile import time_model_for_probes
+    from zeroplan.tuner.probetime import probe_floor_s, probes_in_budget, startup_floor_s
 
-    cluster, time_model = time_model_for_probes(cluster, on_cuda=on_cuda, gpu_given=gpu is not None or node is not None)
+    runner = ProbeRunner(
+        script=script,
+        nproc=nproc,
+        nodes=nodes,
+        training=training,
+        model=model_spec,
+        workdir=output / "probes",
+        backend=backend,
+        script_args=args,
+        config_arg=config_arg,
+        steps=steps,
+        warmup=warmup,
+        timeout_s=timeout,
+        nvme_path=nvme_path,
+        target_ci=ci or None,
+        base_config=base_config,
+        optimizer_impl=optimizer_impl,
+        loss=loss,
+        launcher=local_launcher(launcher),
+    )
+    # The warm server imports torch and DeepSpeed while this process imports torch for the time
+    # model; it is idle (imports done) before this CPU is measured, then loads the rest.
+    warm_ready = runner.begin_warm_server()
+    warm_s: list = []
+    cluster, time_model = time_model_for_probes(cluster, on_cuda=on_cuda, gpu_given=gpu is not None or node is not None,
+                                                before_measuring=lambda: warm_s.append(warm_ready()))
+    if not warm_s:
+        warm_s.append(warm_ready())
     space = tune_space(
         model_spec,
         cluster,
@@ -348,38 +376,17 @@ def tune(
             f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"
         )
         raise typer.Exit(1)
-    from zeroplan.tuner.probetime import probe_floor_s, probes_in_budget, startup_floor_s
-
-    # A probe's start-up is at least a fresh interpreter importing torch: it bounds the budget and
-    # derives the first probes' timeouts (before any probe has been measured).
-    startup_floor = startup_floor_s()
+    # A probe's start-up is at least the warm server's start (torch and DeepSpeed imported), else a
+    # fresh interpreter importing torch: it bounds the budget and derives the first probes'
+    # timeouts (before any probe has been measured).
+    startup_floor = warm_s[0] if warm_s[0] is not None else startup_floor_s()
+    runner.predicted_step_time = space.predicted_step_time
+    runner.startup_floor_s = startup_floor
     if time_budget is not None:
         floor = probe_floor_s(space.fitting[0].predicted_step_time_s, startup_s=startup_floor, optimizer_steps=warmup + 1)
         fit = probes_in_budget(time_budget, floor)
         console.print(f"[dim]time budget {time_budget:g} s: one probe takes at least {floor:.0f} s here, so at most {fit} probes "
                       f"(no probe starts that its expected duration would take past the budget)[/]")
-
-    runner = ProbeRunner(
-        script=script,
-        nproc=nproc,
-        nodes=nodes,
-        training=training,
-        model=model_spec,
-        workdir=output / "probes",
-        backend=backend,
-        script_args=args,
-        config_arg=config_arg,
-        steps=steps,
-        warmup=warmup,
-        timeout_s=timeout,
-        nvme_path=nvme_path,
-        target_ci=ci or None,
-        predicted_step_time=space.predicted_step_time,
-        base_config=base_config,
-        optimizer_impl=optimizer_impl,
-        loss=loss or task_loss,
-        startup_floor_s=startup_floor,
-    )
     view = LiveView(console, settings.trials)
 
     def after_trial() -> None:

@@ -1,4 +1,5 @@
-"""Runtime: short probe jobs on a real engine (DeepSpeed or FSDP2) under ``torchrun``.
+"""Runtime: short probe jobs on a real engine (DeepSpeed or FSDP2), their ranks forked from a warm
+process that imported torch once (zeroplan.runtime.warm) or started by ``torchrun``.
 
 Public API (stable; the tuner builds on it)::
 
@@ -7,12 +8,25 @@ Public API (stable; the tuner builds on it)::
 
 A probe never raises for a failing script: crashes, out-of-memory and hangs come back as a
 :class:`ProbeResult` with ``status`` ``error``/``oom``/``timeout``. Bad requests raise SpecError.
-torch and deepspeed are imported only inside the worker processes.
+torch and deepspeed are imported only inside the worker processes and the warm server.
 """
 
 from __future__ import annotations
 
-from zeroplan.runtime.api import BACKENDS, STATUSES, ProbeRequest, ProbeResult
-from zeroplan.runtime.launcher import FOLLOW_DONE, follow_probes, run_probe, script_kind
+from zeroplan.runtime.api import BACKENDS, LOCAL_LAUNCHERS, STATUSES, ProbeRequest, ProbeResult
+from zeroplan.runtime.launcher import FOLLOW_DONE, PHASES, follow_probes, probe_environment, run_probe, script_kind, uses_warm_launcher
 
-__all__ = ["BACKENDS", "FOLLOW_DONE", "STATUSES", "ProbeRequest", "ProbeResult", "follow_probes", "run_probe", "script_kind"]
+__all__ = [
+    "BACKENDS",
+    "FOLLOW_DONE",
+    "LOCAL_LAUNCHERS",
+    "PHASES",
+    "STATUSES",
+    "ProbeRequest",
+    "ProbeResult",
+    "follow_probes",
+    "probe_environment",
+    "run_probe",
+    "script_kind",
+    "uses_warm_launcher",
+]

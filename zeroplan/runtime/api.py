@@ -13,9 +13,12 @@ from zeroplan.runtime.peft_source import PeftFlags
 from zeroplan.spec import LOSSES, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.spec.errors import check_choice
 
-__all__ = ["BACKENDS", "STATUSES", "ProbeRequest", "ProbeResult"]
+__all__ = ["BACKENDS", "LOCAL_LAUNCHERS", "STATUSES", "ProbeRequest", "ProbeResult"]
 
 BACKENDS = ("deepspeed", "fsdp")
+#: How a one-node probe starts its ranks: ``warm`` forks them from a server that imported torch and
+#: DeepSpeed once (zeroplan.runtime.warm), ``torchrun`` starts ``torchrun --standalone``.
+LOCAL_LAUNCHERS = ("warm", "torchrun")
 STATUSES = ("ok", "oom", "error", "timeout")
 
 
@@ -66,6 +69,9 @@ class ProbeRequest:
     peft_flags: PeftFlags | None = None
     """LoRA/QLoRA options for the estimate when the run's own model does not carry a layout
     (zeroplan.runtime.peft_source)."""
+    launcher: str = "warm"
+    """One node: ``warm`` (ranks forked from a pre-imported server; torchrun where it cannot start,
+    and whenever ``torchrun_args`` are given) or ``torchrun``. Several nodes: ``nodes.launcher``."""
 
     @property
     def world_size(self) -> int:
@@ -92,6 +98,8 @@ class ProbeRequest:
             raise SpecError(f"config_arg={self.config_arg!r} is not valid; give an option such as --deepspeed_config")
         if self.loss is not None:
             check_choice("loss", self.loss, LOSSES)
+        if self.launcher not in LOCAL_LAUNCHERS:
+            raise SpecError(f"launcher={self.launcher!r} is not valid; choose one of {', '.join(LOCAL_LAUNCHERS)}")
         if self.optimizer_impl is not None:
             valid = ENGINE_OPTIMIZER_IMPLS[self.backend]
             if self.optimizer_impl not in valid:
@@ -175,6 +183,14 @@ class ProbeResult:
     """Host bytes DeepSpeed pinned in each rank (its pin-memory tracker), None where not exposed."""
     memory_limit: str | None = None
     """For ``oom``: ``host`` or ``device`` — which memory ran out."""
+    launcher: str | None = None
+    """What started the ranks: ``warm``, ``torchrun``, or None (a multi-node probe: see ``nodes``)."""
+    launcher_note: str | None = None
+    """Why the warm launcher was not used although asked for (it could not start here), else None."""
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of each phase the probe reached, as the launcher saw them
+    (zeroplan.runtime.launcher.PHASES: server, launch, imports, script, engine, warmup, measure,
+    teardown, report)."""
 
     @property
     def host_worst_phase(self) -> str | None:
@@ -243,4 +259,7 @@ class ProbeResult:
             "host_baseline_per_node": self.host_baseline_per_node,
             "pinned_bytes_per_rank": list(self.pinned_bytes_per_rank),
             "discovered_model": self.discovered_model,
+            "launcher": self.launcher,
+            "launcher_note": self.launcher_note,
+            "phases_s": dict(self.phases_s),
         }

@@ -41,11 +41,13 @@ def _die_with_parent() -> None:
 class Job:
     """A running torchrun: streams its output, remembers its descendants, kills them all."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, on_line: Callable[[str], None] | None):
+    def __init__(self, cmd: list[str] | None, env: dict[str, str], cwd: Path, log_path: Path, on_line: Callable[[str], None] | None, *, proc=None):
+        """Start ``cmd``; or, with ``proc`` (a started process with ``pid``, ``stdout``, ``wait`` and
+        ``poll``: the warm launcher's probe leader, zeroplan.runtime.warm), watch that one."""
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self.full_log = log_path.open("w")
         self.on_line = on_line
-        self.proc = subprocess.Popen(
+        self.proc = proc if proc is not None else subprocess.Popen(
             cmd,
             env=env,
             cwd=str(cwd),

@@ -26,7 +26,9 @@ from zeroplan.runtime.hostmem import NodeRssSampler, memory_limit, summarize_hos
 from zeroplan.spec import SpecError, TrainingSpec
 
 __all__ = [
+    "PHASES",
     "run_probe",
+    "uses_warm_launcher",
     "build_command",
     "probe_environment",
     "script_kind",
@@ -214,12 +216,27 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     info: dict = {}
     cmd = build_command(request, spec_path, info)
     env = probe_environment(request)
-    (workdir / f"command{tag}.txt").write_text(" ".join(cmd) + "\n")
     started = time.monotonic()
+    clock = _PhaseClock(started, on_line)
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
-    progress = multinode.ProgressTracker(on_line)
-    job = Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", progress)
+    progress = multinode.ProgressTracker(clock.on_line)
+    job, launcher, launcher_note = None, (launch.launcher if launch is not None else "torchrun"), None
+    if uses_warm_launcher(request):
+        from zeroplan.runtime.warm import WarmUnavailable, start_warm_job
+
+        try:
+            job = start_warm_job(spec_path=spec_path, nproc=request.nproc, env=env, cwd=Path.cwd(), log_path=workdir / f"probe{tag}.log",
+                                 on_line=progress, ready_timeout_s=request.timeout_s)
+            launcher = "warm"
+            (workdir / f"command{tag}.txt").write_text(f"zeroplan warm launcher: {request.nproc} ranks forked from a server that imported torch; "
+                                                       f"each runs zeroplan.runtime.worker {spec_path}\n")
+        except WarmUnavailable as exc:
+            launcher_note = str(exc)
+    clock.mark("launch")
+    if job is None:
+        (workdir / f"command{tag}.txt").write_text(" ".join(cmd) + "\n")
+        job = Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", progress)
 
     def stop() -> None:
         job.kill_all()
@@ -231,7 +248,9 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     watch = multinode.NodeWatch(workdir, launch, progress=progress) if launch is not None and launch.launcher == "torchrun" else None
     sampler = NodeRssSampler(job.pids).start()
     try:
-        returncode, timed_out = job.wait(request.timeout_s, watch)
+        # The timeout covers the whole job, the warm server's start (imports) included, as it
+        # covers torchrun's and the workers' imports.
+        returncode, timed_out = job.wait(max(request.timeout_s - (time.monotonic() - started), 0.1), watch)
         sampler.stop()
         if timed_out or returncode != 0:
             stop()
@@ -244,6 +263,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         job.close()
         raise
     job.close()
+    clock.mark("exit")
     wall_s = time.monotonic() - started
     if watch is not None:
         watch.beat(ended=True)  # this node's job is over: its peers must not read it as lost
@@ -314,11 +334,67 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         discovered_model=summary.get("discovered"),
         **host,
     )
+    clock.mark("report")
+    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases())
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:
         record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
     (workdir / f"result{tag}.json").write_text(json.dumps(record, indent=2))
     return result
+
+
+def uses_warm_launcher(request: ProbeRequest) -> bool:
+    """The probe runs under the warm launcher: asked for, one node, no torchrun arguments to honour."""
+    multi = request.nodes is not None and request.nodes.multinode
+    return request.launcher == "warm" and not multi and not request.torchrun_args
+
+
+#: Wall-time phases of a probe, in order (``ProbeResult.phases_s``): ``server`` the warm server's
+#: start (imports paid once per session, on the probe that started it), ``launch`` until the
+#: worker's first line (torchrun's own start and the worker interpreter's, or a fork), ``imports``
+#: torch and DeepSpeed in the worker, ``script`` the user's code until ``deepspeed.initialize``
+#: (script import, process group, model build), ``engine`` the engine build, ``warmup`` the
+#: unmeasured steps, ``measure`` the measured ones, ``teardown`` the last step to the job's exit,
+#: ``report`` reading the ranks' results, the estimate and the files.
+PHASES = ("server", "launch", "imports", "script", "engine", "warmup", "measure", "teardown", "report")
+_EVENT_PHASE_END = {"worker-start": "launch", "imported": "imports", "initialize": "script", "engine-ready": "engine", "measuring": "warmup"}
+
+
+class _PhaseClock:
+    """When each progress event reached the launcher (its clock, so the launch is included)."""
+
+    def __init__(self, started: float, on_line: Callable[[str], None] | None) -> None:
+        self.started = started
+        self.marks: dict[str, float] = {}
+        self.last_step: float | None = None
+        self._on_line = on_line
+
+    def mark(self, name: str) -> None:
+        self.marks.setdefault(name, time.monotonic())
+
+    def on_line(self, line: str) -> None:
+        if line.startswith("zeroplan-progress "):
+            event = line.split()[1]
+            if event in _EVENT_PHASE_END:
+                self.mark(event)
+            elif event.startswith("step=") or event == "measured":
+                self.last_step = time.monotonic()
+        if self._on_line is not None:
+            self._on_line(line)
+
+    def phases(self) -> dict[str, float]:
+        """Seconds per phase the probe reached; a phase without its events is left out."""
+        ends = [("server", self.marks.get("launch"))]
+        ends += [(phase, self.marks.get(event)) for event, phase in _EVENT_PHASE_END.items()]
+        ends += [("measure", self.last_step if "measuring" in self.marks else None), ("teardown", self.marks.get("exit")), ("report", self.marks.get("report"))]
+        out: dict[str, float] = {}
+        previous = self.started
+        for phase, end in ends:
+            if end is None or end < previous:
+                continue
+            out[phase] = round(end - previous, 3)
+            previous = end
+        return out
 
 
 def _read_ranks(workdir: Path) -> list[dict]:

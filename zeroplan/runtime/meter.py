@@ -89,11 +89,16 @@ class StepMeter:
         self.boundary_times: list[float] = []
         self.estimate = None
 
+    def report(self, event: str) -> None:
+        """Print a progress event (rank 0; the others print nothing)."""
+        self._report(event)
+
     def start(self) -> None:
         """Called when the engine exists (timing of step 1 starts here when warmup is 0)."""
         self.started = True
         self._report("engine-ready")
         if self._warmup_steps == 0:
+            self._report("measuring")
             self._synchronize()
             self._last = time.perf_counter()
             self._last_cpu = time.process_time()
@@ -118,6 +123,8 @@ class StepMeter:
         if self.count < self.warmup:
             self._report(f"step={self.count}")
             return
+        if self.count == self.warmup:
+            self._report("measuring")
         if self.count == self.warmup and self._on_timing_start is not None:
             # Memory has seen build, engine init and every warm-up step (the first optimizer step,
             # where lazy optimizer states appear, included); the timed steps run untouched by it.
@@ -151,6 +158,8 @@ class StepMeter:
         self._report(f"step={self.count}")
         if self.count < self._warmup_steps:
             return
+        if self.count == self._warmup_steps:
+            self._report("measuring")
         if self.count == self._warmup_steps and self._on_timing_start is not None:
             self._on_timing_start()  # as in optimizer_step_done: memory tracking ends with warm-up
             self._tracking = False

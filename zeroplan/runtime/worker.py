@@ -53,6 +53,7 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
     host = state.get("host")
 
     def initialize(*args, **kwargs):
+        meter.report("initialize")
         state["model_build"] = _build_kind(kwargs.get("model", args[1] if len(args) > 1 else None))
         if state.get("discover") and "discovered" not in state:
             # A plain script's model, read where DeepSpeed receives it (zeroplan.runtime.discover).
@@ -157,6 +158,7 @@ def _wrap_saves(engine, host) -> None:
 
 def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
     _wrap_deepspeed(meter, state)
+    meter.report("imported")
     if state.get("host") is not None:
         state["host"].start()
     script = spec["script"]
@@ -178,6 +180,7 @@ def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
 
     if spec["backend"] == "deepspeed":
         import deepspeed  # noqa: F401 - in the host baseline, as a script's own import would be
+    meter.report("imported")
     if state.get("host") is not None:
         state["host"].start()
     task = _load_task(spec)
@@ -242,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    report = _progress_printer(rank)
+    if report is not None:
+        report("worker-start")  # the launcher's clock against this one: its start-up before the worker ran
     _set_parent_death_signal()
     sys.path.insert(0, str(Path(spec["script"]).parent))
 
@@ -261,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     # The CPU tracker ends with warm-up, and optimizer states appear lazily in the first step: the
     # peak with them (forward and backward of step 2) needs a second tracked step.
     warmup = max(spec["warmup"], CPU_MEMORY_STEPS) if memory.tracker is not None and spec["warmup"] > 0 else spec["warmup"]
-    meter = StepMeter(warmup=warmup, steps=spec["steps"], memory_steps=CPU_MEMORY_STEPS if memory.tracker is not None else 0, synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=_progress_printer(rank),
+    meter = StepMeter(warmup=warmup, steps=spec["steps"], memory_steps=CPU_MEMORY_STEPS if memory.tracker is not None else 0, synchronize=synchronize, current_bytes=lambda: memory.current_bytes, report=report,
                       on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None,
                       target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
                       agree=_agreement(world_size))

@@ -138,11 +138,16 @@ def hook_call_s(*, calls: int = 2000) -> float:
     return max(statistics.median(diffs) / 4, 0.0)
 
 
-def quick_cpu_profile(base: GpuSpec, *, ranks: int, budget_s: float = 2.0) -> tuple[GpuSpec, str]:
-    """``base`` with this CPU's speeds as one of ``ranks`` probe processes sees them, and a note."""
+def quick_cpu_profile(base: GpuSpec, *, ranks: int, budget_s: float = 2.0, before_measuring=None) -> tuple[GpuSpec, str]:
+    """``base`` with this CPU's speeds as one of ``ranks`` probe processes sees them, and a note.
+    ``before_measuring`` is called once torch is imported, before anything is timed (to let other
+    work of the caller's finish: it would share the cores being measured)."""
     cores = os.cpu_count() or 1
     threads = max(1, cores // max(ranks, 1))
     import torch  # imported before the fork, so the ranks start at once
+
+    if before_measuring is not None:
+        before_measuring()
 
     # Forked before this process runs any parallel torch op (a fork after OpenMP ran can hang).
     gloo = measure_gloo(ranks, threads=threads)
@@ -184,14 +189,14 @@ def quick_cpu_profile(base: GpuSpec, *, ranks: int, budget_s: float = 2.0) -> tu
     return spec, note
 
 
-def time_model_for_probes(cluster: ClusterSpec, *, on_cuda: bool, gpu_given: bool) -> tuple[ClusterSpec, str]:
+def time_model_for_probes(cluster: ClusterSpec, *, on_cuda: bool, gpu_given: bool, before_measuring=None) -> tuple[ClusterSpec, str]:
     """The cluster whose speeds order the search, and a line saying which time model it is.
 
     On CUDA, or with a ``--gpu`` profile given, ``cluster`` as is; on CPU without one, the
-    :func:`quick_cpu_profile` of this machine (memory sizes unchanged).
+    :func:`quick_cpu_profile` of this machine (memory sizes unchanged; ``before_measuring`` as there).
     """
     if on_cuda or gpu_given:
         name = cluster.gpu.display_name or cluster.gpu.name
         return cluster, f"time model: {name} ({cluster.gpu.source or 'profile'})"
-    spec, note = quick_cpu_profile(cluster.gpu, ranks=cluster.gpus_per_node)
+    spec, note = quick_cpu_profile(cluster.gpu, ranks=cluster.gpus_per_node, before_measuring=before_measuring)
     return replace(cluster, gpu=spec, gpu_memory_bytes=cluster.gpu_memory_bytes or cluster.gpu.memory_bytes), note

@@ -71,6 +71,10 @@ class ProbeOutcome:
     """The timeout this probe ran under, seconds."""
     timeout_derived: bool = False
     """That timeout was derived from earlier probes (shorter than --timeout)."""
+    launcher: str = ""
+    """What started the ranks (``warm``, ``torchrun``; empty for several nodes or when unknown)."""
+    phases_s: dict = field(default_factory=dict)
+    """Wall seconds per phase of the probe (``zeroplan.runtime.launcher.PHASES``)."""
 
     @property
     def ok(self) -> bool:
@@ -146,11 +150,47 @@ class ProbeRunner:
     None: the config's own choice, which the probe's estimate discovers."""
     loss: Optional[str] = None
     """What the loss keeps over the logits, for the probes' estimates; None: the task's own."""
+    launcher: str = "warm"
+    """How a one-node probe starts its ranks (``zeroplan.runtime.LOCAL_LAUNCHERS``: ``warm`` forks them
+    from a process that imported torch and DeepSpeed once; ``torchrun``)."""
     history: list = field(default_factory=list)
     """:class:`zeroplan.tuner.probetime.ProbeTiming` of every probe that worked."""
     startup_floor_s: Optional[float] = None
     """Predicted start-up of a probe before any worked (:func:`zeroplan.tuner.probetime.startup_floor_s`):
     with it the first probes get a derived timeout too (:func:`zeroplan.tuner.probetime.first_probe_timeout`)."""
+
+    def _request(self, **fields) -> Any:
+        from zeroplan.runtime import ProbeRequest
+
+        env = tuple(self.env.items()) + ((("ZEROPLAN_PROBE_TARGET_CI", repr(self.target_ci)),) if self.target_ci else ())
+        return ProbeRequest(script=self.script, nproc=self.nproc, backend=self.backend, torchrun_args=tuple(self.torchrun_args), env=env,
+                            nodes=self.nodes, launcher=self.launcher, **fields)
+
+    def begin_warm_server(self) -> Callable[[], Optional[float]]:
+        """Start the warm launcher's server now, without waiting (one node, ``launcher`` warm), so
+        its imports overlap the caller's work. Returns ``ready()``: it waits for those imports, asks
+        the server to load the rest of what ranks need (:mod:`zeroplan.runtime.warm_server`
+        ``later_work``) — call it when nothing of yours runs that this would disturb — and returns
+        the seconds the start took (torch and DeepSpeed imported: a measured lower bound on a
+        probe's start-up here); None where probes use torchrun or the server cannot start (the
+        first probe then says why)."""
+        from zeroplan.runtime import probe_environment, uses_warm_launcher
+        from zeroplan.runtime.warm import WarmUnavailable, begin
+
+        request = self._request()
+        if not uses_warm_launcher(request):
+            return lambda: None
+        server = begin(probe_environment(request), log_path=self.workdir / "warm-server.log", ready_timeout_s=self.timeout_s)
+
+        def ready() -> Optional[float]:
+            try:
+                seconds = server.wait_ready()
+            except WarmUnavailable:
+                return None
+            server.preload_rest()
+            return seconds
+
+        return ready
 
     def expected_s(self, plan: Plan) -> Optional[float]:
         """Expected wall time of a probe of ``plan`` from the probes that worked (None before any)."""
@@ -189,7 +229,7 @@ class ProbeRunner:
         return cfg, errors
 
     def __call__(self, plan: Plan, *, trial_number: int, on_line: Optional[Callable[[str], None]] = None) -> ProbeOutcome:
-        from zeroplan.runtime import ProbeRequest, run_probe
+        from zeroplan.runtime import run_probe
 
         start = time.monotonic()
         cfg, errors = self.build_config(plan)
@@ -199,10 +239,7 @@ class ProbeRunner:
         trial_dir = self.workdir / f"trial-{trial_number:04d}"
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "ds_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        request = ProbeRequest(
-            script=self.script,
-            nproc=self.nproc,
-            backend=self.backend,
+        request = self._request(
             ds_config=cfg,
             plan=plan,
             training=self.training,
@@ -213,9 +250,6 @@ class ProbeRunner:
             warmup=self.warmup,
             timeout_s=timeout_s,
             workdir=trial_dir,
-            torchrun_args=tuple(self.torchrun_args),
-            env=tuple(self.env.items()) + ((("ZEROPLAN_PROBE_TARGET_CI", repr(self.target_ci)),) if self.target_ci else ()),
-            nodes=self.nodes,
             optimizer_impl=self.optimizer_impl,
             loss=self.loss,
         )
@@ -281,4 +315,6 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Opti
         startup_s=ready_s,
         step_time_ci_s=measured[1] if measured else None,
         micro_steps=measured[2] if measured else 0,
+        launcher=str(getattr(result, "launcher", "") or ""),
+        phases_s=dict(getattr(result, "phases_s", None) or {}),
     )
