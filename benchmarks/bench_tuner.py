@@ -134,9 +134,9 @@ def zeroplan_search(space, runner, *, trials: int, workdir: Path, seed: int, gri
 
 
 def phase_table(title: str, outcomes: list, search_wall_s: float) -> Table:
-    """Where each probe's wall time went (zeroplan.runtime.launcher.PHASES), and the tuner's own
+    """Where each probe's wall time went (zeroplan.runtime.phases.PHASES), and the tuner's own
     time between probes (estimator, Optuna, files): the search's wall time less its probes'."""
-    from zeroplan.runtime.launcher import PHASES
+    from zeroplan.runtime.phases import PHASES
 
     table = Table(title=title, title_justify="left")
     for col in ("probe", "launcher", "wall s", *PHASES):

@@ -109,18 +109,22 @@ def test_ctrl_c_mid_probe_then_resume(tmp_path):
     import psutil
 
     out = tmp_path / "out"
-    args = ["examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--output", str(out), "--steps", "2"]
+    # 30 timed steps (--ci 0: no early stop) keep each probe running for a few seconds to interrupt.
+    args = ["examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--output", str(out), "--steps", "30", "--ci", "0"]
     proc = subprocess.Popen(tune_cmd(*args, "--trials", "2"), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = out / "probes" / "trial-0000" / "probe.log"
     deadline = time.monotonic() + 180
     children: list = []
     while time.monotonic() < deadline:
-        # Interrupt once the probe's ranks are running (torch imported, at least one line logged).
+        # Interrupt while a probe's ranks are running (a line logged, no result yet). Under the warm
+        # launcher a probe of this task lasts about a second, and its server has processes of its
+        # own between probes, so the check is on the probe's files, not on a count of processes.
         kids = psutil.Process(proc.pid).children(recursive=True)
-        if log.exists() and log.stat().st_size > 0 and len(kids) >= 3:
+        running = [d for d in (out / "probes").glob("trial-*") if (d / "probe.log").exists() and (d / "probe.log").stat().st_size > 0
+                   and not (d / "result.json").exists()]
+        if running and len(kids) >= 3:
             children = kids
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert children, "the first probe never started"
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)

@@ -189,7 +189,7 @@ class ProbeResult:
     """Why the warm launcher was not used although asked for (it could not start here), else None."""
     phases_s: dict[str, float] = field(default_factory=dict)
     """Wall seconds of each phase the probe reached, as the launcher saw them
-    (zeroplan.runtime.launcher.PHASES: server, launch, imports, script, engine, warmup, measure,
+    (zeroplan.runtime.phases.PHASES: server, launch, imports, script, engine, warmup, measure,
     teardown, report)."""
 
     @property

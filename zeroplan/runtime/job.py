@@ -45,7 +45,7 @@ class Job:
         """Start ``cmd``; or, with ``proc`` (a started process with ``pid``, ``stdout``, ``wait`` and
         ``poll``: the warm launcher's probe leader, zeroplan.runtime.warm), watch that one."""
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        self.full_log = log_path.open("w")
+        self.full_log = log_path.open("w", buffering=1)  # line by line: `tail -f probe.log` follows the probe
         self.on_line = on_line
         self.proc = proc if proc is not None else subprocess.Popen(
             cmd,

@@ -21,6 +21,7 @@ from zeroplan.runtime.api import ProbeRequest, ProbeResult
 from zeroplan.runtime import multinode
 from zeroplan.runtime.classify import classify, summarize_ranks
 from zeroplan.runtime.job import Job
+from zeroplan.runtime.phases import PHASES, PhaseClock
 from zeroplan.runtime.prediction import _estimate, _host_estimate, comparable_estimate, config_for_plan
 from zeroplan.runtime.hostmem import NodeRssSampler, memory_limit, summarize_host
 from zeroplan.spec import SpecError, TrainingSpec
@@ -217,7 +218,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     cmd = build_command(request, spec_path, info)
     env = probe_environment(request)
     started = time.monotonic()
-    clock = _PhaseClock(started, on_line)
+    clock = PhaseClock(started, on_line)
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
     progress = multinode.ProgressTracker(clock.on_line)
@@ -347,54 +348,6 @@ def uses_warm_launcher(request: ProbeRequest) -> bool:
     """The probe runs under the warm launcher: asked for, one node, no torchrun arguments to honour."""
     multi = request.nodes is not None and request.nodes.multinode
     return request.launcher == "warm" and not multi and not request.torchrun_args
-
-
-#: Wall-time phases of a probe, in order (``ProbeResult.phases_s``): ``server`` the warm server's
-#: start (imports paid once per session, on the probe that started it), ``launch`` until the
-#: worker's first line (torchrun's own start and the worker interpreter's, or a fork), ``imports``
-#: torch and DeepSpeed in the worker, ``script`` the user's code until ``deepspeed.initialize``
-#: (script import, process group, model build), ``engine`` the engine build, ``warmup`` the
-#: unmeasured steps, ``measure`` the measured ones, ``teardown`` the last step to the job's exit,
-#: ``report`` reading the ranks' results, the estimate and the files.
-PHASES = ("server", "launch", "imports", "script", "engine", "warmup", "measure", "teardown", "report")
-_EVENT_PHASE_END = {"worker-start": "launch", "imported": "imports", "initialize": "script", "engine-ready": "engine", "measuring": "warmup"}
-
-
-class _PhaseClock:
-    """When each progress event reached the launcher (its clock, so the launch is included)."""
-
-    def __init__(self, started: float, on_line: Callable[[str], None] | None) -> None:
-        self.started = started
-        self.marks: dict[str, float] = {}
-        self.last_step: float | None = None
-        self._on_line = on_line
-
-    def mark(self, name: str) -> None:
-        self.marks.setdefault(name, time.monotonic())
-
-    def on_line(self, line: str) -> None:
-        if line.startswith("zeroplan-progress "):
-            event = line.split()[1]
-            if event in _EVENT_PHASE_END:
-                self.mark(event)
-            elif event.startswith("step=") or event == "measured":
-                self.last_step = time.monotonic()
-        if self._on_line is not None:
-            self._on_line(line)
-
-    def phases(self) -> dict[str, float]:
-        """Seconds per phase the probe reached; a phase without its events is left out."""
-        ends = [("server", self.marks.get("launch"))]
-        ends += [(phase, self.marks.get(event)) for event, phase in _EVENT_PHASE_END.items()]
-        ends += [("measure", self.last_step if "measuring" in self.marks else None), ("teardown", self.marks.get("exit")), ("report", self.marks.get("report"))]
-        out: dict[str, float] = {}
-        previous = self.started
-        for phase, end in ends:
-            if end is None or end < previous:
-                continue
-            out[phase] = round(end - previous, 3)
-            previous = end
-        return out
 
 
 def _read_ranks(workdir: Path) -> list[dict]:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from zeroplan.runtime.job import Job
+from zeroplan.runtime.job import Job, _die_with_parent
 
 __all__ = ["WarmUnavailable", "WarmServer", "begin", "start_warm_job", "shutdown", "server_env_key"]
 
@@ -58,6 +58,9 @@ class WarmServer:
             [sys.executable, "-m", "zeroplan.runtime.warm_server", str(theirs.fileno())],
             env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             pass_fds=(theirs.fileno(),), start_new_session=True,
+            # Dies with the thread that started it (even killed by SIGKILL); its socket's EOF is the
+            # second way it learns that its caller is gone, once the step it is in ends.
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         theirs.close()
         self.exits: dict[int, int] = {}

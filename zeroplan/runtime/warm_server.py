@@ -228,11 +228,13 @@ def _lead(request: dict, out_fd: int, sock: socket.socket) -> None:
         ranks[pid] = rank
 
     def stop(signum, _frame) -> None:
-        for pid in ranks:
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass
+        # The whole probe: the ranks and whatever they started in this session (torchrun kills
+        # its workers' process groups the same way).
+        signal.signal(signum, signal.SIG_IGN)
+        try:
+            os.killpg(0, signum)
+        except OSError:
+            pass
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -306,11 +308,17 @@ def serve(sock: socket.socket) -> int:
                     os.killpg(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            return 0
+            # At once: the teardown of an interpreter holding torch, DeepSpeed and dynamo takes
+            # seconds, and the caller that went away expects its probe processes gone.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         request = json.loads(data)
         if request.get("later"):
-            # The caller has nothing running that this would disturb (zeroplan tune, before its first probe).
-            while later:
+            # The caller has nothing running that this would disturb (zeroplan tune, before its
+            # first probe). A request or the caller's exit arriving meanwhile comes first; the steps
+            # left are then taken between probes.
+            while later and not select.select([sock], [], [], 0)[0]:
                 later.pop(0)()
             continue
         if not fds:

@@ -74,7 +74,7 @@ class ProbeOutcome:
     launcher: str = ""
     """What started the ranks (``warm``, ``torchrun``; empty for several nodes or when unknown)."""
     phases_s: dict = field(default_factory=dict)
-    """Wall seconds per phase of the probe (``zeroplan.runtime.launcher.PHASES``)."""
+    """Wall seconds per phase of the probe (``zeroplan.runtime.phases.PHASES``)."""
 
     @property
     def ok(self) -> bool:
