@@ -325,7 +325,7 @@ def tune(
         target_ci=ci or None,
         base_config=base_config,
         optimizer_impl=optimizer_impl,
-        loss=loss,
+        loss=loss or task_loss,
         launcher=local_launcher(launcher),
     )
     # The warm server imports torch and DeepSpeed while this process imports torch for the time
