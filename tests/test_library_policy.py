@@ -54,3 +54,33 @@ def test_resolve_cluster_names_the_bad_option():
         resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=-1, cpu_memory_gib=64, nvme_gib=None)
     cluster = resolve_cluster(gpus=16, gpus_per_node=None, gpu="h100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
     assert (cluster.nodes, cluster.gpu.name, cluster.cpu_memory_per_node_bytes) == (2, "h100-80gb", 64 * GiB)
+
+
+def test_tune_estimates_plans_with_the_base_configs_buckets_and_overlap():
+    """Trials run the user's config: a plain ``{"stage": 2}`` config leaves reduce_bucket_size and
+    overlap_comm to DeepSpeed (5e8 elements, overlap off at stages 1-2, on at 3:
+    DeepSpeedZeroConfig), and the plans are estimated as DeepSpeed runs them; flags still win."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    cluster = _cluster(8)
+    base = {"zero_optimization": {"stage": 2}}
+    space = tune_space(MODEL, cluster, TRAINING, script_kind="script", device="cuda", base_config=base)
+    own = tune_space(MODEL, cluster, TRAINING, script_kind="script", device="cuda")
+    for stage in (1, 2, 3):
+        ds = DeepSpeedZeroConfig(stage=stage)
+        plans = [c.plan for c in space.candidates if c.plan.stage == stage]
+        assert plans and {p.reduce_bucket_size for p in plans} == {ds.reduce_bucket_size}
+        assert {p.overlap_comm for p in plans} == {ds.overlap_comm}
+    # One 5e8-element bf16 buffer (overlap off) instead of zeroplan's two h²-element ones; at
+    # micro-batch 1 the peak (the first bucket flush, later in backward with the larger bucket) rises.
+    pick = next(c for c in space.candidates if c.plan.label == "z2/ckpt:none/mb1/ga1")
+    twin = next(c for c in own.candidates if c.plan.label == pick.plan.label)
+    assert estimate_plan(MODEL, cluster, TRAINING, pick.plan).overhead_items["ipg_buffers"] == 2 * 500_000_000
+    assert estimate_plan(MODEL, cluster, TRAINING, twin.plan).overhead_items["ipg_buffers"] == 2 * 2 * MODEL.hidden_size**2
+    assert pick.predicted_peak_memory_bytes > twin.predicted_peak_memory_bytes + 2**28
+    flagged = tune_space(MODEL, cluster, TRAINING, script_kind="script", device="cuda", base_config=base,
+                         buckets={"reduce_bucket_size": 1000})
+    assert {c.plan.reduce_bucket_size for c in flagged.candidates} == {1000}
+    auto = tune_space(MODEL, cluster, TRAINING, script_kind="script", device="cuda",
+                      base_config={"zero_optimization": {"reduce_bucket_size": "auto"}})
+    assert {c.plan.reduce_bucket_size for c in auto.candidates} == {None}  # the Trainer fills h²

@@ -351,6 +351,7 @@ def tune(
         engine=backend,
         optimizer_impl=optimizer_impl,
         buckets=plan_buckets,
+        base_config=base_config,
     )
 
     meta = {

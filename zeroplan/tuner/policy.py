@@ -41,11 +41,16 @@ def tune_space(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict] = None,
+    base_config: Optional[dict] = None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
     (``deepspeed`` or ``fsdp``), whose memory the estimator models, with ``optimizer_impl``'s step
-    and the fixed ``buckets``. SpecError for nvme without a path."""
+    and the fixed ``buckets``. ``base_config``: the DeepSpeed config every trial starts from (the
+    user's, or the Trainer template); the engine keeps its bucket sizes (DeepSpeed's defaults where
+    it leaves a key out, ``"auto"`` to the Hugging Face rule) and its ``overlap_comm`` (DeepSpeed's
+    per-stage default where absent), so the plans are estimated with them; ``buckets`` (flags)
+    win. SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -70,9 +75,33 @@ def tune_space(
         device=device,
         engine=engine,
         optimizer_impl=optimizer_impl,
-        buckets=buckets,
+        buckets=_with_base_buckets(buckets, base_config) if engine == "deepspeed" else buckets,
+        overlap_comm_of=_overlap_comm_of(base_config) if engine == "deepspeed" else None,
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
     )
+
+
+def _with_base_buckets(buckets: Optional[dict], base_config: Optional[dict]) -> Optional[dict]:
+    """The fixed bucket fields: the flags' (``buckets``), else the sizes DeepSpeed runs
+    ``base_config`` with (:func:`zeroplan.dsconfig.plan.bucket_sizes_from_config`); ``"auto"``
+    stays unset (the estimator's Hugging Face rule, as the Trainer fills it)."""
+    if base_config is None:
+        return buckets
+    from zeroplan.dsconfig.plan import bucket_sizes_from_config
+
+    out = {field: value for field, value in bucket_sizes_from_config(base_config).items() if value is not None}
+    out.update(buckets or {})
+    return out
+
+
+def _overlap_comm_of(base_config: Optional[dict]):
+    """Stage → ``overlap_comm`` as DeepSpeed runs ``base_config`` (None without a base: the plan's own,
+    which the config zeroplan builds writes)."""
+    if base_config is None:
+        return None
+    from zeroplan.dsconfig.plan import overlap_comm_from_config
+
+    return lambda stage: overlap_comm_from_config(base_config, stage)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ Optionally ``reduce_bucket_size`` (elements; 0 = the engine's default) when buck
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.tuner.hostrule import host_fit_reason
@@ -249,6 +249,7 @@ def build_space(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict] = None,
+    overlap_comm_of: Optional[Callable[[int], bool]] = None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -259,7 +260,8 @@ def build_space(
     out of the space. ``device="cpu"`` estimates memory as measured on CPU probes (no CUDA
     context or allocator reserve). ``engine`` is the estimator's (``deepspeed`` or ``fsdp``);
     ``optimizer_impl`` whose optimizer step the probes run (None: the engine's default);
-    ``buckets`` fixed plan bucket fields (``zeroplan.estimator.plans.bucket_sizes``).
+    ``buckets`` fixed plan bucket fields (``zeroplan.estimator.plans.bucket_sizes``);
+    ``overlap_comm_of`` the stage's ``overlap_comm`` where a base config decides it.
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
 
@@ -287,6 +289,8 @@ def build_space(
             continue
         for bucket in bucket_sizes or (None,):
             variant = replace(plan, reduce_bucket_size=bucket) if bucket is not None else plan
+            if overlap_comm_of is not None:
+                variant = replace(variant, overlap_comm=overlap_comm_of(variant.stage))
             key = plan_key(variant)
             if key not in seen:
                 seen.add(key)
