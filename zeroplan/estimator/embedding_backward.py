@@ -1,4 +1,4 @@
-"""The token embedding's backward: the last moment of a DeepSpeed stage 1–2 backward.
+"""The token embedding's backward: the last moment of a DeepSpeed stage 1–3 backward.
 
 Pure arithmetic (stdlib only). The embedding is the first module of the forward, so its backward
 runs last, after every activation is freed but while every gradient DeepSpeed has not yet
@@ -80,17 +80,20 @@ def _matrices_over(model: ModelSpec, bucket: int) -> int:
 
 
 def embedding_backward(model: ModelSpec, training: TrainingSpec, plan: Plan, *, reduce_bucket_size: int) -> Optional[EmbeddingBackward]:
-    """Gradients alive at the token embedding's backward of a DeepSpeed stage 1–2 step (module
-    docstring), or None where this moment is not modelled: other stages (stage 0 reduces after
-    backward, stage 3 has its own partitioned gradients), optimizer offload, gradient accumulation
+    """Gradients alive at the token embedding's backward of a DeepSpeed stage 1–3 step (module
+    docstring), or None where this moment is not modelled: stage 0 (it reduces after backward),
+    optimizer offload, gradient accumulation
     (stage 1 then keeps every gradient between micro-steps, in the model states) and a frozen
     base (PEFT: the embedding has no gradient).
 
     The model states at this moment include the gradient partition (the bucket has flushed); the
-    activations are freed. ``unreduced_gradients`` assumes no held matrix lies in this rank's own
+    activations are freed. At stage 3 the torch terms are the same (DeepSpeed's reduce hook fires
+    on the shared leaf's accumulation, after the sum) and no gradient is held unreduced; the
+    gathered embedding weight beside them is the engine's
+    (:attr:`~zeroplan.estimator.memory.EngineOverhead.gathered_at_embedding`). ``unreduced_gradients`` assumes no held matrix lies in this rank's own
     partition (those are moved into it), which is the worst rank.
     """
-    if plan.stage not in (1, 2) or plan.offload_optimizer != "none" or plan.gradient_accumulation_steps != 1 or model.peft is not None:
+    if plan.stage not in (1, 2, 3) or plan.offload_optimizer != "none" or plan.gradient_accumulation_steps != 1 or model.peft is not None:
         return None
     p = bytes_per_param(training.precision)
     vh = p * model.embedding_params

@@ -121,14 +121,14 @@ def model_states(
         and (plan.gradient_accumulation_steps == 1 or plan.offload_optimizer != "none")
     )
     gradients = p * (shard(psi) if partitions_grads else psi)
-    if (engine == "deepspeed" and training.precision == "fp32"
-            and (plan.stage in (1, 2) or (plan.stage == 3 and plan.offload_optimizer != "none"))):
+    if engine == "deepspeed" and training.precision == "fp32" and plan.stage >= 1:
         # In fp32 there is no separate master copy in the paper's accounting (K drops by 4), but
         # DeepSpeed makes one anyway: stage_1_and_2.py ``weights_partition = ...detach().clone()
         # .to(master_weights_and_grads_dtype)`` (single_partition_of_fp32_groups), and stage3.py
-        # ``converted.clone().detach()`` under optimizer offload (without offload stage 3 aliases
-        # the fp32 partition). Measured on 4 CPU ranks, stage 1 fp32: 4Ψ + 4Ψ/N + 12Ψ/N before
-        # the step, to 0.01 % (benchmarks/results/probe_memory_4ranks_fp32_z1_z2.json).
+        # ``converted.clone().detach()``: its aliasing branch compares a torch.device with the
+        # string ``current_device_name()`` returns, never equal. Measured on 4 CPU ranks, fp32:
+        # stage 1 4Ψ + 4Ψ/N + 12Ψ/N before the step, stage 3 5 × 4Ψ/N + the bucket, to 0.2 %
+        # (benchmarks/results/probe_memory_4ranks_fp32_z1_z2.json, …_z3.json).
         k += 4
     optimizer = k * (shard(psi) if plan.stage >= 1 else psi)
 
@@ -185,11 +185,15 @@ class EngineOverhead:
     after_backward: dict[str, int] = field(default_factory=dict)
     """Buffers of a reduction that runs once the whole backward is done: every gradient alive, no
     activation (stage 0's flattened all-reduce)."""
+    after_head_backward: dict[str, int] = field(default_factory=dict)
+    """Stage 3: alive from the head's backward on, beside every gathered parameter (its weight gradient)."""
+    gathered_at_embedding: dict[str, int] = field(default_factory=dict)
+    """Stage 3: parameters still gathered at the token embedding's backward (its weight)."""
 
     def items(self) -> dict[str, int]:
         """Every named item (for the JSON ``overhead_items``)."""
         return {**self.always, **self.during_backward, **self.at_first_hook, **self.after_first_hook,
-                **self.after_backward, **self.during_step, **self.unallocated}
+                **self.after_head_backward, **self.after_backward, **self.during_step, **self.unallocated}
 
     @property
     def deferred_bytes(self) -> int:
@@ -235,6 +239,8 @@ def engine_overhead(
     after_first_hook: dict[str, int] = {}
     at_first_hook: dict[str, int] = {}
     after_backward: dict[str, int] = {}
+    after_head_backward: dict[str, int] = {}
+    gathered_at_embedding: dict[str, int] = {}
     single_step = plan.gradient_accumulation_steps == 1
 
     if plan.stage == 0:
@@ -325,6 +331,17 @@ def engine_overhead(
         )
         released_bytes = released_frozen_bytes(model, released, training.precision)
         backward["gathered_params"] = (all_params.total - released_bytes) * gathered // total
+        if model.peft is None:
+            # Once the coordinator's trace is complete (step 2 on) every parameter is still gathered
+            # when the head's backward makes its V·h weight gradient; a tied one is held by autograd
+            # (one AccumulateGrad for the shared leaf) until the embedding's backward: stage3.py's
+            # reduce hook is a register_post_accumulate_grad_hook (line 1525). At the embedding's backward only its
+            # weight is gathered (a tied one never left: partitioned_param_coordinator.py
+            # __params_to_release keeps what the trace reuses within stage3_max_reuse_distance).
+            # Measured on 4 CPU ranks, fp32: 57.48 MiB at block 3's backward = states 25.41 +
+            # 20.08 gathered + 8.00 of this gradient + activations (docs/notes/memory-gaps.md).
+            after_head_backward["output_projection_gradient"] = p * model.embedding_params
+            gathered_at_embedding["gathered_embedding_weight"] = p * model.embedding_params
         if plan.zero_hpz_partition_size > 1:
             # ZeRO++ hpZ (arXiv 2306.10209 §3.2): the secondary weight partition within the node.
             from zeroplan.estimator.zeropp import hpz_secondary_bytes
@@ -359,6 +376,7 @@ def engine_overhead(
         always=always, during_backward=backward, during_step=step, deferred=deferred,
         unallocated={"cuda_context": CUDA_CONTEXT_BYTES} if device == "cuda" else {},
         after_first_hook=after_first_hook, at_first_hook=at_first_hook, after_backward=after_backward,
+        after_head_backward=after_head_backward, gathered_at_embedding=gathered_at_embedding,
         first_flush_blocks=first_flush_blocks(model, reduce_bucket_size=knobs["reduce_bucket_size"]) if after_first_hook else None,
     )
 

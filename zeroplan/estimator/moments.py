@@ -16,8 +16,12 @@ live tensor storage; docs/notes/memory-gaps.md):
   trainable parameters): ``copy_grads_in_partition`` allocates the gradient partition while the
   blocks whose backward has not run keep their activations
   (:func:`~zeroplan.estimator.memory.first_flush_blocks`).
-* **the token embedding's backward** (stages 1–2): last in the backward, the embedding's gradients
-  (:mod:`~zeroplan.estimator.embedding_backward`) beside the buffers, the activations freed.
+* **the last block's backward** (stage 3): every parameter still gathered (with a complete trace,
+  from the second step on) beside every block's activations and the output projection's weight
+  gradient, which a tied head keeps in autograd until the embedding's backward.
+* **the token embedding's backward** (stages 1–3): last in the backward, the embedding's gradients
+  (:mod:`~zeroplan.estimator.embedding_backward`) beside the buffers, the activations freed; at
+  stage 3 beside the gathered embedding weight only.
 * **the backward's epilogue** (stages 1–2 when the bucket holds every gradient): the first flush
   comes only here, with every gradient and the buffers, the activations freed.
 * **the all-reduce after backward** (stage 0): a flat copy of the gradients.
@@ -34,10 +38,13 @@ from zeroplan.estimator.embedding_backward import EmbeddingBackward
 from zeroplan.estimator.memory import EngineOverhead
 from zeroplan.spec import GiB, ModelSpec
 
-__all__ = ["Moment", "deepspeed_moments", "ipg_buffer_written_elements", "traced_after_loss", "STEP_MOMENT", "EMBEDDING_MOMENT"]
+__all__ = ["Moment", "deepspeed_moments", "ipg_buffer_written_elements", "traced_after_loss", "STEP_MOMENT", "EMBEDDING_MOMENT",
+           "STAGE3_HEAD_MOMENT"]
 
 #: The moment name of the optimizer step (the only moment with ``peak_phase`` = ``step``).
 STEP_MOMENT = "the optimizer step"
+#: The moment name of stage 3's last block's backward, the head's weight gradient made.
+STAGE3_HEAD_MOMENT = "the last block's backward"
 #: The moment name of the token embedding's backward (:mod:`zeroplan.estimator.embedding_backward`).
 EMBEDDING_MOMENT = "the token embedding's backward"
 
@@ -117,7 +124,7 @@ def deepspeed_moments(
     )]
     # A tied output projection's gradient waits in autograd for the embedding's backward; an
     # untied one is copied into the bucket (or reduced) at the next hook.
-    held_head = extra.at_first_hook if model.tied_embeddings else {}
+    held_head = {**extra.at_first_hook, **extra.after_head_backward} if model.tied_embeddings else {}
     if working:
         # Conservative as before the buffers were a moment: the gradients may exist by then.
         moments.append(Moment(
@@ -148,6 +155,16 @@ def deepspeed_moments(
                 why=f"the {_gib(deferred)} gradient partition is allocated while {blocks_left} of {model.num_layers} "
                     f"blocks keep their activations, beside the reduce buffers ({_gib(sum(buffers.values()))})",
             ))
+    if extra.after_head_backward:
+        # Stage 3: the blocks' backward begins with every parameter gathered and the head's weight
+        # gradient beside them (memory.py engine_overhead); each block's parameters are released
+        # after its backward, so the first block's (the last one's) is the largest.
+        moments.append(Moment(
+            STAGE3_HEAD_MOMENT, activations=layers + embeddings + held,
+            items={**during, **extra.after_head_backward},
+            why=f"the output projection's weight gradient ({_gib(sum(extra.after_head_backward.values()))}) "
+                "beside the gathered parameters and every block's activations",
+        ))
     if embedding is not None:
         # Last in the backward: every activation freed (the logits a loop holds stay), the reduce
         # buffers still alive, the gradient partition too unless the bucket holds every gradient
@@ -157,7 +174,9 @@ def deepspeed_moments(
         moments.append(Moment(
             EMBEDDING_MOMENT, activations=held,
             absent_gradients=deferred if buffers and extra.first_flush_blocks is None else 0,
-            items={**during, **buffers, **embedding.items()},
+            # Stage 3: only the embedding weight is still gathered (the blocks' are released).
+            items={**({k: v for k, v in during.items() if k != "gathered_params"} if extra.gathered_at_embedding else during),
+                   **extra.gathered_at_embedding, **buffers, **embedding.items()},
             transients={**earlier.transients, **{k: v for k, v in embedding.items().items()
                                                  if k in ("embedding_gradient", "summed_embedding_gradient")}},
             why=f"activations freed, {_gib(embedding.total)} of gradients ({', '.join(embedding.items())}) "
