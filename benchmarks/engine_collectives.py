@@ -45,6 +45,8 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--accumulation", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--no-overlap-comm", action="store_true", help="zero_optimization.overlap_comm false (stages 1-2)")
+    p.add_argument("--max-reuse-distance", type=int, default=None, help="stage3_max_reuse_distance (default: DeepSpeed's 1e9)")
     args = p.parse_args()
     for name in COLLECTIVES:
         if hasattr(tdist, name):
@@ -54,7 +56,7 @@ def main() -> None:
     from gpt_task import GPT, GPTConfig
 
     from zeroplan.dsconfig import build_config
-    from zeroplan.estimator.engine_work import engine_work
+    from zeroplan.estimator.engine_work import engine_work, stage3_gathers
     from zeroplan.runtime.dsops import skip_shm_comm_op
     from zeroplan.spec import Plan, TrainingSpec
     from zeroplan.tuner.checks import task_declaration
@@ -63,7 +65,8 @@ def main() -> None:
     torch.set_num_threads(1)
     declared = task_declaration(ROOT / "examples" / "gpt_task.py")
     model_spec, seq_len = declared.model_spec, declared.seq_len
-    plan = Plan(stage=args.stage, micro_batch=args.micro_batch, gradient_accumulation_steps=args.accumulation)
+    plan = Plan(stage=args.stage, micro_batch=args.micro_batch, gradient_accumulation_steps=args.accumulation,
+                stage3_max_reuse_distance=args.max_reuse_distance, overlap_comm=not args.no_overlap_comm)
     training = TrainingSpec(seq_len=seq_len, global_batch=args.micro_batch * args.accumulation * world)
     cfg = build_config(plan, world_size=world, training=training, model=model_spec)
     skip_shm_comm_op()
@@ -72,16 +75,23 @@ def main() -> None:
     engine, *_ = deepspeed.initialize(model=gpt, config=cfg, model_parameters=gpt.parameters())
     data = torch.randint(0, GPTConfig().vocab, (args.micro_batch, seq_len + 1))
 
+    split = collections.Counter()  # all-gather calls issued during forward and during backward
+
     def optimizer_step() -> None:
         for _ in range(args.accumulation):
+            before = counts["all_gather_into_tensor"]
             logits = engine(data[:, :-1])
+            split["forward"] += counts["all_gather_into_tensor"] - before
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
+            before = counts["all_gather_into_tensor"]
             engine.backward(loss)
+            split["backward"] += counts["all_gather_into_tensor"] - before
             engine.step()
 
     for _ in range(2):
         optimizer_step()
     counts.clear()
+    split.clear()
     start = time.perf_counter()
     for _ in range(args.steps):
         optimizer_step()
@@ -89,8 +99,25 @@ def main() -> None:
     if tdist.get_rank() == 0:
         measured = {k: v / args.steps for k, v in counts.items()}
         predicted = engine_work(model_spec, plan, world_size=world, precision=training.precision)
+        replayed = None
+        zero = cfg.get("zero_optimization", {})
+        if args.stage == 3:
+            # The coordinator's replay on the real module tree (leaf modules in registration order,
+            # which is this model's forward order; a tied weight keeps one name), not the estimator's
+            # assumed shapes: all-gathers per micro-step, to set beside the measured count.
+            threshold = zero["stage3_param_persistence_threshold"]
+            mods = tuple(
+                tuple((f"p{id(t)}", t.ds_numel) for t in m.parameters(recurse=False) if t.ds_numel > threshold)
+                for m in gpt.modules() if any(True for _ in m.parameters(recurse=False))
+            )
+            mods = tuple(m for m in mods if m)
+            gathers = stage3_gathers(mods, prefetch_bucket=zero["stage3_prefetch_bucket_size"],
+                                     max_reuse_distance=zero.get("stage3_max_reuse_distance", 1_000_000_000))
+            replayed = {"forward_calls": gathers.forward_calls, "backward_calls": gathers.backward_calls,
+                        "per_step": args.accumulation * (gathers.forward_calls + gathers.backward_calls)}
         print(json.dumps({"stage": args.stage, "micro_batch": args.micro_batch, "accumulation": args.accumulation,
-                          "measured": measured, "measured_total": sum(measured.values()), "predicted": predicted.collectives,
+                          "measured": measured, "measured_total": sum(measured.values()), "predicted": predicted.collectives, "replayed_gathers": replayed,
+                          "measured_gathers": {k: v / args.steps for k, v in split.items()},
                           "step_s": elapsed, "params": sum(1 for _ in gpt.parameters()), "zero": cfg.get("zero_optimization")}))
 
 

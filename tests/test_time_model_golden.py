@@ -61,8 +61,9 @@ def test_collective_times_follow_nccl_tests_bus_bandwidth(gpus):
     dp = comm_volume(model, cluster, training, Plan(stage=0))
     allreduce_t = grads / (busbw / (2 * (n - 1) / n))
     assert ring_time(dp.gradient_reduce + dp.param_allgather, 0, cluster) == pytest.approx(allreduce_t, rel=1e-6)
-    # Stage 3, one micro-step: reduce-scatter of the gradients, two all-gathers of the parameters.
-    z3 = comm_volume(model, cluster, training, Plan(stage=3))
+    # Stage 3, one micro-step: reduce-scatter of the gradients, two all-gathers of the parameters
+    # (every parameter released after forward: stage3_max_reuse_distance 0).
+    z3 = comm_volume(model, cluster, training, Plan(stage=3, stage3_max_reuse_distance=0))
     reduce_scatter_t = grads / (busbw / ((n - 1) / n))
     assert ring_time(z3.gradient_reduce, 0, cluster) == pytest.approx(reduce_scatter_t, rel=1e-6)
     assert ring_time(z3.param_allgather, 0, cluster) == pytest.approx(2 * reduce_scatter_t, rel=1e-6)

@@ -278,6 +278,7 @@ def _build_result(result: dict, options: CalibrationOptions, config: dict, cores
         efficiency=float(min(max(efficiency, 1e-6), 1.0)),
         cpu_adam_params_per_s=float(result["adam"]["params_per_s"]),
         collective_latency_s=float(min(alpha, 1.0)),
+        comm_stream=bool(config["cuda"]),  # a CPU has no side stream (DeepSpeed: is_synchronized_device)
     )
     cal: dict[str, Any] = {
         "date": today,

@@ -4,7 +4,10 @@ Sources:
 
 * ZeRO paper (arXiv 1910.02054) §7: data parallelism and stages 1–2 move 2Ψ elements per GPU
   per step (reduce-scatter + all-gather, i.e. an all-reduce); stage 3 moves 3Ψ (parameter
-  all-gather in forward and again in backward, gradient reduce-scatter).
+  all-gather in forward and again in backward, gradient reduce-scatter). DeepSpeed gathers again
+  in backward only what it released after forward: a parameter whose next use lies beyond
+  ``stage3_max_reuse_distance`` elements of the trace (:func:`zeroplan.estimator.engine_work.stage3_gathers`),
+  so with the default 1e9 a small model moves 2Ψ per micro-step, a large one nearly 3Ψ.
 * DeepSpeed 0.19: stage 0 and 1 reduce once per optimizer step (engine.allreduce_gradients /
   stage_1_and_2.reduce_gradients at the accumulation boundary); stage 2 reduces in every
   micro-step's backward hooks; stage 3 gathers parameters in every micro-step's forward and
@@ -94,7 +97,9 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
 
     * stage 0, 1:  gradients Ψ·r·p (reduce half) + parameters Ψ·r·p (gather half) once → 2Ψ
     * stage 2:     gradients Ψ·r·p every micro-step (g×), parameters Ψ·r·p once → (g+1)Ψ
-    * stage 3:     parameters 2Ψ·r·p and gradients Ψ·r·p every micro-step → 3gΨ
+    * stage 3:     parameters (1 + f)Ψ·r·p and gradients Ψ·r·p every micro-step → (2 + f)gΨ, f the
+      share of parameter elements released after forward and gathered again in backward (1 in the
+      ZeRO paper; DeepSpeed's reuse distance keeps the rest, :func:`engine_work.stage3_gathers`)
 
     Offload (ZeRO-Offload §4.2, ZeRO-Infinity §5): optimizer offload moves the gradient
     partition down (p·Ψ/n; every micro-step in stage 2–3) and the updated parameter partition up
@@ -110,12 +115,19 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     p = bytes_per_param(training.precision)
     g = plan.gradient_accumulation_steps
     ring = (n - 1) / n
+    # Collective calls per step, as DeepSpeed issues them (zeroplan.estimator.engine_work cites
+    # the source): buckets of gradients and parameters, the gradient-norm and overflow
+    # all-reduces, ZeRO-3's per-module gathers and its persistent parameters' re-gathers.
+    from zeroplan.estimator.engine_work import engine_work
+
+    work = engine_work(model, plan, world_size=n, precision=training.precision)
+    regathered = work.stage3_regathered_fraction
     if plan.stage <= 1:
         grad_mult, gather_mult = 1.0, 1.0
     elif plan.stage == 2:
         grad_mult, gather_mult = float(g), 1.0
     else:
-        grad_mult, gather_mult = float(g), 2.0 * g
+        grad_mult, gather_mult = float(g), (1.0 + regathered) * g
     nodes, per_node = cluster.nodes, cluster.gpus_in_node
     gathered = psi_all if plan.stage == 3 else psi
     # Bytes of the whole tensors each collective moves per step, then split by link for
@@ -134,22 +146,17 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
             hpz=plan.zero_hpz_partition_size > 1, qwz=plan.zero_quantized_weights, qgz=plan.zero_quantized_gradients and nodes > 1
         )
         per_pass = g * gathered * p
-        gather_bytes = zpp.forward_allgather * per_pass + zpp.backward_allgather * per_pass
+        gather_bytes = zpp.forward_allgather * per_pass + zpp.backward_allgather * per_pass * regathered
         grad_bytes = zpp.gradient_reduce * grad_mult * psi * p
         if plan.zero_hpz_partition_size > 1:
-            hpz_bytes = per_pass
+            hpz_bytes = per_pass * regathered
     h = plan.zero_hpz_partition_size
     hpz_intra = int(hpz_bytes * (h - 1) / h) if hpz_bytes else 0
     gradient_reduce = int(grad_bytes * ring)
     param_allgather = int(gather_bytes * ring) + hpz_intra
     grad_split = split_collective(grad_bytes, gpus_per_node=per_node, nodes=nodes)
     gather_split = split_collective(gather_bytes, gpus_per_node=per_node, nodes=nodes)
-    # Collective calls per step, as DeepSpeed issues them (zeroplan.estimator.engine_work cites
-    # the source): buckets of gradients and parameters, the gradient-norm and overflow
-    # all-reduces, ZeRO-3's per-module gathers and its persistent parameters' re-gathers.
-    from zeroplan.estimator.engine_work import engine_work
-
-    collectives = engine_work(model, plan, world_size=n, precision=training.precision).collectives
+    collectives = work.collectives
     shard = -(-psi // n)
     pcie = 0
     if plan.offload_optimizer != "none":

@@ -24,9 +24,12 @@ source and checked against a real engine (tests/test_engine_work.py counts the c
   (``all_gather_dp_groups``, ``max(1, Ψ // allgather_bucket_size)`` shards).
 * stage 3 — ``zero/parameter_offload.py`` registers four hooks per module (pre/post forward,
   pre/post backward) and ``zero/stage3.py`` a gradient hook per trainable tensor; in every
-  micro-step each module with non-persistent parameters is gathered in forward and again in
-  backward (``partitioned_param_coordinator.fetch_sub_module`` → ``all_gather_coalesced``, one
-  call per module), gradients are copied into the reduce bucket and reduce-scattered per bucket
+  micro-step the non-persistent parameters are gathered as :func:`stage3_gathers` replays
+  ``partitioned_param_coordinator.py`` (one ``all_gather_coalesced`` call for the module's
+  missing parameters, one per prefetch batch; a parameter is released after a module only when
+  its next use lies beyond ``stage3_max_reuse_distance`` elements of the trace, so with the
+  default 1e9 a model under ~0.5e9 elements per pass is gathered once, in forward, and not again
+  in backward), gradients are copied into the reduce bucket and reduce-scattered per bucket
   (``__reduce_and_partition_ipg_grads``); per step one all-reduce of the gradient norm and, after
   the optimizer, each persistent parameter (numel ≤ ``stage3_param_persistence_threshold``) is
   re-gathered by its own call (``partition_parameters.py`` ``_allgather_params_coalesced``).
@@ -39,10 +42,14 @@ none (RMSNorm weight only) on a gated one; models that fuse q/k/v have fewer, sm
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from zeroplan.spec import ModelSpec, Plan, bytes_per_param, resolve_engine_knobs
 
-__all__ = ["EngineWork", "MEMORY_OPT_ALLREDUCE_SIZE", "ParameterTensors", "bucket_flushes", "engine_work", "parameter_tensors"]
+__all__ = [
+    "EngineWork", "MEMORY_OPT_ALLREDUCE_SIZE", "ParameterTensors", "Stage3Gathers", "bucket_flushes", "engine_work",
+    "forward_modules", "parameter_tensors", "stage3_gathers",
+]
 
 #: Elements per all-reduce bucket of stage 0 (deepspeed/runtime/engine.py, MEMORY_OPT_ALLREDUCE_SIZE).
 MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
@@ -112,6 +119,116 @@ def bucket_flushes(sizes: tuple[int, ...], bucket_elements: int) -> int:
     return calls + (1 if filled else 0)
 
 
+def forward_modules(model: ModelSpec, *, persistence_threshold: int) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """The model's parameter-holding modules in forward order, each as its non-persistent
+    parameters ``(name, elements)`` (same shape assumptions as :func:`parameter_tensors`): the
+    embedding, per block a norm, q, k, v, o, a norm and the MLP's linears, the final norm and the
+    output layer (holding the embedding's tensor when tied). Parameters of at most
+    ``persistence_threshold`` elements are left out: ZeRO-3 keeps them whole (``ds_persist``)."""
+    h, ffn = model.hidden_size, model.ffn_size
+    kv = model.num_kv_heads * model.head_dim
+    keep = lambda name, n: ((name, n),) if n > persistence_threshold else ()  # noqa: E731
+    mods: list[tuple[tuple[str, int], ...]] = [keep("embed", model.vocab_size * h)]
+    mlp = [("gate", h * ffn), ("up", h * ffn), ("down", h * ffn)] if model.gated_mlp else [("fc", h * ffn), ("out", h * ffn)]
+    for layer in range(model.num_layers):
+        block = [("q", h * h), ("k", h * kv), ("v", h * kv), ("o", h * h)]
+        mods.append(keep(f"{layer}.norm1", h))
+        mods.extend(keep(f"{layer}.{name}", n) for name, n in block)
+        mods.append(keep(f"{layer}.norm2", h))
+        mods.extend(keep(f"{layer}.{name}", n) for name, n in mlp)
+    mods.append(keep("norm_f", h))
+    mods.append(keep("embed", model.vocab_size * h) if model.tied_embeddings else keep("head", model.vocab_size * h))
+    return tuple(m for m in mods if m)
+
+
+@dataclass(frozen=True)
+class Stage3Gathers:
+    """ZeRO-3 parameter all-gathers in one micro-step (forward then backward), steady state."""
+
+    forward_calls: int
+    """``all_gather_coalesced`` calls issued during forward (fetches of missing parameters plus prefetches)."""
+    backward_calls: int
+    """Calls issued during backward (parameters released in forward, gathered again)."""
+    gathered_elements: int
+    """Elements of the parameters gathered at least once (the non-persistent ones)."""
+    regathered_elements: int
+    """Of those, the elements gathered again in backward."""
+
+
+@lru_cache(maxsize=256)
+def stage3_gathers(modules: tuple[tuple[tuple[str, int], ...], ...], *, prefetch_bucket: int, max_reuse_distance: int) -> Stage3Gathers:
+    """Replay DeepSpeed 0.19's ZeRO-3 parameter coordinator over one micro-step's trace (the
+    modules in forward order, then in reverse for backward; :func:`forward_modules`).
+
+    partitioned_param_coordinator.py, ``_fetch_sub_module_impl`` (lines 353-491): a module whose
+    parameters are not all available gathers the missing ones in one call; then, with a complete
+    trace, the parameter-use queue is popped and the parameters not yet available are prefetched
+    in one call until their elements reach ``stage3_prefetch_bucket_size`` (a parameter already
+    available is popped and skipped, its step recorded in ``__most_recent_step_id_param_fetched_for``).
+    ``release_sub_module`` → ``__params_to_release`` (lines 634-664): after a module runs, its
+    parameters are released unless a prefetch already claimed a later use, or they are used again
+    before ``max_reuse_distance`` elements of the following modules' parameters have been walked.
+    ``stage3_max_live_parameters`` (1e9 by default) is not modelled. At the end of backward
+    every parameter has been released (no later use in the trace), so each micro-step starts
+    with none gathered.
+    """
+    trace = modules + tuple(reversed(modules))
+    half = len(modules)
+    sizes = {name: n for mod in modules for name, n in mod}
+    uses = [(t, name) for t, mod in enumerate(trace) for name, _ in mod]
+    # Elements walked before trace step u: prefix[u] (the reuse-distance walk starts after t).
+    prefix = [0]
+    for mod in trace:
+        prefix.append(prefix[-1] + sum(n for _, n in mod))
+    next_use: dict[tuple[int, str], int] = {}
+    last_seen: dict[str, int] = {}
+    for t in range(len(trace) - 1, -1, -1):
+        for name, _ in trace[t]:
+            if name in last_seen:
+                next_use[(t, name)] = last_seen[name]
+        for name, _ in trace[t]:
+            last_seen[name] = t
+    available: set[str] = set()
+    claimed: dict[str, int] = {}
+    queue_pos = 0
+    calls = [0, 0]
+    regathered = 0
+    for t, mod in enumerate(trace):
+        part = 0 if t < half else 1
+        missing = [name for name, _ in mod if name not in available]
+        if missing:
+            calls[part] += 1
+            available.update(missing)
+            if part:
+                regathered += sum(sizes[name] for name in missing)
+        # Pop this module's own uses off the queue (those no prefetch reached), then prefetch.
+        while queue_pos < len(uses) and uses[queue_pos][0] <= t:
+            claimed[uses[queue_pos][1]] = max(claimed.get(uses[queue_pos][1], -1), uses[queue_pos][0])
+            queue_pos += 1
+        batch: set[str] = set()
+        numel = 0
+        while queue_pos < len(uses) and numel < prefetch_bucket:
+            step, name = uses[queue_pos]
+            queue_pos += 1
+            claimed[name] = max(claimed.get(name, -1), step)
+            if name not in available and name not in batch:
+                batch.add(name)
+                numel += sizes[name]
+        if batch:
+            calls[1 if t + 1 >= half else part] += 1
+            available.update(batch)
+            if t + 1 >= half:
+                regathered += numel
+        for name, _ in mod:
+            if claimed.get(name, -1) > t:
+                continue
+            u = next_use.get((t, name))
+            if u is not None and prefix[u] - prefix[t + 1] < max_reuse_distance:
+                continue
+            available.discard(name)
+    return Stage3Gathers(forward_calls=calls[0], backward_calls=calls[1], gathered_elements=sum(sizes.values()), regathered_elements=regathered)
+
+
 @dataclass(frozen=True)
 class EngineWork:
     """What a DeepSpeed engine does per optimizer step beyond FLOPs, collective bytes and the optimizer."""
@@ -122,6 +239,14 @@ class EngineWork:
     """Python hook calls (gradient hooks; ZeRO-3 module hooks)."""
     copied_bytes: int
     """Bytes read plus written by the engine's own copies (gradient buckets, fp32 upcast)."""
+    reduce_calls_per_pass: int = 0
+    """Gradient reduce calls in one reducing backward (bucket flushes; stage 0: its all-reduce buckets)."""
+    stage3_regathered_fraction: float = 1.0
+    """Stage 3: of the gathered parameters' elements, the share gathered again in backward (:func:`stage3_gathers`)."""
+    stage3_gather_calls: int = 0
+    """Stage 3: parameter all-gather calls per step in forward and backward (persistent re-gathers apart)."""
+    stage3_gather_passes: int = 0
+    """Stage 3: forward and backward passes per step that issue gathers (each one's first gather is exposed)."""
 
 
 def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str) -> EngineWork:
@@ -139,7 +264,7 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
     stage0_reduces = -(-psi // MEMORY_OPT_ALLREDUCE_SIZE)
     if plan.stage == 0:
         # Flatten into the bucket (read + write) and copy the reduced values back (read + write).
-        return EngineWork(collectives=stage0_reduces, hooks=0, copied_bytes=4 * p * psi)
+        return EngineWork(collectives=stage0_reduces, hooks=0, copied_bytes=4 * p * psi, reduce_calls_per_pass=stage0_reduces)
     shard = -(-psi // world_size)
     if plan.stage in (1, 2):
         passes = 1 if plan.stage == 1 else g
@@ -149,9 +274,19 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
             hooks=g * tensors.trainable_tensors,
             # Each micro-step's gradients into the IPG bucket (read + write); the partition to fp32.
             copied_bytes=g * 2 * p * psi + (p + 4) * shard,
+            reduce_calls_per_pass=reduces,
         )
+    gathers3 = stage3_gathers(
+        forward_modules(model, persistence_threshold=knobs["stage3_param_persistence_threshold"]),
+        prefetch_bucket=knobs["stage3_prefetch_bucket_size"], max_reuse_distance=knobs["stage3_max_reuse_distance"],
+    )
+    per_micro_step = gathers3.forward_calls + gathers3.backward_calls
     return EngineWork(
-        collectives=g * (2 * tensors.gathered_modules + reduces) + 1 + tensors.persistent_tensors,
+        collectives=g * (per_micro_step + reduces) + 1 + tensors.persistent_tensors,
         hooks=g * (4 * tensors.modules + tensors.trainable_tensors),
         copied_bytes=g * 2 * p * psi + (p + 4) * shard,
+        reduce_calls_per_pass=reduces,
+        stage3_regathered_fraction=gathers3.regathered_elements / max(1, gathers3.gathered_elements),
+        stage3_gather_calls=g * per_micro_step,
+        stage3_gather_passes=g * (2 if gathers3.backward_calls else 1),
     )

@@ -8,8 +8,9 @@ Sources:
   Korthikanti et al. 2022 §5), selective recomputation only the attention core (+4·L·h·s).
 * Collectives: :mod:`zeroplan.estimator.comm` (ring model of nccl-tests PERFORMANCE.md; across
   nodes, hierarchical: intra-node bytes over NVLink/PCIe, inter-node bytes over the network).
-* DeepSpeed overlap defaults (deepspeed/runtime/zero/config.py): overlap_comm is False in
-  stages 1–2 and True in stage 3, where prefetching hides gathers behind compute.
+* Overlap of communication with compute: :mod:`zeroplan.estimator.overlap` (DeepSpeed's
+  reduction stream under ``overlap_comm`` in stages 1–2, ZeRO-3 prefetching, none at stage 0
+  or on a CPU, which has no side stream).
 * Optimizer step: Adam is memory-bound — it reads and writes the fp32 master, both moments and
   reads the gradient, by optimizer and precision (:func:`optimizer_step_bytes_per_param`, 30
   bytes per parameter for mixed-precision Adam) on the GPU; on the host, CPU Adam throughput
@@ -21,17 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.estimator.comm import CommVolume, collective_time
+from zeroplan.estimator.overlap import CommOverlap, comm_overlap
 from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, compute_precision, optimizer_state_bytes_per_param
 
 __all__ = [
-    "StepTime", "engine_overhead", "flops_per_token", "optimizer_step_bytes_per_param", "step_time", "NVME_BANDWIDTH", "STAGE3_OVERLAP",
+    "StepTime", "comm_overlap_of", "engine_overhead", "flops_per_token", "optimizer_step_bytes_per_param", "step_time", "NVME_BANDWIDTH",
 ]
 
 #: NVMe read/write bandwidth per node assumed for ZeRO-Infinity swapping (bytes/s), a typical
 #: figure for a few PCIe 4.0 drives in RAID 0 (ZeRO-Infinity §6 measures 25 GB/s on 8 drives).
 NVME_BANDWIDTH = 12e9
-#: Fraction of stage-3 parameter gathers hidden behind compute by prefetching.
-STAGE3_OVERLAP = 0.7
 
 
 def optimizer_step_bytes_per_param(optimizer: str, precision: str) -> int:
@@ -110,13 +110,7 @@ def step_time(
 
     # Hierarchical collectives (comm.py): each link's bytes over its own bandwidth.
     communication = collective_time(comm.intra_node, comm.inter_node, comm.collectives, cluster)
-    if plan.stage == 3:
-        gather_inter = comm.param_allgather_inter_node
-        gathers = collective_time(comm.param_allgather - gather_inter, gather_inter, comm.collectives, cluster)
-        hidden = min(STAGE3_OVERLAP * gathers, compute)
-        exposed = communication - hidden
-    else:
-        exposed = communication
+    exposed = comm_overlap_of(model, cluster, training, plan, comm, compute=compute, communication=communication).exposed_s
 
     shard = -(-model.trainable_params // n)
     if plan.offload_optimizer == "none":
@@ -141,6 +135,34 @@ def step_time(
         optimizer=optimizer,
         offload_transfer=transfer,
         engine_overhead=engine_overhead(model, plan, gpu, world_size=n, precision=training.precision),
+    )
+
+
+def comm_overlap_of(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, comm: CommVolume, *, compute: float, communication: float
+) -> CommOverlap:
+    """:func:`zeroplan.estimator.overlap.comm_overlap` for ``plan``: the gradient reductions' and
+    ZeRO-3 gathers' times (their bytes and calls, comm.py / engine_work.py), compute split into
+    forward (2N per token and a third of the attention term, :func:`flops_per_token`) and the
+    backward that follows (the rest, recompute included)."""
+    from zeroplan.estimator.engine_work import engine_work
+
+    work = engine_work(model, plan, world_size=cluster.gpus, precision=training.precision)
+    g = plan.gradient_accumulation_steps
+    reducing_passes = 1 if plan.stage <= 1 else g
+    grad_inter = max(0, comm.inter_node - comm.param_allgather_inter_node)
+    grad_s = collective_time(comm.gradient_reduce - grad_inter, grad_inter, reducing_passes * work.reduce_calls_per_pass, cluster)
+    gather_s = 0.0
+    if plan.stage == 3:
+        gather_inter = comm.param_allgather_inter_node
+        gather_s = collective_time(comm.param_allgather - gather_inter, gather_inter, work.stage3_gather_calls, cluster)
+    terms = flops_per_token(model, training, plan)
+    forward_share = (2.0 * model.total_params + model.num_layers * 4 * model.hidden_size * training.seq_len) / sum(terms.values())
+    return comm_overlap(
+        stage=plan.stage, overlap_comm=plan.overlap_comm, comm_stream=cluster.gpu.comm_stream,
+        communication_s=communication, gradient_reduce_s=grad_s, reduce_calls_per_pass=work.reduce_calls_per_pass,
+        reducing_passes=reducing_passes, param_gather_s=gather_s, gather_calls=work.stage3_gather_calls,
+        gather_passes=work.stage3_gather_passes, forward_s=compute * forward_share, backward_s=compute * (1 - forward_share),
     )
 
 

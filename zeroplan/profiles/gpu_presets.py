@@ -36,6 +36,7 @@ _GPU_FIELDS = (
     "step_overhead_s",
     "stage3_layer_overhead_s",
     "hook_call_s",
+    "comm_stream",
     "source",
 )
 

@@ -51,6 +51,10 @@ class GpuSpec:
     """Extra ZeRO-3 cost per layer and micro-step (s): gather/release hooks; 0 unless calibrated."""
     hook_call_s: float = 0.0
     """Seconds one engine hook call costs (a Python call dispatched by autograd or a module); 0 unless measured."""
+    comm_stream: bool = True
+    """Collectives run on a stream of their own beside compute (CUDA/ROCm), so DeepSpeed's
+    ``overlap_comm`` and ZeRO-3 prefetching can hide them; false for a CPU, which DeepSpeed's
+    accelerator calls a synchronized device (no side stream: a collective blocks the code that issues it)."""
 
     def __post_init__(self) -> None:
         check_positive_int("gpu memory_bytes", self.memory_bytes, minimum=1, maximum=_MAX_MEMORY)
@@ -74,6 +78,8 @@ class GpuSpec:
             f"gpu {self.name} stage3_layer_overhead_s", self.stage3_layer_overhead_s, maximum=60.0, allow_zero=True
         )
         check_positive_float(f"gpu {self.name} hook_call_s", self.hook_call_s, maximum=1.0, allow_zero=True)
+        if not isinstance(self.comm_stream, bool):
+            raise SpecError(f"gpu {self.name}: comm_stream = {self.comm_stream!r} is not valid; give true (a GPU) or false (a CPU)")
 
     def as_dict(self) -> dict:
         return {
@@ -91,6 +97,7 @@ class GpuSpec:
             "step_overhead_s": self.step_overhead_s,
             "stage3_layer_overhead_s": self.stage3_layer_overhead_s,
             "hook_call_s": self.hook_call_s,
+            "comm_stream": self.comm_stream,
             "source": self.source,
         }
 

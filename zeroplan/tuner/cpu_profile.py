@@ -179,6 +179,7 @@ def quick_cpu_profile(base: GpuSpec, *, ranks: int, budget_s: float = 2.0, befor
         cpu_adam_params_per_s=bandwidth / _GPU_ADAM_BYTES_PER_PARAM,
         collective_latency_s=latency,
         hook_call_s=hook_s,
+        comm_stream=False,  # DeepSpeed's CPU accelerator: is_synchronized_device(), no side stream
     )
     comm = (f"gloo {latency * 1e3:.2f} ms per synchronisation, {link / 1e9:.1f} GB/s" if gloo
             else f"gloo not measured (assumed {GLOO_LATENCY_S * 1e6:.0f} µs, {link / 1e9:.1f} GB/s)")
