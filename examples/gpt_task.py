@@ -118,6 +118,7 @@ def model_spec(cfg: GPTConfig):
         vocab_size=cfg.vocab,
         tied_embeddings=True,
         dropout=False,  # no nn.Dropout anywhere: autograd saves no masks
+        fused_qkv=True,  # Block.qkv: one h×3h Linear
         source="given",
     )
 

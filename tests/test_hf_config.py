@@ -21,15 +21,19 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 
-def transformers_count(config: dict) -> int:
-    """Parameters of the transformers model for ``config``, built on the meta device."""
+def transformers_model(config: dict):
+    """The transformers model for ``config``, built on the meta device."""
     data = dict(config)
     model_type = data.pop("model_type")
     hf_config = transformers.AutoConfig.for_model(model_type, **data)
     auto = transformers.AutoModelForSeq2SeqLM if model_type == "t5" else transformers.AutoModelForCausalLM
     with torch.device("meta"):
-        model = auto.from_config(hf_config)
-    return sum(p.numel() for p in model.parameters())
+        return auto.from_config(hf_config)
+
+
+def transformers_count(config: dict) -> int:
+    """Parameters of the transformers model for ``config``, built on the meta device."""
+    return sum(p.numel() for p in transformers_model(config).parameters())
 
 
 def write_config(tmp_path: Path, config: dict, name: str = "config.json") -> Path:
@@ -119,8 +123,16 @@ CONFIGS = {
 def test_count_matches_transformers(tmp_path, name):
     config = CONFIGS[name]
     spec = model_from_hf_config(write_config(tmp_path, config))
-    assert spec.params == transformers_count(config)
+    model = transformers_model(config)
+    assert spec.params == sum(p.numel() for p in model.parameters())
     assert spec.source == "config.json"
+    # fused_qkv: the model holds one h×(a + 2·kv_heads)·head_dim weight per block for Q, K and V.
+    h, head_dim = spec.hidden_size, config.get("head_dim") or spec.head_dim
+    qkv = (spec.num_heads + 2 * spec.num_kv_heads) * head_dim
+    fused = [n for n, p in model.named_parameters() if p.dim() == 2 and sorted(p.shape) == sorted((h, qkv))]
+    assert spec.fused_qkv == bool(fused), fused
+    if fused:
+        assert len(fused) == spec.num_layers, fused
 
 
 def test_every_supported_type_is_covered():

@@ -85,5 +85,5 @@ def gpt_model_spec(shape: GPTShape):
     return ModelSpec(
         name=f"calibrate GPT {shape.label}", params=params, hidden_size=shape.hidden, num_layers=shape.layers,
         num_heads=shape.heads, num_kv_heads=shape.heads, ffn_size=4 * shape.hidden, vocab_size=shape.vocab,
-        tied_embeddings=True, source="given",
+        tied_embeddings=True, fused_qkv=True, source="given",
     )

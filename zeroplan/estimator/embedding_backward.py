@@ -68,11 +68,13 @@ class EmbeddingBackward:
 
 def _matrices_over(model: ModelSpec, bucket: int) -> int:
     """Elements of the weight matrices larger than ``bucket`` elements: per block Q and O (h×h),
-    K and V (h×kv) and the MLP's 2 or 3 h×ffn matrices (as :attr:`ModelSpec.block_params` counts
-    them; a fused QKV such as GPT-2's ``c_attn`` is one 3h² matrix and is not seen here), plus an
-    untied output projection (V·h). The token embedding is not included: its gradient is being made."""
+    K and V (h×kv) — one h×(h + 2·kv) matrix when ``fused_qkv`` — and the MLP's 2 or 3 h×ffn
+    matrices (as :attr:`ModelSpec.block_params` counts them), plus an untied output projection
+    (V·h). Every parameter is tested alone, as DeepSpeed tests ``param.numel()`` against the
+    bucket. The token embedding is not included: its gradient is being made."""
     h, kv, f = model.hidden_size, model.num_kv_heads * model.head_dim, model.ffn_size
-    block = [h * h, h * h, h * kv, h * kv] + [h * f] * (3 if model.gated_mlp else 2)
+    attention = [h * (h + 2 * kv), h * h] if model.fused_qkv else [h * h, h * h, h * kv, h * kv]
+    block = attention + [h * f] * (3 if model.gated_mlp else 2)
     total = model.num_layers * sum(n for n in block if n > bucket)
     if not model.tied_embeddings and model.embedding_params > bucket:
         total += model.embedding_params

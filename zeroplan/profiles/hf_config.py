@@ -353,6 +353,11 @@ _COUNTERS: dict[str, Callable[[_Config], _Counted]] = {
     "t5": _count_t5,
 }
 
+#: ``model_type`` values whose attention projects Q, K and V with one matrix (transformers'
+#: GPT2Attention ``c_attn``, GPTNeoXAttention and BloomAttention ``query_key_value``,
+#: Phi3Attention ``qkv_proj``).
+FUSED_QKV_MODEL_TYPES: tuple[str, ...] = ("bloom", "gpt2", "gpt_neox", "phi3")
+
 #: ``model_type`` values :func:`model_from_hf_config` understands.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_COUNTERS))
 
@@ -397,6 +402,7 @@ def model_from_hf_dict(data: dict[str, Any], *, name: str, where: str | None = N
             tied_embeddings=counted.tied_embeddings,
             gated_mlp=counted.gated_mlp,
             largest_layer_params=counted.largest_layer_params,
+            fused_qkv=data["model_type"] in FUSED_QKV_MODEL_TYPES,
             source="config.json",
             notes=counted.notes,
         )

@@ -50,6 +50,10 @@ class ModelSpec:
     """Things the user should know about how this spec was obtained."""
     peft: PeftSpec | None = None
     """Frozen base and trainable subset or adapter (LoRA/QLoRA); None for a full fine-tune."""
+    fused_qkv: bool = False
+    """Q, K and V are one h×(h + 2·kv) weight (GPT-2's ``c_attn``, GPT-NeoX's and BLOOM's
+    ``query_key_value``, Phi-3's ``qkv_proj``), so their gradient is one tensor: what a reduce
+    bucket sees (stage 1 keeps gradients larger than the bucket whole until the epilogue)."""
     dropout: bool | None = None
     """Training applies dropout, so autograd saves 1-byte masks (attention output, MLP output,
     embeddings); None: by architecture — GPT-style blocks do (GPT-2's p = 0.1), gated-MLP (Llama
@@ -71,6 +75,8 @@ class ModelSpec:
             raise SpecError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
             )
+        if not isinstance(self.fused_qkv, bool):
+            raise SpecError(f"fused_qkv={self.fused_qkv!r} is not valid; give true or false")
         if self.dropout is not None and not isinstance(self.dropout, bool):
             raise SpecError(f"dropout={self.dropout!r} is not valid; give true, false or null (by architecture)")
         if self.largest_layer_params < 0:
@@ -147,6 +153,7 @@ class ModelSpec:
             "frozen_params": self.frozen_params,
             "peft": self.peft.as_dict() if self.peft else None,
             "dropout": self.dropout,
+            "fused_qkv": self.fused_qkv,
         }
 
     @classmethod
