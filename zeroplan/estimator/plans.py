@@ -278,27 +278,36 @@ def estimate_plan(
     knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
     embedding = embedding_backward(model, training, plan, reduce_bucket_size=knobs["reduce_bucket_size"])
     moments = deepspeed_moments(model, extra, acts, act_total, embedding=embedding, traced_after_loss=after_loss)
-    peak = max(moments, key=lambda m: m.allocated_above_states)
-    allocated = states.total + always + peak.allocated_above_states
-    on_step = peak.name == STEP_MOMENT
+    # max_memory_allocated is the largest moment's live bytes. What the caching allocator reserves
+    # depends on each moment's transients too, so the reserved peak (and the breakdown, which adds
+    # up to it) is the moment with the most live + reserved bytes, which may be another one.
+    by_allocated = max(moments, key=lambda m: m.allocated_above_states)
+    peak = by_allocated
+    allocated = states.total + always + by_allocated.allocated_above_states
     reserve = 0
     held = 0
     allocator = None
+    if device == "cuda":
+        live_large = (acts.saved_tensors if acts is not None else 0) + _STATE_TENSORS_DEEPSPEED
+        reserves = [
+            allocator_reserve(transients=m.transients, live_large_tensors=live_large, expandable_segments=expandable_segments)
+            for m in moments
+        ]
+        at = max(range(len(moments)), key=lambda i: moments[i].allocated_above_states + reserves[i].total)
+        peak, allocator = moments[at], reserves[at]
+        unallocated = sum(extra.unallocated.values())
+        reserve = allocator.total + unallocated
+        held = reserves[moments.index(by_allocated)].held + unallocated
+        if allocator.stranded_transients >= GiB:
+            notes.append(stranded_note(allocator, peak.transients))
+    on_step = peak.name == STEP_MOMENT
     overhead_items = extra.items()
     if embedding is not None and peak.name == EMBEDDING_MOMENT:
         overhead_items.update(embedding.items())
-    if device == "cuda":
-        allocator = allocator_reserve(
-            transients=peak.transients,
-            live_large_tensors=(acts.saved_tensors if acts is not None else 0) + _STATE_TENSORS_DEEPSPEED,
-            expandable_segments=expandable_segments,
-        )
+    if allocator is not None:
         overhead_items["allocator_fragmentation"] = allocator.total
-        reserve = allocator.total + sum(extra.unallocated.values())
-        held = allocator.held + sum(extra.unallocated.values())
-        if allocator.stranded_transients >= GiB:
-            notes.append(stranded_note(allocator, peak.transients))
-    total = allocated + reserve
+    at_peak = states.total + always + peak.allocated_above_states
+    total = at_peak + reserve
     # The breakdown is a snapshot at the peak moment: gradients DeepSpeed has not allocated yet are
     # left out of ``gradients``, activations already freed out of ``activations``, and ``overhead``
     # holds the engine items alive then. ``model_states`` in the JSON keeps the paper's categories.
@@ -310,10 +319,15 @@ def estimate_plan(
         overhead=always + sum(peak.items.values()) + reserve,
         total=total,
         peak_allocated=allocated,
-        peak_reserved=allocated + (allocator.total if allocator is not None else 0),
+        peak_reserved=at_peak + (allocator.total if allocator is not None else 0),
         required=allocated + held,
     )
     notes.append(peak.note(act_total))
+    if peak is not by_allocated:
+        notes.append(
+            f"most allocated ({_gib(allocated)}) at {by_allocated.name}; the reserved peak above is at {peak.name}, "
+            "with the transients freed there kept cached by the allocator"
+        )
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
     phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu)
     worst = phases.worst
