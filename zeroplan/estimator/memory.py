@@ -183,8 +183,7 @@ class EngineOverhead:
     """Stages 1–2: blocks whose backward has run when the first bucket flush allocates the deferred
     gradient partition (:func:`first_flush_blocks`); None: the flush comes at the epilogue."""
     after_backward: dict[str, int] = field(default_factory=dict)
-    """Buffers of a reduction that runs once the whole backward is done: every gradient alive, no
-    activation (stage 0's flattened all-reduce)."""
+    """A reduction's buffers once the whole backward is done (stage 0's flattened all-reduce)."""
     after_head_backward: dict[str, int] = field(default_factory=dict)
     """Stage 3: alive from the head's backward on, beside every gathered parameter (its weight gradient)."""
     gathered_at_embedding: dict[str, int] = field(default_factory=dict)
@@ -193,7 +192,8 @@ class EngineOverhead:
     def items(self) -> dict[str, int]:
         """Every named item (for the JSON ``overhead_items``)."""
         return {**self.always, **self.during_backward, **self.at_first_hook, **self.after_first_hook,
-                **self.after_head_backward, **self.after_backward, **self.during_step, **self.unallocated}
+                **self.after_head_backward, **self.gathered_at_embedding, **self.after_backward,
+                **self.during_step, **self.unallocated}
 
     @property
     def deferred_bytes(self) -> int:
