@@ -9,7 +9,12 @@ Part 2 — one process, the plain DeepSpeed script examples/train_deepspeed.py:
   (c) ``deepspeed --autotuning tune --num_gpus 1`` (fast mode: micro-batch per ZeRO stage);
   (d) ``zeroplan tune`` on the same script (its Python API), same model;
   and DeepSpeed's chosen config re-measured with a zeroplan probe, so both best throughputs come
-  from the same measurement.
+  from the same measurement. zeroplan's wall time runs from starting its warm server and measuring
+  this CPU (as ``zeroplan tune`` does before searching) to the end of the search; a table splits
+  each probe into phases (zeroplan.runtime.phases.PHASES) and shows the tuner's time between
+  probes. ``--launcher torchrun`` runs the search's probes under torchrun instead;
+  ``--compare-launchers N`` first probes three plans N rounds under each launcher, interleaved
+  (step time, peak tensor memory per rank, host RSS).
 
     PYTHONPATH=. python benchmarks/bench_tuner.py              # everything (~40 min on 2 CPU cores)
     PYTHONPATH=. python benchmarks/bench_tuner.py --skip-deepspeed --global-batch 8
@@ -293,17 +298,23 @@ def compare_launchers(args, tmp: Path, model, training) -> None:
                               f"wall {sum(res.phases_s.values()):.1f} s (load {os.getloadavg()[0]:.1f})")
     table = Table(title=f"Launchers compared: {DS_SCRIPT.name}, 1 process, 10 measured steps after 2, {args.compare_launchers} rounds interleaved (medians)",
                   title_justify="left")
-    for col in ("plan", "launcher", "step s", "step s per round", "peak tensor bytes/rank", "host step peak/rank MiB", "host peak/node MiB", "probe wall s"):
-        table.add_column(col, justify="left" if col in ("plan", "launcher", "step s per round") else "right")
+    def cpu_s(res) -> float:
+        """Rank 0's median CPU seconds per timed step (less disturbed by other jobs than wall time)."""
+        times = json.loads((Path(res.workdir) / "rank-0.json").read_text()).get("step_cpu_times") or [float("nan")]
+        return statistics.median(times)
+
+    for col in ("plan", "launcher", "step s", "step s per round", "CPU s/step per round", "peak tensor bytes/rank", "host step peak/rank MiB",
+                "host peak/node MiB", "probe wall s"):
+        table.add_column(col, justify="left" if col in ("plan", "launcher", "step s per round", "CPU s/step per round") else "right")
     for (i, launcher), results in sorted(rows.items()):
         ok = [x for x in results if x.status == "ok"]
         if not ok:
-            table.add_row(f"z{plans[i].stage}/mb{plans[i].micro_batch}", launcher, "failed", "", "", "", "", "")
+            table.add_row(f"z{plans[i].stage}/mb{plans[i].micro_batch}", launcher, "failed", "", "", "", "", "", "")
             continue
         med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
         table.add_row(
             f"z{plans[i].stage}/mb{plans[i].micro_batch}", launcher, f"{med([x.step_time for x in ok]):.4f}",
-            " ".join(f"{x.step_time:.3f}" for x in ok), str(sorted({x.peak_memory for x in ok})),
+            " ".join(f"{x.step_time:.3f}" for x in ok), " ".join(f"{cpu_s(x):.3f}" for x in ok), str(sorted({x.peak_memory for x in ok})),
             f"{med([(x.host_phase_peaks_per_rank[0] or {}).get('step', 0) / 2**20 for x in ok]):.0f}",
             f"{med([(x.host_peak_per_node or 0) / 2**20 for x in ok]):.0f}", f"{med([sum(x.phases_s.values()) for x in ok]):.1f}",
         )
@@ -348,8 +359,8 @@ def part2(args, tmp: Path) -> None:
                               f"this CPU's time model (torch imported) and the start-up floor ({floor:.1f} s: "
                               f"{'the warm server, started alongside' if warm_s and warm_s[0] is not None else 'an interpreter importing torch'})",
                               z["outcomes"], search_s))
-    console.print(f"  the search's tuner time between probes includes the warm server's remaining preloads ({args.launcher} launcher) "
-                  "where the first probe waited for them; the space and study creation are in the {:.1f} s total".format(z['wall_s'] - search_s - before_s))
+    console.print(f"  building the space and the study: {z['wall_s'] - search_s - before_s:.1f} s; zeroplan's total {z['wall_s']:.1f} s"
+                  + (" (a probe's 'server' phase: waiting for the warm server's preloads)" if args.launcher == "warm" else ""))
 
     remeasured = None
     if ds["optimal"]:
