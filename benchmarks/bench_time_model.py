@@ -96,7 +96,8 @@ def main() -> None:
     if saved is not None:
         from zeroplan.spec import GpuSpec
 
-        gpu = GpuSpec(**saved["profile"])
+        # The probes ran on 2 CPU ranks: rows saved before profiles had comm_stream get false.
+        gpu = GpuSpec(**{"comm_stream": False, **saved["profile"]})
         console.print(f"rows and profile from {args.from_json} (probed earlier with this script)")
     elif args.profile is None:
         from zeroplan.calibrate import CalibrationOptions, calibrate
