@@ -102,16 +102,19 @@ def main() -> None:
         replayed = None
         zero = cfg.get("zero_optimization", {})
         if args.stage == 3:
-            # The coordinator's replay on the real module tree (leaf modules in registration order,
-            # which is this model's forward order; a tied weight keeps one name), not the estimator's
-            # assumed shapes: all-gathers per micro-step, to set beside the measured count.
+            # The coordinator's replay on the real module tree (a tied weight keeps one name), not the
+            # estimator's assumed shapes: all-gathers per micro-step, to set beside the measured count.
             threshold = zero["stage3_param_persistence_threshold"]
-            mods = tuple(
-                tuple((f"p{id(t)}", t.ds_numel) for t in m.parameters(recurse=False) if t.ds_numel > threshold)
-                for m in gpt.modules() if any(True for _ in m.parameters(recurse=False))
-            )
-            mods = tuple(m for m in mods if m)
-            gathers = stage3_gathers(mods, prefetch_bucket=zero["stage3_prefetch_bucket_size"],
+
+            def own(m):
+                return tuple((f"p{id(t)}", t.ds_numel) for t in m.parameters(recurse=False) if t.ds_numel > threshold)
+
+            # Hook order: the model, then its modules in forward order; backward in reverse, each
+            # block before its children.
+            leaves = [gpt.tok, gpt.pos] + [x for b in gpt.blocks for x in (b, b.ln1, b.qkv, b.proj, b.ln2, b.fc, b.out)] + [gpt.ln_f, gpt.head]
+            back = [gpt.head, gpt.ln_f] + [x for b in reversed(gpt.blocks) for x in (b, b.out, b.fc, b.ln2, b.proj, b.qkv, b.ln1)] + [gpt.pos, gpt.tok]
+            gathers = stage3_gathers(tuple(own(m) for m in [gpt] + leaves), tuple(own(m) for m in [gpt] + back),
+                                     prefetch_bucket=zero["stage3_prefetch_bucket_size"],
                                      max_reuse_distance=zero.get("stage3_max_reuse_distance", 1_000_000_000))
             replayed = {"forward_calls": gathers.forward_calls, "backward_calls": gathers.backward_calls,
                         "per_step": args.accumulation * (gathers.forward_calls + gathers.backward_calls)}

@@ -81,26 +81,34 @@ def test_stage3_count_within_ten_percent_of_the_engine():
     assert work.stage3_regathered_fraction == 0.0
 
 
-def _example_gpt_modules(threshold: int) -> tuple:
-    """The example GPT's leaf modules in forward order, each as its parameters above ``threshold``."""
+def _example_gpt_trace(threshold: int) -> tuple:
+    """The modules of the example GPT that ZeRO-3's hooks visit in forward and in backward (the
+    model, then pre-order; backward in reverse with each block before its children), each as its
+    parameters above ``threshold``."""
     torch = pytest.importorskip("torch")
     sys.path.insert(0, str(ROOT / "examples"))
     from gpt_task import GPT as TorchGPT, GPTConfig
 
     with torch.device("meta"):
         model = TorchGPT(GPTConfig())
-    mods = (tuple((f"p{id(t)}", t.numel()) for t in m.parameters(recurse=False) if t.numel() > threshold) for m in model.modules())
-    return tuple(m for m in mods if m)
+
+    def own(m):
+        return tuple((f"p{id(t)}", t.numel()) for t in m.parameters(recurse=False) if t.numel() > threshold)
+
+    m = model
+    leaves = [m.tok, m.pos] + [x for b in m.blocks for x in (b, b.ln1, b.qkv, b.proj, b.ln2, b.fc, b.out)] + [m.ln_f, m.head]
+    back = [m.head, m.ln_f] + [x for b in reversed(m.blocks) for x in (b, b.out, b.fc, b.ln2, b.proj, b.qkv, b.ln1)] + [m.pos, m.tok]
+    return tuple(own(x) for x in [m] + leaves), tuple(own(x) for x in [m] + back)
 
 
-def test_stage3_replay_matches_the_engines_gathers():
-    # benchmarks/engine_collectives.py --stage 3 --accumulation 2 (DeepSpeed 0.19.8, 2 CPU ranks,
-    # zeroplan's config: prefetch 3686, persistence 640, reuse distance 1e9): 38 all-gathers per
-    # step, 18 of them the persistent parameters' re-gathers after the step, all the others in
-    # forward (measured_gathers: backward 0).
-    gathers = stage3_gathers(_example_gpt_modules(640), prefetch_bucket=3686, max_reuse_distance=1_000_000_000)
-    assert (gathers.forward_calls, gathers.backward_calls) == (10, 0)
-    assert 2 * (gathers.forward_calls + gathers.backward_calls) + 18 == 38
+@pytest.mark.parametrize("reuse, forward_calls", [(1_000_000_000, 10), (0, 16)])
+def test_stage3_replay_matches_the_engines_gathers(reuse, forward_calls):
+    # benchmarks/engine_collectives.py --stage 3 --accumulation 2 [--max-reuse-distance 0]
+    # (DeepSpeed 0.19.8, 2 CPU ranks, zeroplan's config: prefetch 3686, persistence 640): 38 and 50
+    # all-gathers per step, 18 of them the persistent parameters' re-gathers after the step, the
+    # others all issued during forward (20 and 32; none during engine.backward).
+    gathers = stage3_gathers(*_example_gpt_trace(640), prefetch_bucket=3686, max_reuse_distance=reuse)
+    assert (gathers.forward_calls, gathers.backward_calls) == (forward_calls, 0)
 
 
 def test_stage3_reuse_distance_rule():
@@ -108,15 +116,14 @@ def test_stage3_reuse_distance_rule():
     # unless used again within max_reuse_distance elements; without prefetching (bucket 0) every
     # module then gathers in forward and, released, again in backward.
     mods = tuple(((f"m{i}", 100),) for i in range(4))
-    kept = stage3_gathers(mods, prefetch_bucket=0, max_reuse_distance=10**9)
-    released = stage3_gathers(mods, prefetch_bucket=0, max_reuse_distance=1)
+    back = mods[::-1]
+    kept = stage3_gathers(mods, back, prefetch_bucket=0, max_reuse_distance=10**9)
+    released = stage3_gathers(mods, back, prefetch_bucket=0, max_reuse_distance=1)
     assert (kept.forward_calls, kept.backward_calls, kept.regathered_elements) == (4, 0, 0)
     # The last module is used again at once in backward (nothing walked in between): kept.
     assert (released.forward_calls, released.backward_calls, released.regathered_elements) == (4, 3, 300)
-    # Prefetching one module ahead (bucket ≤ a module): one call per module, the first fetch apart.
-    assert stage3_gathers(mods, prefetch_bucket=100, max_reuse_distance=10**9).forward_calls == 4
-    # A bucket of 300 elements takes three modules in one prefetch: 2 calls.
-    assert stage3_gathers(mods, prefetch_bucket=300, max_reuse_distance=10**9).forward_calls == 2
+    # A bucket of 300 elements takes the next three modules in one prefetch: 2 calls.
+    assert stage3_gathers(mods, back, prefetch_bucket=300, max_reuse_distance=10**9).forward_calls == 2
 
 
 @pytest.mark.e2e

@@ -7,7 +7,7 @@ Sources:
   all-gather in forward and again in backward, gradient reduce-scatter). DeepSpeed gathers again
   in backward only what it released after forward: a parameter whose next use lies beyond
   ``stage3_max_reuse_distance`` elements of the trace (:func:`zeroplan.estimator.engine_work.stage3_gathers`),
-  so with the default 1e9 a small model moves 2Ψ per micro-step, a large one nearly 3Ψ.
+  so with the default 1e9 a small model moves 2Ψ per micro-step, Llama-2-7B ~2.7Ψ.
 * DeepSpeed 0.19: stage 0 and 1 reduce once per optimizer step (engine.allreduce_gradients /
   stage_1_and_2.reduce_gradients at the accumulation boundary); stage 2 reduces in every
   micro-step's backward hooks; stage 3 gathers parameters in every micro-step's forward and

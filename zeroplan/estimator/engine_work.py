@@ -48,7 +48,7 @@ from zeroplan.spec import ModelSpec, Plan, bytes_per_param, resolve_engine_knobs
 
 __all__ = [
     "EngineWork", "MEMORY_OPT_ALLREDUCE_SIZE", "ParameterTensors", "Stage3Gathers", "bucket_flushes", "engine_work",
-    "forward_modules", "parameter_tensors", "stage3_gathers",
+    "module_trace", "parameter_tensors", "stage3_gathers",
 ]
 
 #: Elements per all-reduce bucket of stage 0 (deepspeed/runtime/engine.py, MEMORY_OPT_ALLREDUCE_SIZE).
@@ -119,26 +119,39 @@ def bucket_flushes(sizes: tuple[int, ...], bucket_elements: int) -> int:
     return calls + (1 if filled else 0)
 
 
-def forward_modules(model: ModelSpec, *, persistence_threshold: int) -> tuple[tuple[tuple[str, int], ...], ...]:
-    """The model's parameter-holding modules in forward order, each as its non-persistent
-    parameters ``(name, elements)`` (same shape assumptions as :func:`parameter_tensors`): the
-    embedding, per block a norm, q, k, v, o, a norm and the MLP's linears, the final norm and the
-    output layer (holding the embedding's tensor when tied). Parameters of at most
-    ``persistence_threshold`` elements are left out: ZeRO-3 keeps them whole (``ds_persist``)."""
+Trace = tuple[tuple[tuple[str, int], ...], ...]
+
+
+def module_trace(model: ModelSpec, *, persistence_threshold: int) -> tuple[Trace, Trace]:
+    """The modules ZeRO-3's hooks visit in forward and in backward, each as its non-persistent
+    parameters ``(name, elements)`` (same shape assumptions as :func:`parameter_tensors`).
+
+    Forward: the model, the embedding, per block the block then a norm, q, k, v, o, a norm and the
+    MLP's linears, the final norm and the output layer (holding the embedding's tensor when tied).
+    Backward: the model, then the same modules in reverse with each block before its children
+    (a module's pre-backward hook fires when its output's gradient arrives). Parameters of at
+    most ``persistence_threshold`` elements are left out (ZeRO-3 keeps them whole,
+    ``ds_persist``), but their modules and the containers stay: each visit runs the prefetcher.
+    """
     h, ffn = model.hidden_size, model.ffn_size
     kv = model.num_kv_heads * model.head_dim
     keep = lambda name, n: ((name, n),) if n > persistence_threshold else ()  # noqa: E731
-    mods: list[tuple[tuple[str, int], ...]] = [keep("embed", model.vocab_size * h)]
     mlp = [("gate", h * ffn), ("up", h * ffn), ("down", h * ffn)] if model.gated_mlp else [("fc", h * ffn), ("out", h * ffn)]
+    blocks = []
     for layer in range(model.num_layers):
-        block = [("q", h * h), ("k", h * kv), ("v", h * kv), ("o", h * h)]
-        mods.append(keep(f"{layer}.norm1", h))
-        mods.extend(keep(f"{layer}.{name}", n) for name, n in block)
-        mods.append(keep(f"{layer}.norm2", h))
-        mods.extend(keep(f"{layer}.{name}", n) for name, n in mlp)
-    mods.append(keep("norm_f", h))
-    mods.append(keep("embed", model.vocab_size * h) if model.tied_embeddings else keep("head", model.vocab_size * h))
-    return tuple(m for m in mods if m)
+        leaves = [keep(f"{layer}.norm1", h)] + [keep(f"{layer}.{n}", e) for n, e in [("q", h * h), ("k", h * kv), ("v", h * kv), ("o", h * h)]]
+        leaves += [keep(f"{layer}.norm2", h)] + [keep(f"{layer}.{n}", e) for n, e in mlp]
+        blocks.append(leaves)
+    head = keep("embed", model.vocab_size * h) if model.tied_embeddings else keep("head", model.vocab_size * h)
+    forward: list = [(), keep("embed", model.vocab_size * h)]
+    for leaves in blocks:
+        forward += [()] + leaves
+    forward += [keep("norm_f", h), head]
+    backward: list = [(), head, keep("norm_f", h)]
+    for leaves in reversed(blocks):
+        backward += [()] + leaves[::-1]
+    backward.append(keep("embed", model.vocab_size * h))
+    return tuple(forward), tuple(backward)
 
 
 @dataclass(frozen=True)
@@ -148,17 +161,17 @@ class Stage3Gathers:
     forward_calls: int
     """``all_gather_coalesced`` calls issued during forward (fetches of missing parameters plus prefetches)."""
     backward_calls: int
-    """Calls issued during backward (parameters released in forward, gathered again)."""
+    """Calls issued during backward."""
     gathered_elements: int
     """Elements of the parameters gathered at least once (the non-persistent ones)."""
     regathered_elements: int
-    """Of those, the elements gathered again in backward."""
+    """Elements gathered a second time in the micro-step (released after a use, needed again)."""
 
 
 @lru_cache(maxsize=256)
-def stage3_gathers(modules: tuple[tuple[tuple[str, int], ...], ...], *, prefetch_bucket: int, max_reuse_distance: int) -> Stage3Gathers:
+def stage3_gathers(forward: Trace, backward: Trace, *, prefetch_bucket: int, max_reuse_distance: int) -> Stage3Gathers:
     """Replay DeepSpeed 0.19's ZeRO-3 parameter coordinator over one micro-step's trace (the
-    modules in forward order, then in reverse for backward; :func:`forward_modules`).
+    modules its hooks visit in forward, then in backward; :func:`module_trace`).
 
     partitioned_param_coordinator.py, ``_fetch_sub_module_impl`` (lines 353-491): a module whose
     parameters are not all available gathers the missing ones in one call; then, with a complete
@@ -172,9 +185,9 @@ def stage3_gathers(modules: tuple[tuple[tuple[str, int], ...], ...], *, prefetch
     every parameter has been released (no later use in the trace), so each micro-step starts
     with none gathered.
     """
-    trace = modules + tuple(reversed(modules))
-    half = len(modules)
-    sizes = {name: n for mod in modules for name, n in mod}
+    trace = forward + backward
+    half = len(forward)
+    sizes = {name: n for mod in trace for name, n in mod}
     uses = [(t, name) for t, mod in enumerate(trace) for name, _ in mod]
     # Elements walked before trace step u: prefix[u] (the reuse-distance walk starts after t).
     prefix = [0]
@@ -192,15 +205,14 @@ def stage3_gathers(modules: tuple[tuple[tuple[str, int], ...], ...], *, prefetch
     claimed: dict[str, int] = {}
     queue_pos = 0
     calls = [0, 0]
-    regathered = 0
+    fetched = 0
     for t, mod in enumerate(trace):
         part = 0 if t < half else 1
         missing = [name for name, _ in mod if name not in available]
         if missing:
             calls[part] += 1
             available.update(missing)
-            if part:
-                regathered += sum(sizes[name] for name in missing)
+            fetched += sum(sizes[name] for name in missing)
         # Pop this module's own uses off the queue (those no prefetch reached), then prefetch.
         while queue_pos < len(uses) and uses[queue_pos][0] <= t:
             claimed[uses[queue_pos][1]] = max(claimed.get(uses[queue_pos][1], -1), uses[queue_pos][0])
@@ -215,10 +227,9 @@ def stage3_gathers(modules: tuple[tuple[tuple[str, int], ...], ...], *, prefetch
                 batch.add(name)
                 numel += sizes[name]
         if batch:
-            calls[1 if t + 1 >= half else part] += 1
+            calls[part] += 1
             available.update(batch)
-            if t + 1 >= half:
-                regathered += numel
+            fetched += numel
         for name, _ in mod:
             if claimed.get(name, -1) > t:
                 continue
@@ -226,7 +237,8 @@ def stage3_gathers(modules: tuple[tuple[tuple[str, int], ...], ...], *, prefetch
             if u is not None and prefix[u] - prefix[t + 1] < max_reuse_distance:
                 continue
             available.discard(name)
-    return Stage3Gathers(forward_calls=calls[0], backward_calls=calls[1], gathered_elements=sum(sizes.values()), regathered_elements=regathered)
+    distinct = sum(sizes.values())
+    return Stage3Gathers(forward_calls=calls[0], backward_calls=calls[1], gathered_elements=distinct, regathered_elements=fetched - distinct)
 
 
 @dataclass(frozen=True)
@@ -277,7 +289,7 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
             reduce_calls_per_pass=reduces,
         )
     gathers3 = stage3_gathers(
-        forward_modules(model, persistence_threshold=knobs["stage3_param_persistence_threshold"]),
+        *module_trace(model, persistence_threshold=knobs["stage3_param_persistence_threshold"]),
         prefetch_bucket=knobs["stage3_prefetch_bucket_size"], max_reuse_distance=knobs["stage3_max_reuse_distance"],
     )
     per_micro_step = gathers3.forward_calls + gathers3.backward_calls
@@ -288,5 +300,5 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
         reduce_calls_per_pass=reduces,
         stage3_regathered_fraction=gathers3.regathered_elements / max(1, gathers3.gathered_elements),
         stage3_gather_calls=g * per_micro_step,
-        stage3_gather_passes=g * (2 if gathers3.backward_calls else 1),
+        stage3_gather_passes=g * ((gathers3.forward_calls > 0) + (gathers3.backward_calls > 0)),
     )
