@@ -89,7 +89,7 @@ class CommVolume:
         return self.gradient_reduce + self.param_allgather
 
 
-def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> CommVolume:
+def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, engine: str = "deepspeed") -> CommVolume:
     """Per-GPU traffic for ``plan`` (ZeRO §7; DeepSpeed's per-micro-step behaviour; ring factor).
 
     With Ψ parameters, p bytes per element, n GPUs, g accumulation steps and ring factor
@@ -99,7 +99,7 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     * stage 2:     gradients Ψ·r·p every micro-step (g×), parameters Ψ·r·p once → (g+1)Ψ
     * stage 3:     parameters (1 + f)Ψ·r·p and gradients Ψ·r·p every micro-step → (2 + f)gΨ, f the
       share of parameter elements released after forward and gathered again in backward (1 in the
-      ZeRO paper; DeepSpeed's reuse distance keeps the rest, :func:`engine_work.stage3_gathers`)
+      ZeRO paper and FSDP2, ``engine="fsdp"``; DeepSpeed's reuse distance keeps the rest, :func:`engine_work.stage3_gathers`)
 
     Offload (ZeRO-Offload §4.2, ZeRO-Infinity §5): optimizer offload moves the gradient
     partition down (p·Ψ/n; every micro-step in stage 2–3) and the updated parameter partition up
@@ -121,7 +121,9 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     from zeroplan.estimator.engine_work import engine_work
 
     work = engine_work(model, plan, world_size=n, precision=training.precision)
-    regathered = work.stage3_regathered_fraction
+    # FSDP2's fully_shard (reshard_after_forward=True) frees every unit after forward and gathers
+    # it again in backward: the paper's f = 1. DeepSpeed keeps what its reuse rule keeps.
+    regathered = 1.0 if engine == "fsdp" else work.stage3_regathered_fraction
     if plan.stage <= 1:
         grad_mult, gather_mult = 1.0, 1.0
     elif plan.stage == 2:

@@ -95,7 +95,7 @@ def estimate_fsdp(
         # Each rank builds the whole model in fp32 before fully_shard shards it (the runtime does).
         startup_cpu=g * 4 * model.params,
     )
-    comm = comm_volume(model, cluster, training, plan)
+    comm = comm_volume(model, cluster, training, plan, engine="fsdp")
     timing = step_time(model, cluster, training, plan, comm)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
     fits, reasons = _fit_notes(gpu, host, cluster)
