@@ -64,8 +64,8 @@ def test_warm_measures_what_torchrun_measures(tmp_path):
     # The same tensors on the same ranks: the CPU storage tracker's peaks agree to the byte.
     assert warm.peak_memory_per_rank == torchrun.peak_memory_per_rank
     # The bytes live just before the optimizer step agree within one small tensor: rank 0 read
-    # 1,238,028 or 1,511,948 B across torchrun runs of this plan alike (a 273,920-B tensor alive or
-    # not at that moment, under either launcher).
+    # 1,238,028 or 1,511,948 B across two torchrun runs of this plan on a quiet machine (a 273,920-B
+    # tensor alive or not at that moment).
     assert all(abs(w - t) <= 300_000 for w, t in zip(warm.state_memory_per_rank, torchrun.state_memory_per_rank))
     assert warm.world_size == torchrun.world_size == 2 and warm.steps == torchrun.steps == 1
     # Both report where the time went, from the worker's start to the report.
