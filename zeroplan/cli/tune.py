@@ -168,6 +168,15 @@ def tune(
     )
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
+    # The batch flags are checked before the task is loaded or this machine measured (seconds each):
+    # the training spec's own checks, and --global-batch against --gpus as the space divides it.
+    from zeroplan.tuner.space import micro_batch_choices
+
+    micro_batch_choices(
+        resolve_training(precision=precision, optimizer=optimizer, seq_len=seq_len or 2048, micro_batch=micro_batch,
+                         global_batch=global_batch, grad_accum=grad_accum),
+        gpus,
+    )
     if timeout <= 0:
         raise SpecError(f"--timeout {timeout:g} is not valid; give seconds > 0")
     if steps < 1 or warmup < 0:
@@ -328,18 +337,7 @@ def tune(
         loss=loss or task_loss,
         launcher=local_launcher(launcher),
     )
-    # The warm server imports torch and DeepSpeed while this process imports torch for the time
-    # model; it is idle (imports done) before this CPU is measured, then loads the rest.
-    warm_ready = runner.begin_warm_server()
-    warm_s: list = []
-    cluster, time_model = time_model_for_probes(cluster, on_cuda=on_cuda, gpu_given=gpu is not None or node is not None,
-                                                before_measuring=lambda: warm_s.append(warm_ready()))
-    if not warm_s:
-        warm_s.append(warm_ready())
-    space = tune_space(
-        model_spec,
-        cluster,
-        training,
+    space_options = dict(
         script_kind=kind,
         stage=stage,
         offload_optimizer=offload_optimizer,
@@ -353,6 +351,22 @@ def tune(
         buckets=plan_buckets,
         base_config=base_config,
     )
+    # The warm server imports torch and DeepSpeed while this process estimates the plans and imports
+    # torch for the time model; it is idle (imports done) before this CPU is measured, then loads the rest.
+    warm_ready = runner.begin_warm_server()
+    # Which plans fit is memory alone: known before this CPU is measured (seconds), so a run where
+    # nothing fits stops here; the space is ranked again below with the measured speeds.
+    space = tune_space(model_spec, cluster, training, **space_options)
+    if not space.fitting:
+        _nothing_fits(console, space, training, loss_origin)
+    warm_s: list = []
+    measured, time_model = time_model_for_probes(cluster, on_cuda=on_cuda, gpu_given=gpu is not None or node is not None,
+                                                 before_measuring=lambda: warm_s.append(warm_ready()))
+    if not warm_s:
+        warm_s.append(warm_ready())
+    if measured is not cluster:
+        cluster = measured
+        space = tune_space(model_spec, cluster, training, **space_options)
 
     meta = {
         "script": " ".join([str(script), *args]),
@@ -371,12 +385,7 @@ def tune(
     }
     console.print(f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]")
     if not space.fitting:
-        closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
-        console.print(
-            f"[bold red]nothing fits[/]: all {len(space.candidates)} plans are ruled out by the estimator; "
-            f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"
-        )
-        raise typer.Exit(1)
+        _nothing_fits(console, space, training, loss_origin, say_loss=False)
     # A probe's start-up is at least the warm server's start (torch and DeepSpeed imported), else a
     # fresh interpreter importing torch: it bounds the budget and derives the first probes'
     # timeouts (before any probe has been measured).
@@ -422,3 +431,17 @@ def tune(
             (output / "probes" / FOLLOW_DONE).touch()  # the other nodes' followers stop
     frame = write_results(study.get_trials(deepcopy=False), output, meta)
     print_summary(console, frame, summary, output, cluster.gpus, trainer=trainer)
+
+
+def _nothing_fits(console, space, training, loss_origin: str, *, say_loss: bool = True) -> None:
+    """Say that the estimator rules out every plan (with the smallest one's reason) and exit 1."""
+    if say_loss:
+        console.print(
+            f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]"
+        )
+    closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
+    console.print(
+        f"[bold red]nothing fits[/]: all {len(space.candidates)} plans are ruled out by the estimator; "
+        f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"
+    )
+    raise typer.Exit(1)
