@@ -95,7 +95,8 @@ def _engine_record(gpu, overhead_s, stages=(0, 1, 2, 3)):
 
 def test_engine_terms_recover_overhead_and_efficiency_from_engine_like_timings():
     """Step times that follow the time model with efficiency 0.4 and a 0.25 s overhead, given to a
-    profile that says efficiency 0.1: calibration must find 0.4 and 0.25 s (stage-3 prefetch
+    profile that says efficiency 0.1: calibration must find 0.4 and 0.25 s (on a GPU profile the
+    per-sample cost comes from stage 0, whose step is a line in the micro-batch; stage-3 prefetch
     overlap depends on compute, so only stages 0-2 are exact)."""
     import dataclasses
 
@@ -125,7 +126,7 @@ def test_engine_faster_than_the_matmul_peak_raises_the_peak():
     from zeroplan.profiles import load_gpu
 
     truth = dataclasses.replace(load_gpu("a100-80gb"), efficiency=0.5)
-    record = _engine_record(truth, 0.1, stages=(1, 2))
+    record = _engine_record(truth, 0.1, stages=(0, 1, 2))
     low = dataclasses.replace(truth, peak_flops={**truth.peak_flops, "bf16": truth.peak_flops["bf16"] / 4})
     cal: dict = {}
     gpu = _engine_terms(low, record, CalibrationOptions(), cal)

@@ -344,7 +344,14 @@ def _engine_terms(gpu: GpuSpec, engine: dict | None, options: CalibrationOptions
     measured = {}
     for stage, by_mb in engine["stages"].items():
         measured[int(stage)] = fixed_and_per_sample({int(mb): ts for mb, ts in by_mb.items()})
-    per_sample = statistics.median(ps for _, ps in measured.values())
+    # The per-sample cost is read where the step is a straight line in the micro-batch: stage 0
+    # reduces after backward (engine.allreduce_gradients); with a side stream (a GPU), stages 1-2
+    # with overlap_comm and stage 3's prefetch hide communication behind a backward whose length
+    # grows with the micro-batch (zeroplan.estimator.overlap), which bends the line. A CPU hides
+    # nothing: every stage is a line there.
+    linear = [stage for stage in measured if stage == 0 or not gpu.comm_stream] or list(measured)
+    cal["engine_per_sample_stages"] = sorted(linear)
+    per_sample = statistics.median(measured[stage][1] for stage in linear)
     cal["engine"] = (
         f"DeepSpeed engine steps of {engine['name']} at micro-batch {lo} and {hi}, "
         f"{options.engine_repeats} alternating rounds after {options.engine_warmup} warm-up round(s), slowest rank, medians"
