@@ -136,14 +136,17 @@ def test_time_budget_starts_no_probe_that_would_end_past_it(tmp_path):
 
     class Slow(Replay):
         def __call__(self, plan, **kw):
-            time.sleep(0.4)
+            time.sleep(2.0)
             return super().__call__(plan, **kw)
 
     study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("tpe", seed=1))
-    tuner = Tuner(study, make_space(), Slow(oom_from=None), TuneSettings(trials=50, time_budget_s=0.9), expected_probe_s=lambda plan: 0.6)
+    # Seconds, not tenths: the search's own start (study, first proposals) took 0.75 s once on a
+    # loaded machine, which a 0.9 s budget could not absorb.
+    tuner = Tuner(study, make_space(), Slow(oom_from=None), TuneSettings(trials=50, time_budget_s=4.5), expected_probe_s=lambda plan: 3.0)
     tuner.prepare(resume=False)
     summary = tuner.run()
-    # The first probe fits (0 + 0.6 ≤ 0.9); after it (≥ 0.4 s) the next would end past 0.9 s.
+    # The first probe fits (start + 3 ≤ 4.5 while the start takes < 1.5 s); after it (≥ 2 s) the
+    # next would end past 4.5 s.
     assert summary.stopped_because == "time budget" and summary.probes_this_run == 1
     assert summary.gap is not None and summary.gap.unprobed > 0
 
