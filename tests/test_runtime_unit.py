@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -280,3 +281,34 @@ def test_cpu_workers_keep_deepspeed_from_building_its_inference_only_shm_op(monk
     skip_shm_comm_op()
     assert ops["deepspeed_shm_comm"] is False
     assert build_shm_op() is None
+
+
+def test_tune_compiles_the_optimizer_ops_its_plans_load_once_and_drops_a_killed_builds_lock(tmp_path, monkeypatch):
+    """A fresh machine: the ops a plan loads are compiled before the first probe (a probe would
+    spend minutes in the JIT build, past its timeout); a lock a killed build left behind is removed
+    when nothing is building, else torch's FileBaton waits on it for ever."""
+    from zeroplan.runtime import dsops
+    from zeroplan.spec import Plan
+
+    plans = [Plan(stage=2), Plan(stage=2, offload_optimizer="cpu")]
+    assert dsops.optimizer_ops_for(plans, optimizer_block=True) == ("FusedAdamBuilder", "CPUAdamBuilder")
+    assert dsops.optimizer_ops_for(plans[:1], optimizer_block=False) == ()  # the script's own optimizer
+    assert dsops.optimizer_ops_for(plans[1:], optimizer_block=False) == ("CPUAdamBuilder",)
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / "fused_adam").mkdir()
+    (tmp_path / "fused_adam" / "fused_adam.so").write_bytes(b"")
+    assert dsops.unbuilt_ops(("FusedAdamBuilder", "CPUAdamBuilder")) == ("CPUAdamBuilder",)
+    stale = tmp_path / "cpu_adam" / "lock"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"")
+    monkeypatch.setattr(dsops, "_build_tools_running", lambda: False)
+    dsops._drop_stale_lock("cpu_adam")
+    assert stale.exists()  # just taken: a build is about to start ninja
+    os.utime(stale, (time.time() - 600, time.time() - 600))
+    monkeypatch.setattr(dsops, "_build_tools_running", lambda: True)
+    dsops._drop_stale_lock("cpu_adam")
+    assert stale.exists()  # a build may be holding it
+    monkeypatch.setattr(dsops, "_build_tools_running", lambda: False)
+    dsops._drop_stale_lock("cpu_adam")
+    assert not stale.exists()

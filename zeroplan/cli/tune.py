@@ -386,6 +386,8 @@ def tune(
     console.print(f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]")
     if not space.fitting:
         _nothing_fits(console, space, training, loss_origin, say_loss=False)
+    if backend == "deepspeed":
+        _build_optimizer_ops(console, space, training, base_config=base_config, optimizer_impl=optimizer_impl)
     # A probe's start-up is at least the warm server's start (torch and DeepSpeed imported), else a
     # fresh interpreter importing torch: it bounds the budget and derives the first probes'
     # timeouts (before any probe has been measured).
@@ -445,3 +447,34 @@ def _nothing_fits(console, space, training, loss_origin: str, *, say_loss: bool 
         f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"
     )
     raise typer.Exit(1)
+
+
+def _escape_line(text: str) -> str:
+    """``text`` as one line for rich (markup escaped)."""
+    from rich.markup import escape
+
+    return escape(" ".join(text.split()))
+
+
+def _build_optimizer_ops(console, space, training, *, base_config, optimizer_impl) -> None:
+    """Compile the DeepSpeed optimizer ops the fitting plans load, once, before the first probe
+    (zeroplan.runtime.dsops.build_ops), and say how long it took: apart from every probe."""
+    from zeroplan.runtime.dsops import build_ops, optimizer_ops_for, unbuilt_ops
+
+    block = (base_config is None or "optimizer" in base_config) and optimizer_impl not in ("torch", "torch-fused") \
+        and training.optimizer in ("adam", "adamw")
+    missing = unbuilt_ops(optimizer_ops_for([c.plan for c in space.fitting], optimizer_block=block))
+    if not missing:
+        return
+    names = ", ".join(b.removesuffix("Builder") for b in missing)
+    import subprocess
+
+    with console.status(f"compiling DeepSpeed's {names} op (first use on this machine; a few minutes on CPUs) ..."):
+        try:
+            built = build_ops(missing)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            console.print(f"[yellow]note[/]: {_escape_line(str(exc))}; the probes that need it will report it")
+            return
+    if built:
+        console.print(f"[dim]compiled DeepSpeed's {', '.join(f'{k} in {v:.0f} s' for k, v in built.items())}, once for this machine; "
+                      "not part of any probe[/]")
