@@ -67,6 +67,7 @@ CONFIG_ALPHABET = st.sampled_from(list('{}[]:,"\\/*#\n\t -+.0123456789eEaNtrufsl
 
 @settings(max_examples=200, deadline=None)
 @given(text=st.one_of(st.text(max_size=200), st.lists(CONFIG_ALPHABET, max_size=80).map("".join)))
+@example(text="{/*")  # hjson's decoder raised IndexError on a comment cut at the end
 def test_parse_raises_only_spec_error(text):
     from zeroplan.dsconfig import parse_config_text
     from zeroplan.spec import SpecError

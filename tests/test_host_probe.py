@@ -40,7 +40,7 @@ def test_node_rss_counts_shared_pages_once():
     try:
         assert child.stdout.readline().strip() == "ready"  # started: its RSS no longer grows
         me = psutil.Process().memory_info()
-        assert node_rss([os.getpid()]) == me.rss
+        assert abs(node_rss([os.getpid()]) - me.rss) < 1 * MiB  # read a moment apart: a page may move
         both = node_rss([os.getpid(), child.pid])
         kid = psutil.Process(child.pid).memory_info()
         expected = (me.rss - me.shared) + (kid.rss - kid.shared) + max(me.shared, kid.shared)

@@ -80,7 +80,10 @@ def _try_hjson(text: str, pairs_hook) -> dict | None:
         return None
     try:
         data = hjson.loads(text, object_pairs_hook=pairs_hook)
-    except (ValueError, RecursionError):
+    except SpecError:
+        raise
+    except (ValueError, RecursionError, IndexError):
+        # hjson's decoder indexes past the end of text cut inside a comment ('{/*'): IndexError.
         return None
     return data if isinstance(data, dict) else None
 
