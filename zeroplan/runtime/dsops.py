@@ -37,7 +37,10 @@ OPTIMIZER_OPS = {"FusedAdamBuilder": "fused_adam", "CPUAdamBuilder": "cpu_adam"}
 STALE_LOCK_AGE_S = 30.0
 
 _BUILD = """
-import sys, time
+import os, sys, time
+import torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the probe worker sets it without CUDA
 from zeroplan.runtime.dsops import skip_shm_comm_op
 skip_shm_comm_op()
 from deepspeed.accelerator import get_accelerator
@@ -81,16 +84,12 @@ def build_ops(builders: tuple[str, ...], *, timeout_s: float = 1800.0) -> dict[s
     here), past a timeout derived for the plan, and a build killed half-way leaves its lock file
     behind, on which every later build waits. Returns seconds per op built (ops installed with
     DeepSpeed are skipped); RuntimeError with the build's last line when it fails."""
-    import os
     import subprocess
     import sys
 
     for builder in builders:
         _drop_stale_lock(OPTIMIZER_OPS.get(builder))
-    env = dict(os.environ)
-    if "DS_ACCELERATOR" not in env and not _cuda_visible():
-        env["DS_ACCELERATOR"] = "cpu"  # as the probe worker sets it without CUDA
-    r = subprocess.run([sys.executable, "-c", _BUILD, *builders], capture_output=True, text=True, env=env, timeout=timeout_s,
+    r = subprocess.run([sys.executable, "-c", _BUILD, *builders], capture_output=True, text=True, timeout=timeout_s,
                        start_new_session=True)
     if r.returncode != 0:
         last = next((ln for ln in reversed(r.stderr.splitlines()) if ln.strip()), f"exit code {r.returncode}")
@@ -128,9 +127,3 @@ def _build_tools_running() -> bool:
     from zeroplan.runtime.hostmem import is_build_tool
 
     return any(is_build_tool(p.info.get("name") or "") and p.info.get("name") != "sh" for p in psutil.process_iter(["name"]))
-
-
-def _cuda_visible() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

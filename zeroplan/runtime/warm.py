@@ -218,18 +218,13 @@ def _free_port() -> int:
 def _server_for(env: dict[str, str], *, log_path: Path, ready_timeout_s: float) -> WarmServer:
     """The running server for this environment, started (and any other one stopped) when needed."""
     global _server
-    key = (sys.executable, server_env_key(env))
-    if _server is not None and (_server.key != key or not _server.alive()):
-        _server.close()
-        _server = None
-    if _server is None:
-        _server = WarmServer(env, log_path=log_path, ready_timeout_s=ready_timeout_s, wait=False)
+    server = begin(env, log_path=log_path, ready_timeout_s=ready_timeout_s)
     try:
-        _server.wait_ready()
+        server.wait_ready()
     except WarmUnavailable:
         _server = None
         raise
-    return _server
+    return server
 
 
 def start_warm_job(
