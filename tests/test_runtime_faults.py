@@ -26,7 +26,7 @@ CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
 HANG = """
 import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open(os.path.join(os.environ["PID_DIR"], f"pid-{os.getpid()}"), "w").write(f"{os.getpid()} {child.pid}")
+open(os.path.join(os.environ["ZEROPLAN_TEST_PID_DIR"], f"pid-{os.getpid()}"), "w").write(f"{os.getpid()} {child.pid}")
 time.sleep(600)
 """
 
@@ -101,11 +101,13 @@ def test_hang_times_out_and_leaves_no_process(tmp_path):
     # timeout: they start after torchrun and each imports torch and DeepSpeed, which measured
     # 2.2× this machine's bare `import torch` (25 s against 11.5 s on a loaded 2-core box). Four
     # times it, at least 10 s, leaves room without waiting a fixed 25 s on a fast machine.
+    # The pid folder travels in a ZEROPLAN_ variable, read at run time: a warm server started by an
+    # earlier test serves this probe too (any other new variable would start one inside the timeout).
     timeout_s = max(10, round(4 * startup_floor_s()))
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     started = time.monotonic()
-    r = _probe(tmp_path, HANG, timeout_s=timeout_s, env=(("PID_DIR", str(pid_dir)),))
+    r = _probe(tmp_path, HANG, timeout_s=timeout_s, env=(("ZEROPLAN_TEST_PID_DIR", str(pid_dir)),))
     assert r.status == "timeout" and f"{timeout_s} s" in r.error
     assert time.monotonic() - started < timeout_s + 15  # killed within the grace period
     pids = _recorded_pids(pid_dir)
@@ -126,7 +128,7 @@ def test_killing_the_caller_kills_the_whole_job(tmp_path, sig):
         from zeroplan.runtime import ProbeRequest, run_probe
         try:
             run_probe(ProbeRequest(script=Path({str(script)!r}), ds_config={CONFIG!r}, timeout_s=120,
-                                   workdir=Path({str(tmp_path / 'w')!r}), env=(("PID_DIR", {str(pid_dir)!r}),)))
+                                   workdir=Path({str(tmp_path / 'w')!r}), env=(("ZEROPLAN_TEST_PID_DIR", {str(pid_dir)!r}),)))
         except KeyboardInterrupt:
             print("interrupted")
     """))

@@ -303,12 +303,20 @@ def test_tune_compiles_the_optimizer_ops_its_plans_load_once_and_drops_a_killed_
     stale.parent.mkdir(exist_ok=True)
     stale.write_bytes(b"")
     monkeypatch.setattr(dsops, "_build_tools_running", lambda: False)
-    dsops._drop_stale_lock("cpu_adam")
-    assert stale.exists()  # just taken: a build is about to start ninja
+    assert dsops.drop_stale_locks(("cpu_adam",)) == [] and stale.exists()  # just taken: a build is about to start ninja
     os.utime(stale, (time.time() - 600, time.time() - 600))
     monkeypatch.setattr(dsops, "_build_tools_running", lambda: True)
-    dsops._drop_stale_lock("cpu_adam")
-    assert stale.exists()  # a build may be holding it
+    assert dsops.drop_stale_locks(("cpu_adam",)) == [] and stale.exists()  # a build may be holding it
     monkeypatch.setattr(dsops, "_build_tools_running", lambda: False)
-    dsops._drop_stale_lock("cpu_adam")
-    assert not stale.exists()
+    assert dsops.held_locks(("fused_adam", "cpu_adam")) == ["cpu_adam"]
+    assert dsops.drop_stale_locks(("cpu_adam",)) == ["cpu_adam"] and not stale.exists()
+    # A built op's up-to-date check takes the lock too: a rank killed during it leaves the lock
+    # beside the .so, and every later load of the op would wait on it.
+    built = tmp_path / "fused_adam" / "lock"
+    built.write_bytes(b"")
+    os.utime(built, (time.time() - 600, time.time() - 600))
+    assert dsops.drop_stale_locks() == ["fused_adam"] and not built.exists()
+    # Once a probe's processes are all killed, a lock taken since it started is theirs, however young.
+    built.write_bytes(b"")
+    assert dsops.drop_stale_locks(since=time.time() + 5) == [] and built.exists()  # taken before the probe: kept
+    assert dsops.drop_stale_locks(since=time.time() - 5) == ["fused_adam"] and not built.exists()

@@ -386,8 +386,6 @@ def tune(
     console.print(f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]")
     if not space.fitting:
         _nothing_fits(console, space, training, loss_origin, say_loss=False)
-    if backend == "deepspeed":
-        _build_optimizer_ops(console, space, training, base_config=base_config, optimizer_impl=optimizer_impl)
     # A probe's start-up is at least the warm server's start (torch and DeepSpeed imported), else a
     # fresh interpreter importing torch: it bounds the budget and derives the first probes'
     # timeouts (before any probe has been measured).
@@ -399,6 +397,8 @@ def tune(
         fit = probes_in_budget(time_budget, floor)
         console.print(f"[dim]time budget {time_budget:g} s: one probe takes at least {floor:.0f} s here, so at most {fit} probes "
                       f"(no probe starts that its expected duration would take past the budget)[/]")
+    if backend == "deepspeed":  # after the budget check: a budget too small for one probe says so at once
+        _build_optimizer_ops(console, space, training, base_config=base_config, optimizer_impl=optimizer_impl)
     view = LiveView(console, settings.trials)
 
     def after_trial() -> None:

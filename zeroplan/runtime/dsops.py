@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["OPTIMIZER_OPS", "build_ops", "optimizer_ops_for", "skip_shm_comm_op", "unbuilt_ops"]
+__all__ = ["OPTIMIZER_OPS", "build_ops", "drop_stale_locks", "optimizer_ops_for", "skip_shm_comm_op", "unbuilt_ops"]
 
 
 def skip_shm_comm_op() -> None:
@@ -87,8 +87,7 @@ def build_ops(builders: tuple[str, ...], *, timeout_s: float = 1800.0) -> dict[s
     import subprocess
     import sys
 
-    for builder in builders:
-        _drop_stale_lock(OPTIMIZER_OPS.get(builder))
+    drop_stale_locks(tuple(OPTIMIZER_OPS[b] for b in builders if b in OPTIMIZER_OPS))
     r = subprocess.run([sys.executable, "-c", _BUILD, *builders], capture_output=True, text=True, timeout=timeout_s,
                        start_new_session=True)
     if r.returncode != 0:
@@ -97,27 +96,55 @@ def build_ops(builders: tuple[str, ...], *, timeout_s: float = 1800.0) -> dict[s
     return {name: float(secs) for name, secs in (ln.split() for ln in r.stdout.splitlines() if len(ln.split()) == 2)}
 
 
-def _drop_stale_lock(name: str | None) -> None:
-    """Remove the lock file a killed build of op ``name`` left in torch's extensions cache: with no
-    ``<name>.so``, older than :data:`STALE_LOCK_AGE_S` and no build tool running on this machine,
-    nothing holds it, and torch's ``FileBaton`` would make every later build of the op wait on it
-    for ever."""
-    if name is None:
-        return
+def _lock_files(names, env=None) -> list:
+    """``<build dir>/lock`` of each op in ``names``, where torch.utils.cpp_extension
+    ``_get_build_directory`` puts it for a process with environment ``env`` (default: this one's):
+    ``$TORCH_EXTENSIONS_DIR/<name>``, else ``<user cache>/torch_extensions/<py…_accelerator>/<name>``
+    (found without importing torch)."""
+    import os
     from pathlib import Path
 
-    from torch.utils.cpp_extension import _get_build_directory
+    env = os.environ if env is None else env
+    root = env.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return [Path(root) / name / "lock" for name in names]
+    cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache") / "torch_extensions"
+    return [lock for name in names for lock in cache.glob(f"*/{name}/lock")]
 
-    folder = Path(_get_build_directory(name, False))
-    lock = folder / "lock"
-    if not lock.exists() or (folder / f"{name}.so").exists():
-        return
+
+def drop_stale_locks(names=tuple(OPTIMIZER_OPS.values()), *, env=None, since: float | None = None) -> list[str]:
+    """Remove the lock files killed processes left on DeepSpeed's optimizer ops ``names`` in torch's
+    extensions cache; the ops whose lock was removed.
+
+    torch.utils.cpp_extension ``_jit_compile`` takes ``<build dir>/lock`` (a ``FileBaton``) at every
+    first load of an op in a process, even an op already built: it runs ninja's up-to-date check
+    under it. A process killed meanwhile (a rank stopped at a probe's timeout, a build interrupted)
+    leaves the lock, and every later load of that op, in any process, waits on it for ever
+    (``FileBaton.wait`` polls while the file exists). A lock is such a leftover when no build tool
+    runs on this machine and it is older than :data:`STALE_LOCK_AGE_S` (a live holder writes
+    build.ninja and starts ninja within moments of taking it), or was taken after ``since`` (a
+    probe's start, once every process of that probe has been killed)."""
     import time
 
-    # A build writes build.ninja and starts ninja within moments of taking the lock.
-    if time.time() - lock.stat().st_mtime < STALE_LOCK_AGE_S or _build_tools_running():
-        return
-    lock.unlink(missing_ok=True)
+    now = time.time()
+    stale = []
+    for lock in _lock_files(names, env):
+        try:
+            taken = lock.stat().st_mtime
+        except OSError:
+            continue
+        if now - taken >= STALE_LOCK_AGE_S or (since is not None and taken >= since):
+            stale.append(lock)
+    if not stale or _build_tools_running():
+        return []
+    for lock in stale:
+        lock.unlink(missing_ok=True)
+    return [lock.parent.name for lock in stale]
+
+
+def held_locks(names=tuple(OPTIMIZER_OPS.values()), *, env=None) -> list[str]:
+    """The ops among ``names`` whose build directory holds a lock now (loading one would wait)."""
+    return [lock.parent.name for lock in _lock_files(names, env) if lock.exists()]
 
 
 def _build_tools_running() -> bool:

@@ -255,12 +255,14 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         sampler.stop()
         if timed_out or returncode != 0:
             stop()
+            _drop_locks_left(env, started_unix)
         else:
             # torchrun has exited; make sure no worker outlived it.
             job.kill_all()
     except BaseException:
         sampler.stop()
         stop()
+        _drop_locks_left(env, started_unix)
         job.close()
         raise
     job.close()
@@ -342,6 +344,17 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
     (workdir / f"result{tag}.json").write_text(json.dumps(record, indent=2))
     return result
+
+
+def _drop_locks_left(env: dict[str, str], started_unix: float) -> None:
+    """A rank killed while loading a DeepSpeed op leaves torch's build lock behind, on which every
+    later load of the op would wait for ever (zeroplan.runtime.dsops.drop_stale_locks)."""
+    from zeroplan.runtime.dsops import drop_stale_locks
+
+    try:
+        drop_stale_locks(env=env, since=started_unix)
+    except Exception:  # noqa: BLE001 - the next probe's ranks drop it once it is old
+        pass
 
 
 def uses_warm_launcher(request: ProbeRequest) -> bool:

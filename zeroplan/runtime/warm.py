@@ -173,11 +173,14 @@ class WarmServer:
     def alive(self) -> bool:
         return not self.dead and self.proc.poll() is None
 
-    def close(self) -> None:
+    def close(self, *, kill: bool = False) -> None:
+        """Stop the server: it exits on its socket's EOF, or is killed (``kill``, or 10 s later)."""
         try:
             self.sock.close()  # the server kills its leaders and exits on EOF
         finally:
             try:
+                if kill:
+                    self.proc.kill()
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
@@ -234,8 +237,17 @@ def start_warm_job(
 
     Raises :class:`WarmUnavailable` when no server can run here (nothing has been started then).
     """
+    global _server
     server = _server_for(env, log_path=log_path.with_name("warm-server.log"), ready_timeout_s=ready_timeout_s)
-    pid, read_fd = server.launch(spec_path=spec_path, nproc=nproc, cwd=cwd, env=env, master_port=_free_port())
+    try:
+        pid, read_fd = server.launch(spec_path=spec_path, nproc=nproc, cwd=cwd, env=env, master_port=_free_port())
+    except WarmUnavailable:
+        # A server that did not answer is stuck; the next probe starts a fresh one instead of
+        # waiting on it again.
+        if _server is server:
+            _server = None
+        server.close(kill=True)
+        raise
     return Job(None, env, cwd, log_path, on_line, proc=_Leader(server, pid, read_fd))
 
 

@@ -133,7 +133,9 @@ def _load_built_cpu_op(name: str) -> None:
         if builder is None:
             return
         folder = _get_build_directory(builder.name, verbose=False)
-        if os.path.exists(os.path.join(folder, f"{builder.name}.so")):
+        # Never wait on a lock (torch's FileBaton would, for ever, on one a killed rank left): the
+        # server must stay free to fork the next probe; a rank loads the op itself then.
+        if os.path.exists(os.path.join(folder, f"{builder.name}.so")) and not os.path.exists(os.path.join(folder, "lock")):
             builder.load(verbose=False)
     except Exception:  # noqa: BLE001 - a rank loads (or builds) it itself, as under torchrun
         return

@@ -44,9 +44,13 @@ def _set_parent_death_signal() -> None:
 def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
     import deepspeed
 
-    from zeroplan.runtime.dsops import skip_shm_comm_op
+    from zeroplan.runtime.dsops import drop_stale_locks, skip_shm_comm_op
 
     skip_shm_comm_op()  # before the script's own init_distributed
+    try:
+        drop_stale_locks()  # a rank killed in an earlier probe's op load must not hang this one
+    except Exception:  # noqa: BLE001 - the engine then loads (or waits) as it would without zeroplan
+        pass
 
     original = deepspeed.initialize
 
