@@ -87,3 +87,29 @@ def test_a_rank_killed_by_sigkill_reads_as_the_oom_killer(tmp_path):
     assert r.launcher == "warm"
     assert r.status == "oom" and "SIGKILL" in r.error, r.error
     assert "exitcode : -9" in r.log_tail
+
+
+@pytest.mark.slow
+def test_a_server_that_does_not_answer_is_stopped_and_replaced(tmp_path):
+    """A stuck server (here stopped with SIGSTOP) costs one probe's fallback to torchrun, at most
+    that probe's timeout of waiting; it is killed, and the next probe gets a fresh server."""
+    import os
+    import signal
+    import time
+
+    from zeroplan.runtime import warm
+
+    env = {**os.environ, "ZEROPLAN_TEST": "stuck"}
+    server = warm.begin(env, log_path=tmp_path / "server.log", ready_timeout_s=120)
+    server.wait_ready()
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    started = time.monotonic()
+    with pytest.raises(warm.WarmUnavailable, match="the server did not start the probe"):
+        warm.start_warm_job(spec_path=spec, nproc=1, env=env, cwd=tmp_path, log_path=tmp_path / "probe.log", on_line=None, ready_timeout_s=2)
+    assert time.monotonic() - started < 15  # the probe's own timeout bounds the wait, then the kill
+    assert server.proc.poll() is not None and warm._server is None
+    fresh = warm.begin(env, log_path=tmp_path / "server.log", ready_timeout_s=120)
+    assert fresh is not server
+    warm.shutdown()

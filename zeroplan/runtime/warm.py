@@ -31,6 +31,11 @@ __all__ = ["WarmUnavailable", "WarmServer", "begin", "start_warm_job", "shutdown
 #: changes per test. Every other variable must match the server's, fixed when it started.
 RUNTIME_ONLY_PREFIXES = ("ZEROPLAN_", "PYTEST_CURRENT_TEST")
 
+#: Seconds to wait for the server to fork a probe's leader. It answers between its idle-time steps
+#: (warm_server.later_work: imports and op loads, seconds each, tens on a loaded machine); past
+#: this it is taken as stuck, stopped, and the probe runs under torchrun.
+LAUNCH_REPLY_S = 120.0
+
 _lock = threading.Lock()
 _server: Optional["WarmServer"] = None
 
@@ -152,14 +157,16 @@ class WarmServer:
                 return -9  # the server went away and took the leader with it
             return None
 
-    def launch(self, *, spec_path: Path, nproc: int, cwd: Path, env: dict[str, str], master_port: int) -> tuple[int, int]:
-        """Start one probe; (leader pid, read end of its output pipe)."""
+    def launch(self, *, spec_path: Path, nproc: int, cwd: Path, env: dict[str, str], master_port: int,
+               reply_s: float = LAUNCH_REPLY_S) -> tuple[int, int]:
+        """Start one probe; (leader pid, read end of its output pipe). :class:`WarmUnavailable` when
+        the server does not answer within ``reply_s`` seconds."""
         read_fd, write_fd = os.pipe()
         try:
             request = {"spec": str(spec_path), "nproc": nproc, "cwd": str(cwd), "env": env, "master_port": master_port}
             with _lock:
                 socket.send_fds(self.sock, [json.dumps(request).encode()], [write_fd])
-                reply = self._receive(30.0)
+                reply = self._receive(reply_s)
         except BaseException:
             os.close(read_fd)
             raise
@@ -240,7 +247,8 @@ def start_warm_job(
     global _server
     server = _server_for(env, log_path=log_path.with_name("warm-server.log"), ready_timeout_s=ready_timeout_s)
     try:
-        pid, read_fd = server.launch(spec_path=spec_path, nproc=nproc, cwd=cwd, env=env, master_port=_free_port())
+        pid, read_fd = server.launch(spec_path=spec_path, nproc=nproc, cwd=cwd, env=env, master_port=_free_port(),
+                                     reply_s=min(LAUNCH_REPLY_S, ready_timeout_s))
     except WarmUnavailable:
         # A server that did not answer is stuck; the next probe starts a fresh one instead of
         # waiting on it again.
