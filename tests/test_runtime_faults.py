@@ -101,13 +101,19 @@ def test_hang_times_out_and_leaves_no_process(tmp_path):
     # timeout: they start after torchrun and each imports torch and DeepSpeed, which measured
     # 2.2× this machine's bare `import torch` (25 s against 11.5 s on a loaded 2-core box). Four
     # times it, at least 10 s, leaves room without waiting a fixed 25 s on a fast machine.
-    # The pid folder travels in a ZEROPLAN_ variable, read at run time: a warm server started by an
-    # earlier test serves this probe too (any other new variable would start one inside the timeout).
+    # The pid folder travels in a ZEROPLAN_ variable, read at run time, so one warm server serves
+    # every probe of these tests; it is started (if no earlier test did) before the clock runs.
+    from zeroplan.runtime import warm
+    from zeroplan.runtime.launcher import probe_environment
+
     timeout_s = max(10, round(4 * startup_floor_s()))
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
+    env = (("ZEROPLAN_TEST_PID_DIR", str(pid_dir)),)
+    warm.begin(probe_environment(ProbeRequest(script=tmp_path / "script.py", env=env)), log_path=tmp_path / "server.log",
+               ready_timeout_s=300).wait_ready()
     started = time.monotonic()
-    r = _probe(tmp_path, HANG, timeout_s=timeout_s, env=(("ZEROPLAN_TEST_PID_DIR", str(pid_dir)),))
+    r = _probe(tmp_path, HANG, timeout_s=timeout_s, env=env)
     assert r.status == "timeout" and f"{timeout_s} s" in r.error
     assert time.monotonic() - started < timeout_s + 15  # killed within the grace period
     pids = _recorded_pids(pid_dir)
