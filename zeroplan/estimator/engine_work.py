@@ -34,9 +34,12 @@ source and checked against a real engine (tests/test_engine_work.py counts the c
   the optimizer, each persistent parameter (numel ≤ ``stage3_param_persistence_threshold``) is
   re-gathered by its own call (``partition_parameters.py`` ``_allgather_params_coalesced``).
 
-Parameter tensors come from the model's shape (:func:`parameter_tensors`), assuming separate q,
-k, v and o projections, GPT-2-style biases on every linear and norm of a non-gated MLP model and
-none (RMSNorm weight only) on a gated one; models that fuse q/k/v have fewer, smaller tensors.
+Parameter tensors come from the model's shape (:func:`parameter_tensors`) in GPT-2's module order:
+per block a norm, Q, K and V — one h×(h + 2·kv) linear when ``ModelSpec.fused_qkv``, as GPT-2's
+``c_attn`` —, O, a norm and the MLP's linears; GPT-2-style biases on every linear and norm of a
+non-gated MLP model and none (RMSNorm weight only) on a gated one. Parameters the shape does not
+name (``ModelSpec.params`` less the shape's tensors: GPT-2's learned position table ``wpe``) are
+one more tensor beside the token embedding.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from zeroplan.spec import ModelSpec, Plan, bytes_per_param, resolve_engine_knobs
 
 __all__ = [
     "EngineWork", "MEMORY_OPT_ALLREDUCE_SIZE", "ParameterTensors", "Stage3Gathers", "bucket_flushes", "engine_work",
-    "module_trace", "parameter_tensors", "stage3_gathers",
+    "module_trace", "parameter_tensors", "stage3_gathers", "straddle_calls",
 ]
 
 #: Elements per all-reduce bucket of stage 0 (deepspeed/runtime/engine.py, MEMORY_OPT_ALLREDUCE_SIZE).
@@ -57,7 +60,7 @@ MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
 
 @dataclass(frozen=True)
 class ParameterTensors:
-    """The model's parameter tensors and the modules that hold them, as ZeRO-3 sees them."""
+    """The model's parameter tensors and the modules that hold them, as ZeRO sees them."""
 
     tensors: int
     """Parameter tensors (weights, biases, norm scales)."""
@@ -70,53 +73,104 @@ class ParameterTensors:
     gathered_modules: int
     """Modules with at least one non-persistent tensor (gathered in every forward and backward)."""
     trainable_sizes: tuple[int, ...] = ()
-    """Elements of each trainable tensor in creation order (empty when not known tensor by tensor: LoRA)."""
+    """Elements of each trainable tensor in creation order, the order of DeepSpeed's flat buffer
+    (empty when not known tensor by tensor: LoRA)."""
+    gradient_order: tuple[int, ...] = ()
+    """The same elements in the order their gradient hooks fire in backward (empty with LoRA)."""
+
+
+def _modules(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """Parameter-holding modules in creation order, each as ``(kind, tensor sizes)`` (kind: ``linear``,
+    ``norm``, ``embedding``), with what the shape does not name as one embedding-like table."""
+    h, ffn = model.hidden_size, model.ffn_size
+    kv = model.num_kv_heads * model.head_dim
+    biased = not model.gated_mlp
+    linear = lambda n_in, n_out: ("linear", (n_in * n_out, n_out) if biased else (n_in * n_out,))  # noqa: E731
+    norm = ("norm", (h, h) if biased else (h,))
+    attention = [linear(h, h + 2 * kv)] if model.fused_qkv else [linear(h, h), linear(h, kv), linear(h, kv)]
+    mlp = [linear(h, ffn), linear(h, ffn), linear(ffn, h)] if model.gated_mlp else [linear(h, ffn), linear(ffn, h)]
+    block = [norm] + attention + [linear(h, h), norm] + mlp
+    head = [] if model.tied_embeddings else [("linear", (model.vocab_size * h,))]
+    named = model.vocab_size * h * (1 if model.tied_embeddings else 2) + model.num_layers * sum(sum(t) for _, t in block) + sum(norm[1])
+    # GPT-2's wpe (n_positions × h); elsewhere whatever the shape leaves out (Qwen2's q/k/v biases).
+    unnamed = model.params - named
+    extra = [("embedding", (unnamed,))] if unnamed > 0 else []
+    return [("embedding", (model.vocab_size * h,))] + extra + block * model.num_layers + [norm] + head
+
+
+def _hook_order(modules: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
+    """Tensor sizes in the order PyTorch's autograd runs their post-accumulate-grad hooks (DeepSpeed's
+    ``register_grad_hook``): modules in reverse, a linear's bias before its weight (``AddmmBackward``
+    returns both at once), a norm's weight before its bias; a tied token embedding last, when its
+    gradient from the output projection and from the lookup have been summed."""
+    order: list[int] = []
+    for kind, sizes in reversed(modules[1:]):
+        order += list(sizes[::-1]) if kind == "linear" else list(sizes)
+    return tuple(order) + modules[0][1]
 
 
 def parameter_tensors(model: ModelSpec, *, persistence_threshold: int) -> ParameterTensors:
     """Tensor and module counts of ``model`` (assumptions in the module docstring)."""
-    h, ffn = model.hidden_size, model.ffn_size
-    kv = model.num_kv_heads * model.head_dim
-    biased = not model.gated_mlp
-    # Per block: q, k, v, o, then the MLP's 2 (or 3 gated) matrices; each linear is one module.
-    linears = [h * h, h * kv, h * kv, h * h] + [h * ffn] * (3 if model.gated_mlp else 2)
-    bias_sizes = [h, kv, kv, h] + ([ffn, h] if biased else [])
-    norm_tensors = [h, h] * (2 if biased else 1)  # two norms per block: scale (+ shift)
-    block = linears + (bias_sizes if biased else []) + norm_tensors
-    # Embedding, the final norm and, untied, the output projection.
-    top = [model.vocab_size * h] + [h] * (2 if biased else 1) + ([] if model.tied_embeddings else [model.vocab_size * h])
-    sizes = block * model.num_layers + top
+    modules = _modules(model)
+    sizes = [n for _, tensors in modules for n in tensors]
     trainable_sizes = tuple(sizes) if model.peft is None else ()
+    gradient_order = _hook_order(modules) if model.peft is None else ()
     persistent = sum(s <= persistence_threshold for s in sizes)
-    # Modules: each linear (its weight, with its bias) and each norm; embedding, final norm, head.
-    linear_modules = [max(w, b) for w, b in zip(linears, bias_sizes)] if biased else linears
-    norm_modules = [h, h]
-    block_modules = linear_modules + norm_modules
-    top_modules = [model.vocab_size * h, h] + ([] if model.tied_embeddings else [model.vocab_size * h])
-    modules = block_modules * model.num_layers + top_modules
-    gathered = sum(m > persistence_threshold for m in modules)
+    # A tied output projection is a module too, holding the embedding's tensor (hooked and gathered).
+    holders = [tensors for _, tensors in modules] + ([modules[0][1]] if model.tied_embeddings else [])
+    gathered = sum(max(tensors) > persistence_threshold for tensors in holders)
     trainable = len(sizes)
     if model.peft is not None:
-        trainable = 2 * len(linears) * model.num_layers
+        adapted = sum(kind == "linear" for kind, _ in modules) - (0 if model.tied_embeddings else 1)
+        trainable = 2 * adapted
     return ParameterTensors(
-        tensors=len(sizes), trainable_tensors=trainable, modules=len(modules), persistent_tensors=persistent, gathered_modules=gathered,
-        trainable_sizes=trainable_sizes,
+        tensors=len(sizes), trainable_tensors=trainable, modules=len(holders), persistent_tensors=persistent, gathered_modules=gathered,
+        trainable_sizes=trainable_sizes, gradient_order=gradient_order,
     )
 
 
-def bucket_flushes(sizes: tuple[int, ...], bucket_elements: int) -> int:
-    """Reduce calls to empty gradients of ``sizes`` (in backward order) through a bucket of
-    ``bucket_elements``: DeepSpeed reduces the bucket before a gradient that would overflow it
-    (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``: ``if self.elements_in_ipg_bucket
-    + param.numel() > self.reduce_bucket_size: self.reduce_ipg_grads()``; stage3.py alike) and once
-    more at the end of backward."""
+def bucket_flushes(gradient_order: tuple[int, ...], bucket_elements: int) -> int:
+    """Reduce calls to empty gradients of ``gradient_order`` (sizes in the order their hooks fire)
+    through a bucket of ``bucket_elements``: DeepSpeed reduces the bucket before a gradient that would
+    overflow it (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``: ``if
+    bucket.elements + param.numel() > self.reduce_bucket_size: self.reduce_ipg_grads()``; stage3.py
+    alike) and once more at the end of backward."""
     calls, filled = 0, 0
-    for numel in reversed(sizes):
+    for numel in gradient_order:
         if filled and filled + numel > bucket_elements:
             calls += 1
             filled = 0
         filled += numel
     return calls + (1 if filled else 0)
+
+
+def straddle_calls(flat_sizes: tuple[int, ...], *, world_size: int, bucket_elements: int) -> int:
+    """Extra all-reduce calls per reducing backward of stages 1–2 from gradients larger than the
+    bucket that span several ranks' partitions of the flat buffer.
+
+    stage_1_and_2.py: the flat buffer (``flat_sizes`` in creation order, padded to a multiple of
+    ``nccl_start_alignment_factor · world_size`` = 2n elements) is cut into n equal partitions
+    (``get_data_parallel_partitions``). A gradient over the bucket is reduced alone
+    (``extra_large_param_to_reduce``); ``average_tensor`` slices it at the partition boundaries and
+    ``allreduce_and_scatter`` issues one all-reduce each time the slices gathered so far exceed
+    ``reduce_bucket_size``, and one for the rest. Per-parameter alignment padding is left out.
+    """
+    total = sum(flat_sizes)
+    align = 2 * world_size
+    partition = -(-total // align) * align // world_size
+    extra, offset = 0, 0
+    for numel in flat_sizes:
+        if numel > bucket_elements and world_size > 1:
+            calls, acc, start = 0, 0, offset
+            while start < offset + numel:
+                end = min(offset + numel, (start // partition + 1) * partition)
+                acc += end - start
+                if acc > bucket_elements:
+                    calls, acc = calls + 1, 0
+                start = end
+            extra += calls + (1 if acc else 0) - 1
+        offset += numel
+    return extra
 
 
 Trace = tuple[tuple[tuple[str, int], ...], ...]
@@ -126,8 +180,8 @@ def module_trace(model: ModelSpec, *, persistence_threshold: int) -> tuple[Trace
     """The modules ZeRO-3's hooks visit in forward and in backward, each as its non-persistent
     parameters ``(name, elements)`` (same shape assumptions as :func:`parameter_tensors`).
 
-    Forward: the model, the embedding, per block the block then a norm, q, k, v, o, a norm and the
-    MLP's linears, the final norm and the output layer (holding the embedding's tensor when tied).
+    Forward: the model, the embedding (and the table of what the shape does not name), per block
+    the block then a norm, q, k, v (one qkv when fused), o, a norm and the MLP's linears, the final norm and the output layer (holding the embedding's tensor when tied).
     Backward: the model, then the same modules in reverse with each block before its children
     (a module's pre-backward hook fires when its output's gradient arrives). Parameters of at
     most ``persistence_threshold`` elements are left out (ZeRO-3 keeps them whole,
@@ -137,20 +191,23 @@ def module_trace(model: ModelSpec, *, persistence_threshold: int) -> tuple[Trace
     kv = model.num_kv_heads * model.head_dim
     keep = lambda name, n: ((name, n),) if n > persistence_threshold else ()  # noqa: E731
     mlp = [("gate", h * ffn), ("up", h * ffn), ("down", h * ffn)] if model.gated_mlp else [("fc", h * ffn), ("out", h * ffn)]
+    attention = [("qkv", h * (h + 2 * kv))] if model.fused_qkv else [("q", h * h), ("k", h * kv), ("v", h * kv)]
     blocks = []
     for layer in range(model.num_layers):
-        leaves = [keep(f"{layer}.norm1", h)] + [keep(f"{layer}.{n}", e) for n, e in [("q", h * h), ("k", h * kv), ("v", h * kv), ("o", h * h)]]
+        leaves = [keep(f"{layer}.norm1", h)] + [keep(f"{layer}.{n}", e) for n, e in attention + [("o", h * h)]]
         leaves += [keep(f"{layer}.norm2", h)] + [keep(f"{layer}.{n}", e) for n, e in mlp]
         blocks.append(leaves)
     head = keep("embed", model.vocab_size * h) if model.tied_embeddings else keep("head", model.vocab_size * h)
-    forward: list = [(), keep("embed", model.vocab_size * h)]
+    # What the shape does not name (GPT-2's position table) is looked up beside the embedding.
+    extra = [keep("extra", tensors[0]) for kind, tensors in _modules(model)[1:2] if kind == "embedding"]
+    forward: list = [(), keep("embed", model.vocab_size * h)] + extra
     for leaves in blocks:
         forward += [()] + leaves
     forward += [keep("norm_f", h), head]
     backward: list = [(), head, keep("norm_f", h)]
     for leaves in reversed(blocks):
         backward += [()] + leaves[::-1]
-    backward.append(keep("embed", model.vocab_size * h))
+    backward += extra + [keep("embed", model.vocab_size * h)]
     return tuple(forward), tuple(backward)
 
 
@@ -268,8 +325,8 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
     p = bytes_per_param(precision)
     g = plan.gradient_accumulation_steps
     tensors = parameter_tensors(model, persistence_threshold=knobs["stage3_param_persistence_threshold"])
-    if tensors.trainable_sizes:
-        reduces = bucket_flushes(tensors.trainable_sizes, max(1, knobs["reduce_bucket_size"]))
+    if tensors.gradient_order:
+        reduces = bucket_flushes(tensors.gradient_order, max(1, knobs["reduce_bucket_size"]))
     else:
         reduces = -(-psi // max(1, knobs["reduce_bucket_size"]))
     # Stage 0 ignores reduce_bucket_size: engine.py allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE).
@@ -281,6 +338,8 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
     if plan.stage in (1, 2):
         passes = 1 if plan.stage == 1 else g
         gathers = max(1, psi // max(1, knobs["allgather_bucket_size"]))
+        # Stages 1–2 all-reduce a gradient over the bucket in one call per partition-sized group.
+        reduces += straddle_calls(tensors.trainable_sizes, world_size=world_size, bucket_elements=max(1, knobs["reduce_bucket_size"]))
         return EngineWork(
             collectives=passes * reduces + 2 + gathers,  # + gradient norm + overflow flag
             hooks=g * tensors.trainable_tensors,
