@@ -199,7 +199,7 @@ def test_tune_plain_deepspeed_script_without_model_flags(tmp_path):
     space = build_space(gpt_task.model_spec(cfg), cluster, training, offload_optimizer=["none", "cpu"], offload_param=["none", "cpu"],
                         checkpointing=["none"], device="cpu")
     assert not space.fitting
-    closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
+    closest = min(space.candidates, key=lambda c: c.predicted_gpu_total_bytes)
     text = " ".join(r.stdout.split())
     assert f"nothing fits: all {len(space.candidates)} plans are ruled out by the estimator; the smallest, {closest.plan.label}, " in text
     assert closest.reason.removeprefix("does not fit: ") in text

@@ -79,7 +79,7 @@ def test_tune_estimates_plans_with_the_base_configs_buckets_and_overlap():
     assert ours.overhead_items["ipg_buffers"] == 2 * 500_000_000
     assert theirs.overhead_items["ipg_buffers"] == 2 * 2 * MODEL.hidden_size**2
     assert ours.gpu.peak_allocated > theirs.gpu.peak_allocated + 2**28
-    assert pick.predicted_peak_memory_bytes >= twin.predicted_peak_memory_bytes
+    assert pick.predicted_gpu_total_bytes >= twin.predicted_gpu_total_bytes
     flagged = tune_space(MODEL, cluster, TRAINING, script_kind="script", device="cuda", base_config=base,
                          buckets={"reduce_bucket_size": 1000})
     assert {c.plan.reduce_bucket_size for c in flagged.candidates} == {1000}

@@ -226,7 +226,7 @@ def test_nothing_fits_exits_1_and_prunes_with_the_loss_the_task_declares(tmp_pat
     smallest = {}
     for loss in ("plain", "hf"):
         space = tune_space(model, cluster, replace(training, loss=loss), script_kind="task", device="cpu")
-        closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
+        closest = min(space.candidates, key=lambda c: c.predicted_gpu_total_bytes)
         smallest[loss] = f"nothing fits: all {len(space.candidates)} plans are ruled out by the estimator; the smallest, {closest.plan.label}, " \
                          + closest.reason.removeprefix("does not fit: ")
     assert smallest["plain"] != smallest["hf"]

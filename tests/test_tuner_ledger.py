@@ -28,7 +28,7 @@ def test_oom_rule_skips_only_plans_the_estimator_says_need_as_much_memory():
             elif reason is not None:
                 checked += 1
                 assert reason == f"larger than an OOM'd micro-batch (trial #7: {bad.plan.label})"
-                assert cand.predicted_peak_memory_bytes >= bad.predicted_peak_memory_bytes
+                assert cand.predicted_gpu_total_bytes >= bad.predicted_gpu_total_bytes
     assert checked > 20
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from zeroplan.profiles import resolve_cluster
 from zeroplan.estimator import enumerate_plans, estimate_plan
+from zeroplan.runtime.prediction import comparable_estimate
 from zeroplan.spec import GiB, ModelSpec, SpecError, TrainingSpec
 from zeroplan.tuner import build_space, initial_candidates, plan_key, zero_choice
 from zeroplan.tuner.space import micro_batch_choices, parse_zero_choice
@@ -59,7 +60,9 @@ def test_fit_and_prediction_are_the_estimators():
     for c in space.candidates:
         est = estimate_plan(GPT_TASK, cl, training, c.plan, device="cpu")
         assert c.fits == est.fits
-        assert c.predicted_peak_memory_bytes == est.gpu.total
+        assert c.predicted_gpu_total_bytes == est.gpu.total
+        # Beside a probe's peak: the figure the probe itself compares it with (runtime.prediction).
+        assert c.predicted_peak_memory_bytes == comparable_estimate(est, on_cpu=True, ranks_per_node=2)
         assert c.predicted_samples_per_second == pytest.approx(est.tokens_per_second / 64)
         if not c.fits:
             assert c.reason.startswith("does not fit: predicted") and "GiB" in c.reason

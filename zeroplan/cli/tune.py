@@ -441,7 +441,7 @@ def _nothing_fits(console, space, training, loss_origin: str, *, say_loss: bool 
         console.print(
             f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]"
         )
-    closest = min(space.candidates, key=lambda c: c.predicted_peak_memory_bytes)
+    closest = min(space.candidates, key=lambda c: c.predicted_gpu_total_bytes)
     console.print(
         f"[bold red]nothing fits[/]: all {len(space.candidates)} plans are ruled out by the estimator; "
         f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"

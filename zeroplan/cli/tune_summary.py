@@ -22,6 +22,13 @@ def best_text(tuner: Any) -> str:
     return f"{best.user_attrs.get('plan_key', '?')}  {best.value:.2f} samples/s (trial #{best.number})"
 
 
+def _mib(value: Any) -> str:
+    """Bytes as MiB with one decimal, or "–" when missing (None, NaN or pandas' NA)."""
+    import pandas as pd
+
+    return "–" if pd.isna(value) else f"{float(value) / 2**20:.1f}"
+
+
 def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_size: int, *, trainer: bool = False) -> None:
     """The probes that worked (best first), the failures, the winner proved by validation, the gap
     to the plans not probed and the files written; exit 1 when nothing worked or the winner fails."""
@@ -33,7 +40,8 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
     probed = frame[frame["status"].isin(PROBED_STATUSES)]
     ok = frame[frame["status"] == "ok"].sort_values("measured_samples_per_second", ascending=False)
     table = Table(title=f"zeroplan tune: {len(probed)} probes ({summary.stopped_because})", title_justify="left")
-    for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. rank"):
+    # Measured peak beside the estimator's figure for the same quantity (allocated bytes, not gpu.total).
+    for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. MiB", "pred. rank"):
         table.add_column(col, justify="left" if col == "plan" else "right")
     for i, (_, r) in enumerate(ok.head(10).iterrows(), start=1):
         rank = r["predicted_rank"]
@@ -43,6 +51,7 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
             f"{r['measured_samples_per_second']:.2f}",
             f"{r['measured_tokens_per_second']:.0f}" if r["measured_tokens_per_second"] else "–",
             f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
+            _mib(r["predicted_peak_memory_bytes"]),
             "–" if rank is None or rank != rank or rank < 0 else str(int(rank) + 1),
         )
     if not ok.empty:

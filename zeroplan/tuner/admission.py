@@ -47,9 +47,10 @@ class Rejection:
 
 
 def memory_overshoot(cand: Candidate, gpu_memory_bytes: int, cpu_memory_bytes: int = 0) -> float:
-    """Predicted peak memory over the GPU's — or host RAM per node over the node's, whichever is
-    larger (``cpu_memory_bytes`` 0: not checked) — as a fraction (at least 0.01 so it reads as violated)."""
-    over = cand.predicted_peak_memory_bytes / gpu_memory_bytes - 1.0
+    """Predicted GPU memory at the peak (``gpu.total``) over the GPU's — or host RAM per node over
+    the node's, whichever is larger (``cpu_memory_bytes`` 0: not checked) — as a fraction (at least
+    0.01 so it reads as violated)."""
+    over = cand.predicted_gpu_total_bytes / gpu_memory_bytes - 1.0
     if cpu_memory_bytes > 0:
         over = max(over, cand.predicted_host_bytes_per_node / cpu_memory_bytes - 1.0)
     return max(over, 0.01)

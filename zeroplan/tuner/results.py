@@ -63,6 +63,7 @@ CSV_COLUMNS = [
     "measured_tokens_per_second",
     "predicted_peak_memory_bytes",
     "measured_peak_memory_bytes",
+    "predicted_gpu_total_bytes",
     "host_peak_per_node",
     "host_peak_per_rank",
     "estimated_host_peak_per_node",
@@ -122,6 +123,7 @@ def trials_frame(trials: list[Any]) -> Any:
                 "measured_tokens_per_second": attrs.get("measured_tokens_per_second") if status == "ok" else None,
                 "predicted_peak_memory_bytes": attrs.get("predicted_peak_memory_bytes"),
                 "measured_peak_memory_bytes": attrs.get("measured_peak_memory_bytes") or None,
+                "predicted_gpu_total_bytes": attrs.get("predicted_gpu_total_bytes"),
                 "host_peak_per_node": attrs.get("host_peak_per_node") or None,
                 "host_peak_per_rank": ";".join(str(b) for b in attrs.get("host_peak_per_rank") or ()) or None,
                 "estimated_host_peak_per_node": attrs.get("estimated_host_peak_per_node") or None,
@@ -138,7 +140,8 @@ def trials_frame(trials: list[Any]) -> Any:
             }
         )
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
-    for col in ("stage", "micro_batch", "gradient_accumulation_steps", "predicted_rank", "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "host_peak_per_node", "estimated_host_peak_per_node"):
+    for col in ("stage", "micro_batch", "gradient_accumulation_steps", "predicted_rank", "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "predicted_gpu_total_bytes", "host_peak_per_node",
+                "estimated_host_peak_per_node"):
         frame[col] = frame[col].astype("Int64")
     return frame.sort_values("trial").reset_index(drop=True)
 

@@ -215,6 +215,7 @@ class Tuner:
             "source": source,
             "predicted_samples_per_second": cand.predicted_samples_per_second,
             "predicted_peak_memory_bytes": cand.predicted_peak_memory_bytes,
+            "predicted_gpu_total_bytes": cand.predicted_gpu_total_bytes,
             "predicted_step_time_s": cand.predicted_step_time_s,
             "predicted_rank": cand.rank,
         }

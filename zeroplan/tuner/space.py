@@ -119,7 +119,13 @@ class Candidate:
     predicted_samples_per_second: float
     """Estimated throughput, samples/s over all GPUs (tokens/s ÷ seq_len)."""
     predicted_peak_memory_bytes: int
-    """Estimated peak allocated bytes per GPU."""
+    """Estimated peak bytes per GPU as a probe measures them, for comparison with its peak: the
+    estimator's ``gpu.peak_allocated`` (``max_memory_allocated`` on CUDA; live tensor storage on
+    CPU, where an offload plan's host states are the rank's storage too:
+    :func:`zeroplan.runtime.prediction.comparable_estimate`)."""
+    predicted_gpu_total_bytes: int
+    """What the GPU must hold at the peak (``gpu.total``: allocated, allocator reserve and CUDA
+    context on CUDA), bytes: what fitting and memory margins are judged on."""
     predicted_step_time_s: float
     """Estimated time of one optimizer step, seconds."""
     predicted_host_bytes_per_node: int = 0
@@ -264,6 +270,7 @@ def build_space(
     ``overlap_comm_of`` the stage's ``overlap_comm`` where a base config decides it.
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
+    from zeroplan.runtime.prediction import comparable_estimate
 
     for where in (*offload_optimizer, *offload_param):
         if where not in ("none", "cpu", "nvme"):
@@ -308,7 +315,8 @@ def build_space(
             plan=plan,
             key=plan_key(plan),
             predicted_samples_per_second=samples_per_s,
-            predicted_peak_memory_bytes=int(est.gpu.total),
+            predicted_peak_memory_bytes=comparable_estimate(est, on_cpu=device == "cpu", ranks_per_node=cluster.gpus_in_node),
+            predicted_gpu_total_bytes=int(est.gpu.total),
             predicted_step_time_s=float(est.step_time),
             predicted_host_bytes_per_node=int(est.cpu_per_node),
         )
@@ -368,7 +376,7 @@ def _skip_small_offloads(fitting: list[Candidate], model: ModelSpec) -> tuple[li
                 twin = by_key.get(plan_key(replace(cand.plan, offload_optimizer="none")))
             except SpecError:
                 twin = None
-        saved = twin.predicted_peak_memory_bytes - cand.predicted_peak_memory_bytes if twin else None
+        saved = twin.predicted_gpu_total_bytes - cand.predicted_gpu_total_bytes if twin else None
         if twin is None or saved >= OFFLOAD_WORTH_BYTES:
             kept.append(cand)
             continue
