@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zeroplan.profiles import model_from_hf_config
-from zeroplan.profiles.lora import read_adapter_config, resolve_peft
+from zeroplan.profiles.lora import PeftOptions, read_adapter_config, resolve_peft
 from zeroplan.spec import SpecError
 
 torch = pytest.importorskip("torch")
@@ -87,7 +87,7 @@ def _model(tmp_path: Path, name: str):
 @pytest.mark.parametrize("name,rank,targets", CASES)
 def test_lora_counts_equal_peft(tmp_path, name, rank, targets):
     path, base = _model(tmp_path, name)
-    spec = resolve_peft(base, model_arg=str(path), precision="bf16", lora_rank=rank, lora_targets=targets)
+    spec = resolve_peft(base, PeftOptions(lora_rank=rank, lora_targets=targets), model_arg=str(path), precision="bf16")
     peft_targets = "all-linear" if targets == "all-linear" else targets.split(",")
     trainable, total = peft_trainable(CONFIGS[name], r=rank, target_modules=peft_targets)
     assert spec.trainable_params == trainable
@@ -102,7 +102,7 @@ def test_adapter_config_with_rank_pattern_dora_and_modules_to_save(tmp_path):
         rank_pattern={"down_proj": 4}, use_dora=True, modules_to_save=["lm_head"], bias="none",
     )
     (tmp_path / "adapter_config.json").write_text(json.dumps(cfg))
-    spec = resolve_peft(base, model_arg=str(path), precision="bf16", adapter=tmp_path)
+    spec = resolve_peft(base, PeftOptions(adapter=tmp_path), model_arg=str(path), precision="bf16")
     kwargs = {k: v for k, v in cfg.items() if k not in ("peft_type",)}
     trainable, total = peft_trainable(CONFIGS["mistral-7b"], **kwargs)
     assert (spec.trainable_params, spec.total_params) == (trainable, total)
@@ -125,10 +125,10 @@ def test_bad_lora_flags(tmp_path, kwargs, message):
     base = model_from_hf_config(path)
     if message is None:
         with pytest.raises(SpecError, match="--precision fp32"):
-            resolve_peft(base, model_arg=str(path), precision="fp32", **kwargs)
+            resolve_peft(base, PeftOptions(**kwargs), model_arg=str(path), precision="fp32")
         return
     with pytest.raises(SpecError) as err:
-        resolve_peft(base, model_arg=str(path), precision="bf16", **kwargs)
+        resolve_peft(base, PeftOptions(**kwargs), model_arg=str(path), precision="bf16")
     assert str(err.value).startswith(message)
     if "no such module" in message:
         assert str(err.value).endswith("its linear modules are down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or all-linear)")
@@ -143,4 +143,4 @@ def test_adapter_for_another_base_model(tmp_path):
         json.dumps(dict(peft_type="LORA", r=8, target_modules=["q_proj"], base_model_name_or_path="mistralai/Mistral-7B-v0.1"))
     )
     with pytest.raises(SpecError, match=r"was made for mistralai/Mistral-7B-v0.1, but the model is meta-llama/Meta-Llama-3-8B"):
-        resolve_peft(model_from_hf_config(path), model_arg=str(path), precision="bf16", adapter=tmp_path / "ad")
+        resolve_peft(model_from_hf_config(path), PeftOptions(adapter=tmp_path / "ad"), model_arg=str(path), precision="bf16")

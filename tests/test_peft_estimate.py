@@ -68,11 +68,11 @@ def test_bad_peft_input_is_one_line_exit_2(args, message):
 def test_model_spec_with_peft_round_trips_through_json():
     # Probes and the tuner ship the ModelSpec to workers as JSON and rebuild it there.
     from zeroplan.profiles import load_model_preset
-    from zeroplan.profiles.lora import resolve_peft
+    from zeroplan.profiles.lora import PeftOptions, resolve_peft
     from zeroplan.spec import ModelSpec
 
-    spec = resolve_peft(load_model_preset("mistral-7b"), model_arg="mistral-7b", precision="bf16",
-                        lora_rank=8, lora_targets="all-linear", base_quant="nf4")
+    spec = resolve_peft(load_model_preset("mistral-7b"), PeftOptions(lora_rank=8, lora_targets="all-linear", base_quant="nf4"),
+                        model_arg="mistral-7b", precision="bf16")
     assert ModelSpec.from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from zeroplan.dsconfig import RULES, build_config, validate_config
 from zeroplan.profiles import load_model_preset
-from zeroplan.profiles.lora import resolve_peft
+from zeroplan.profiles.lora import PeftOptions, resolve_peft
 from zeroplan.spec import Plan, TrainingSpec
 
 BASE = {
@@ -24,7 +24,7 @@ LLAMA = load_model_preset("llama-3-8b")
 
 
 def lora(**kw):
-    return resolve_peft(LLAMA, model_arg="llama-3-8b", precision="bf16", lora_rank=16, lora_targets="q_proj,v_proj", **kw)
+    return resolve_peft(LLAMA, PeftOptions(lora_rank=16, lora_targets="q_proj,v_proj", **kw), model_arg="llama-3-8b", precision="bf16")
 
 
 def cfg(**zero_and_top) -> dict:

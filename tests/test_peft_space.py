@@ -12,7 +12,7 @@ import pytest
 from zeroplan.estimator import estimate_plan
 from zeroplan.estimator.memory import largest_param_numel
 from zeroplan.profiles import load_gpu, load_model_preset
-from zeroplan.profiles.lora import resolve_peft
+from zeroplan.profiles.lora import PeftOptions, resolve_peft
 from zeroplan.spec import ClusterSpec, TrainingSpec
 from zeroplan.tuner.space import build_space
 
@@ -25,8 +25,8 @@ def _cluster(gpu: str) -> ClusterSpec:
 
 @pytest.fixture(scope="module")
 def lora_space():
-    model = resolve_peft(load_model_preset("llama-3-8b"), model_arg="llama-3-8b", precision="bf16", lora_rank=16,
-                         lora_targets="all-linear", base_quant="nf4")
+    model = resolve_peft(load_model_preset("llama-3-8b"), PeftOptions(lora_rank=16, lora_targets="all-linear", base_quant="nf4"),
+                         model_arg="llama-3-8b", precision="bf16")
     return model, build_space(model, _cluster("rtx-4090"), TRAINING, checkpointing=("none",), micro_batches=(1,))
 
 

@@ -222,27 +222,18 @@ def _base_name(hf: Optional[dict[str, Any]]) -> Optional[str]:
     return None
 
 
-def check_peft_options(
-    *,
-    precision: str,
-    lora_rank: Optional[int] = None,
-    lora_targets: Optional[str] = None,
-    lora_alpha: Optional[float] = None,
-    adapter: Optional[Path] = None,
-    trainable_params: Optional[str] = None,
-    base_quant: Optional[str] = None,
-) -> None:
+def check_peft_options(options: PeftOptions, *, precision: str) -> None:
     """The checks of the fine-tuning options that need no model (one SpecError line each): LoRA
     flags with --adapter or --trainable-params, a rank ≤ 0, --lora-targets/--lora-alpha without a
     rank, an unknown --base-quant, a quantized base with fp32 or without an adapter."""
-    lora_flags = lora_rank is not None or lora_targets is not None or lora_alpha is not None
-    if sum((lora_flags, adapter is not None, trainable_params is not None)) > 1:
+    lora_flags = options.lora_flags
+    if sum((lora_flags, options.adapter is not None, options.trainable_params is not None)) > 1:
         raise SpecError("give one of --lora-rank/--lora-targets, --adapter or --trainable-params, not several")
-    if lora_rank is not None and lora_rank <= 0:
-        raise SpecError(f"--lora-rank {lora_rank!r} is not valid; give a whole number >= 1 (typical: 8, 16, 64)")
-    if (lora_targets is not None or lora_alpha is not None) and lora_rank is None:
+    if options.lora_rank is not None and options.lora_rank <= 0:
+        raise SpecError(f"--lora-rank {options.lora_rank!r} is not valid; give a whole number >= 1 (typical: 8, 16, 64)")
+    if (options.lora_targets is not None or options.lora_alpha is not None) and options.lora_rank is None:
         raise SpecError("--lora-targets/--lora-alpha need --lora-rank (e.g. --lora-rank 16)")
-    quant = base_quant or "none"
+    quant = options.base_quant or "none"
     if quant not in BASE_QUANTS:
         raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
     if quant != "none":
@@ -250,7 +241,7 @@ def check_peft_options(
             raise SpecError(
                 f"--base-quant {quant} with --precision fp32: bitsandbytes bases compute in bf16 or fp16; use --precision bf16"
             )
-        if not (lora_flags or adapter is not None):
+        if not (lora_flags or options.adapter is not None):
             raise SpecError(f"--base-quant {quant} needs an adapter (--lora-rank or --adapter): a quantized base cannot train")
 
 
@@ -282,19 +273,20 @@ class PeftOptions:
         """The options as typed, for notes (``--lora-alpha`` left out: no effect on memory)."""
         return " ".join(f"{flag} {getattr(self, flag[2:].replace('-', '_'))}" for flag in self.given if flag != "--lora-alpha")
 
-    def options(self) -> dict[str, Any]:
-        """The six options by name (the keyword arguments of :func:`resolve_peft`)."""
-        return {f.name: getattr(self, f.name) for f in fields(PeftOptions)}
+    @property
+    def lora_flags(self) -> bool:
+        """Any of ``--lora-rank``, ``--lora-targets``, ``--lora-alpha`` given."""
+        return self.lora_rank is not None or self.lora_targets is not None or self.lora_alpha is not None
 
     def check(self, precision: str) -> None:
         """:func:`check_peft_options` on these options, plus a readable ``--adapter`` file."""
-        check_peft_options(precision=precision, **self.options())
+        check_peft_options(self, precision=precision)
         if self.adapter is not None:
             read_adapter_config(self.adapter)
 
     def apply(self, model_spec: ModelSpec, model_arg: Optional[str], *, precision: str) -> ModelSpec:
         """The model with its frozen/trainable split from these options (unchanged when none is given)."""
-        return resolve_peft(model_spec, model_arg=model_arg, precision=precision, **self.options())
+        return resolve_peft(model_spec, self, model_arg=model_arg, precision=precision)
 
     def require_model(self, what: str) -> None:
         """SpecError naming the options given when there is no model to apply them to (``what``
@@ -303,30 +295,18 @@ class PeftOptions:
             raise SpecError(f"the fine-tuning options ({', '.join(self.given)}) {what}")
 
 
-def resolve_peft(
-    model: ModelSpec,
-    *,
-    model_arg: Optional[str],
-    precision: str,
-    lora_rank: Optional[int] = None,
-    lora_targets: Optional[str] = None,
-    lora_alpha: Optional[float] = None,
-    adapter: Optional[Path] = None,
-    trainable_params: Optional[str] = None,
-    base_quant: Optional[str] = None,
-) -> ModelSpec:
+def resolve_peft(model: ModelSpec, options: PeftOptions, *, model_arg: Optional[str], precision: str) -> ModelSpec:
     """``model`` with its PeftSpec from the command-line options (unchanged when none is given).
 
     One SpecError line for: LoRA flags with --adapter or --trainable-params, a quantized base
     without an adapter or with fp32, unknown targets, a rank ≤ 0 or above a layer's width, an
     adapter config made for another base model.
     """
-    check_peft_options(
-        precision=precision, lora_rank=lora_rank, lora_targets=lora_targets, lora_alpha=lora_alpha, adapter=adapter,
-        trainable_params=trainable_params, base_quant=base_quant,
-    )
-    lora_flags = lora_rank is not None or lora_targets is not None or lora_alpha is not None
-    quant = base_quant or "none"
+    check_peft_options(options, precision=precision)
+    lora_rank, lora_targets, lora_alpha = options.lora_rank, options.lora_targets, options.lora_alpha
+    adapter, trainable_params = options.adapter, options.trainable_params
+    lora_flags = options.lora_flags
+    quant = options.base_quant or "none"
     if trainable_params is not None:
         return replace(model, peft=partial_spec(model, trainable_params))
     if not (lora_flags or adapter is not None):
