@@ -92,10 +92,12 @@ def main() -> None:
         optimizer_step()
     counts.clear()
     split.clear()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         optimizer_step()
     elapsed = (time.perf_counter() - start) / args.steps
+    # This rank's CPU seconds per step (all its threads): the work done, less the waits a loaded machine adds.
+    cpu = (time.process_time() - cpu_start) / args.steps
     if tdist.get_rank() == 0:
         measured = {k: v / args.steps for k, v in counts.items()}
         predicted = engine_work(model_spec, plan, world_size=world, precision=training.precision)
@@ -121,7 +123,7 @@ def main() -> None:
         print(json.dumps({"stage": args.stage, "micro_batch": args.micro_batch, "accumulation": args.accumulation,
                           "measured": measured, "measured_total": sum(measured.values()), "predicted": predicted.collectives, "replayed_gathers": replayed,
                           "measured_gathers": {k: v / args.steps for k, v in split.items()},
-                          "step_s": elapsed, "params": sum(1 for _ in gpt.parameters()), "zero": cfg.get("zero_optimization")}))
+                          "step_s": elapsed, "step_cpu_s": cpu, "overlap_comm": not args.no_overlap_comm, "params": sum(1 for _ in gpt.parameters()), "zero": cfg.get("zero_optimization")}))
 
 
 if __name__ == "__main__":
