@@ -190,6 +190,33 @@ def test_store_lost_after_training_names_the_silent_node_and_its_last_step(tmp_p
     assert json.loads((tmp_path / "alive-node-0.json").read_text())["ended"] is True  # node 1 must not read node 0 as lost
 
 
+# Node 0's rank 1 when node 1 (rank 0) went: gloo reports the peer's closed socket.
+GLOO_RESET_TAIL = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer [127.0.0.1]:40123\n"
+
+
+@pytest.mark.parametrize("evidence", ["peer log", "rank result"])
+def test_peer_killed_within_a_beat_of_the_first_steps_is_named_with_the_step(tmp_path, evidence):
+    """Rank 0 ran on node 1, which was killed before a heartbeat carried a step: node 0 reads the
+    step from node 1's job log in the shared folder, or from its own rank's result. Before the fix
+    the reason was the store or gloo error ('cannot reach the rendezvous ...', '... no rank result
+    from node rank 1'): training counted as started only if this node's log or a heartbeat said so."""
+    launch, clock, progress, watch = _two_node_folder(tmp_path)
+    clock.now = 2.2
+    _beat(tmp_path, 1, 2)  # no step yet
+    watch()
+    (tmp_path / "probe-node1.log").write_text("zeroplan-progress engine-ready t=6.9\nzeroplan-progress step=1 t=8.0\n"
+                                              if evidence == "peer log" else "zeroplan-progress engine-ready t=6.9\n")
+    (tmp_path / "probe.log").write_text("zeroplan-progress step=99 t=1.0\n")  # node 0's log of an earlier probe (ignored)
+    (tmp_path / "node-0.json").write_text(json.dumps({"node_rank": 0, "started_unix": time.time() - 3600}))
+    ranks = [{"rank": 1, "node_rank": 0, "status": "error", "optimizer_steps": 3}] if evidence == "rank result" else []
+    clock.now = 3.0
+    reason, lost = _reason(launch, tmp_path, watch, progress, STORE_LOST_TAIL if evidence == "peer log" else GLOO_RESET_TAIL, ranks)
+    step = 1 if evidence == "peer log" else 3
+    assert lost and reason == (
+        f"node rank 1 was lost mid-training (last step seen: {step}): its agent's heartbeat (alive-node-1.json) has not changed "
+        "for 6 s (agent killed or node lost); this node's job failed without it")
+
+
 def test_progress_in_own_log_and_a_peer_that_ended_is_not_lost(tmp_path):
     """Rank 0 on this node (its progress lines in the log), node 1 ended its job cleanly: no node
     is named lost, the rendezvous error is not a start-up failure, the silent-node rule applies."""

@@ -237,7 +237,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     clock.mark("launch")
     if job is None:
         (workdir / f"command{tag}.txt").write_text(" ".join(cmd) + "\n")
-        job = Job(cmd, env, Path.cwd(), workdir / f"probe{tag}.log", progress)
+        log_name = multinode.job_log_name(launch.node_rank if launch is not None and launch.launcher == "torchrun" else None)
+        job = Job(cmd, env, Path.cwd(), workdir / log_name, progress)
 
     def stop() -> None:
         job.kill_all()
@@ -253,6 +254,10 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         # covers torchrun's and the workers' imports.
         returncode, timed_out = job.wait(max(request.timeout_s - (time.monotonic() - started), 0.1), watch)
         sampler.stop()
+        if watch is not None:
+            # This node's job is over: its peers must not read it as lost. Said before the clean-up
+            # below, which beats no heartbeat while it runs (Job.kill_all up to 9 s, Job.close 5 s).
+            watch.beat(ended=True)
         if timed_out or returncode != 0:
             stop()
             _drop_locks_left(env, started_unix)
@@ -268,8 +273,6 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     job.close()
     clock.mark("exit")
     wall_s = time.monotonic() - started
-    if watch is not None:
-        watch.beat(ended=True)  # this node's job is over: its peers must not read it as lost
 
     ranks = _read_ranks(workdir)
     if launch is not None and not timed_out:
@@ -377,22 +380,29 @@ def _nodes_reason(
     launch, info: dict, workdir: Path, ranks: list[dict], log_tail: str, status: str, error: str | None, started_unix: float,
     *, watch: multinode.NodeWatch | None, progress: multinode.ProgressTracker,
 ) -> tuple[str | None, bool]:
-    """(reason, a node was lost) of a failed multi-node probe: the nodes that never joined, the
-    node lost mid-training (its heartbeat stopped), or the nodes that sent no result."""
+    """(reason, a node was lost) of a failed multi-node probe: the node lost (its heartbeat
+    stopped; mid-training, with the last step seen), the nodes that never joined, or the nodes
+    that sent no result."""
     # Another node's launcher may have started up to one rendezvous timeout before this one.
     since = started_unix - (launch.rdzv_timeout_s if launch.launcher == "torchrun" else 0.0) - 1.0
     missing = multinode.missing_nodes(workdir, launch.nnodes, since_unix=since)
     endpoint = info.get("endpoint", "?")
-    # Rank 0's progress lines reach only the node it runs on (all of them under one Slurm step);
-    # the other agents learn the step from its heartbeat.
-    own = {-1: {"step": progress.step}}
-    heartbeats = (watch.heartbeats if watch is not None else {}) | own
-    training = multinode.last_step_seen(log_tail, heartbeats) is not None
-    if training and watch is not None and status != "timeout":
-        lost = watch.settle()
+    # How far training got, wherever c10d put rank 0: its progress lines in this node's log, a
+    # peer's heartbeat (up to a beat late), the optimizer steps this node's ranks completed (all
+    # ranks step together), and rank 0's lines in any node's job log in the shared folder (all a
+    # peer killed within a beat of its first steps leaves).
+    steps = [progress.step, multinode.last_step_seen(log_tail, watch.heartbeats if watch is not None else None),
+             multinode.logged_step(workdir, launch.nnodes, since_unix=since)]
+    steps += [r["optimizer_steps"] for r in ranks if isinstance(r.get("optimizer_steps"), int) and r["optimizer_steps"] > 0]
+    last_step = max((s for s in steps if s is not None), default=None)
+    if watch is not None and status != "timeout":
+        # Whatever this node's ranks or torchrun saw first (a gloo error from the peer, the lost
+        # c10d store), a peer whose agent stopped beating is the cause: wait for its heartbeat.
+        lost = watch.settle(last_step=last_step)
         if lost:
             return lost, True
-    rdzv = multinode.rendezvous_failure(log_tail, launch=launch, endpoint=endpoint, missing=missing, heartbeats=heartbeats)
+        last_step = max((s for s in (last_step, watch.last_step) if s is not None), default=None)
+    rdzv = multinode.rendezvous_failure(log_tail, launch=launch, endpoint=endpoint, missing=missing, last_step=last_step)
     if rdzv:
         return rdzv, False
     if status == "timeout" and not ranks and missing:
@@ -423,14 +433,14 @@ def join_probe(workdir: Path, *, node_rank: int, on_line: Callable[[str], None] 
     cmd, _ = multinode.node_command(launch, nproc=request.nproc, spec_path=workdir / "probe.json", workdir=workdir)
     (workdir / f"command-node{node_rank}.txt").write_text(" ".join(cmd) + "\n")
     progress = multinode.ProgressTracker(on_line)
-    job = Job(cmd, probe_environment(request), Path.cwd(), workdir / f"probe-node{node_rank}.log", progress)
+    job = Job(cmd, probe_environment(request), Path.cwd(), workdir / multinode.job_log_name(node_rank), progress)
     watch = multinode.NodeWatch(workdir, launch, progress=progress)
     try:
         returncode, _ = job.wait(request.timeout_s, watch)
     finally:
+        watch.beat(ended=True)  # before the clean-up, which beats no heartbeat (see run_probe)
         job.kill_all()
         job.close()
-        watch.beat(ended=True)
     return returncode
 
 

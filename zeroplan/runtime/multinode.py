@@ -56,6 +56,8 @@ __all__ = [
     "missing_nodes",
     "rendezvous_failure",
     "last_step_seen",
+    "logged_step",
+    "job_log_name",
     "lost_node_message",
     "ProgressTracker",
     "cancel_slurm_step",
@@ -73,6 +75,8 @@ HEARTBEAT_INTERVAL_S = 2.0
 #: Seconds without a new heartbeat after which a node that was beating counts as gone
 #: (``ZEROPLAN_NODE_STALE_S`` overrides; network file systems can show updates late).
 DEFAULT_NODE_STALE_S = 30.0
+#: Bytes read from the end of each node's job log when looking for rank 0's last progress line.
+LOG_TAIL_BYTES = 256 * 1024
 #: Ports tried for the Slurm rendezvous on the first node (one drawn per probe).
 SLURM_RDZV_PORTS = range(29500, 29999)
 
@@ -259,8 +263,45 @@ def last_step_seen(log_text: str, heartbeats: dict[int, dict] | None = None) -> 
     return max(steps) if steps else None
 
 
+def job_log_name(node_rank: int | None) -> str:
+    """A node launcher's job log in the probe folder: ``probe.log`` on node 0 (and for a Slurm
+    step, whose one launcher logs every node), ``probe-node<K>.log`` on node K."""
+    return f"probe-node{node_rank}.log" if node_rank else "probe.log"
+
+
+def logged_step(workdir: Path, nnodes: int, *, since_unix: float, tail_bytes: int = LOG_TAIL_BYTES) -> int | None:
+    """The last optimizer step rank 0 printed into any node's job log in the shared probe folder.
+
+    Rank 0's progress lines reach only the log of the node c10d put it on, and a heartbeat
+    carries them up to one beat late, so a node killed right after the first steps leaves them
+    only in its log. Logs of nodes with no fresh marker (:func:`read_node_markers`) are from an
+    earlier probe in the same folder and are skipped.
+    """
+    steps = []
+    for k in sorted(read_node_markers(workdir, since_unix=since_unix)):
+        if not 0 <= k < nnodes:
+            continue
+        try:
+            with (workdir / job_log_name(k)).open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(f.tell() - tail_bytes, 0))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        step = last_step_seen(text)
+        if step is not None:
+            steps.append(step)
+    return max(steps) if steps else None
+
+
 def rendezvous_failure(
-    log_text: str, *, launch: NodeLaunch, endpoint: str, missing: list[int], heartbeats: dict[int, dict] | None = None
+    log_text: str,
+    *,
+    launch: NodeLaunch,
+    endpoint: str,
+    missing: list[int],
+    heartbeats: dict[int, dict] | None = None,
+    last_step: int | None = None,
 ) -> str | None:
     """One line when the log shows the rendezvous failed at start-up (torchrun's
     RendezvousTimeoutError ...); None otherwise.
@@ -269,10 +310,11 @@ def rendezvous_failure(
     failure: torchrun's elastic agent keeps polling the c10d store during training
     (``num_nodes_waiting`` in torch/distributed/elastic/agent/server/api.py ``_invoke_run``), and
     the store lives in one node's agent, so losing that node reads as RendezvousConnectionError
-    on the others. :meth:`NodeWatch.settle` names the node then.
+    on the others. :meth:`NodeWatch.settle` names the node then. ``last_step``: a step known
+    from elsewhere (other nodes' logs, this node's rank results).
     """
     m = _RDZV_FAIL.search(log_text)
-    if not m or last_step_seen(log_text, heartbeats) is not None:
+    if not m or last_step is not None or last_step_seen(log_text, heartbeats) is not None:
         return None
     return nodes_message(m.group(0), launch=launch, endpoint=endpoint, missing=missing)
 
@@ -413,17 +455,19 @@ class NodeWatch:
             return lost_node_message(k, silent_s, last_step=self.last_step, then="this node's job was stopped")
         return None
 
-    def settle(self) -> str | None:
+    def settle(self, *, last_step: int | None = None) -> str | None:
         """After this node's job failed: mark it ended, then wait (at most ``stale_s`` and two
         beats) until every peer that was beating has ended or gone silent. One line naming a
-        silent peer, else None (the peers ended too, or still beat)."""
+        silent peer, else None (the peers ended too, or still beat). ``last_step``: the last
+        training step known from evidence other than the heartbeats (the job logs, rank results)."""
         self.beat(ended=True)
         deadline = self._clock() + self.stale_s + 2 * self.interval_s
         while True:
             now = self._clock()
             self._read_peers(now)
             for k, silent_s in self.stopped(now):
-                return lost_node_message(k, silent_s, last_step=self.last_step, then="this node's job failed without it")
+                step = max((s for s in (last_step, self.last_step) if s is not None), default=None)
+                return lost_node_message(k, silent_s, last_step=step, then="this node's job failed without it")
             beating = [k for k, (_, changed) in self._seen.items() if changed >= 0 and not self.heartbeats.get(k, {}).get("ended")]
             if not beating or now >= deadline:
                 return None
