@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from zeroplan.dsconfig.keys import BATCH_INT_KEYS, BUCKET_KEY_SPELLINGS
+from zeroplan.dsconfig.keys import BUCKET_KEY_SPELLINGS
 from zeroplan.spec import DEEPSPEED_DEFAULT_KNOBS, Plan, SpecError, TrainingSpec
 
 __all__ = [

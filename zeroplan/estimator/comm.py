@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, resolve_engine_knobs
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param
 
 __all__ = ["CommVolume", "CollectiveSplit", "comm_volume", "split_collective", "ring_time", "collective_time", "bus_bandwidth"]
 

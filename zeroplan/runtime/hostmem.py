@@ -15,7 +15,6 @@ Only the standard library and psutil; no torch import.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time

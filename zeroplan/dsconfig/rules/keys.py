@@ -146,7 +146,7 @@ def _auto_values(ctx: Context) -> Iterator[Finding]:
         resolved = _auto_resolution(ctx, path)
         if path in _AUTO_CRASHES:
             yield _f("ZP504", path, f"{path} is \"auto\" → {resolved}; outside the HF Trainer DeepSpeed fails on it",
-                     f"replace \"auto\" with a number unless the config is only used through transformers' Trainer",
+                     "replace \"auto\" with a number unless the config is only used through transformers' Trainer",
                      severity="warning")
         else:
             yield _f("ZP504", path, f"{path} is \"auto\" → {resolved}", "nothing to do with the HF Trainer; write the value for plain DeepSpeed")
