@@ -357,8 +357,9 @@ def tune(
     # Which plans fit is memory alone: known before this CPU is measured (seconds), so a run where
     # nothing fits stops here; the space is ranked again below with the measured speeds.
     space = tune_space(model_spec, cluster, training, **space_options)
+    console.print(f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]")
     if not space.fitting:
-        _nothing_fits(console, space, training, loss_origin)
+        _nothing_fits(console, space)
     warm_s: list = []
     measured, time_model = time_model_for_probes(cluster, on_cuda=on_cuda, gpu_given=gpu is not None or node is not None,
                                                  before_measuring=lambda: warm_s.append(warm_ready()))
@@ -383,9 +384,8 @@ def tune(
         "plans": len(space.candidates),
         "pruned": len(space.pruned),
     }
-    console.print(f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]")
     if not space.fitting:
-        _nothing_fits(console, space, training, loss_origin, say_loss=False)
+        _nothing_fits(console, space)
     # A probe's start-up is at least the warm server's start (torch and DeepSpeed imported), else a
     # fresh interpreter importing torch: it bounds the budget and derives the first probes'
     # timeouts (before any probe has been measured).
@@ -411,8 +411,6 @@ def tune(
     from zeroplan.tuner.results import PLOT_MISSING, plotting_available
 
     if not plotting_available():
-        from rich.markup import escape
-
         console.print(f"[yellow]note[/]: {escape(PLOT_MISSING)}; every other output is written")
     view.done = tuner.probes_in_study()
     view.best = best_text(tuner)
@@ -435,12 +433,8 @@ def tune(
     print_summary(console, frame, summary, output, cluster.gpus, trainer=trainer)
 
 
-def _nothing_fits(console, space, training, loss_origin: str, *, say_loss: bool = True) -> None:
+def _nothing_fits(console, space) -> None:
     """Say that the estimator rules out every plan (with the smallest one's reason) and exit 1."""
-    if say_loss:
-        console.print(
-            f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]"
-        )
     closest = min(space.candidates, key=lambda c: c.predicted_gpu_total_bytes)
     console.print(
         f"[bold red]nothing fits[/]: all {len(space.candidates)} plans are ruled out by the estimator; "
