@@ -171,7 +171,7 @@ def _reason(launch, tmp_path, watch, progress, log_tail, ranks=()):
 def test_store_lost_after_training_names_the_silent_node_and_its_last_step(tmp_path):
     """Rank 0 ran on node 1 (its heartbeat carries the step); node 0's own log shows only the lost
     c10d store. Before the fix this read as 'not all reached the rendezvous'."""
-    from zeroplan.runtime.multinode import rendezvous_failure
+    from zeroplan.runtime.multinode import last_step_seen, rendezvous_failure
 
     launch, clock, progress, watch = _two_node_folder(tmp_path)
     clock.now = 2.2
@@ -181,7 +181,8 @@ def test_store_lost_after_training_names_the_silent_node_and_its_last_step(tmp_p
     # Read without the heartbeats, the same text is a start-up failure (right before training).
     assert rendezvous_failure(STORE_LOST_TAIL, launch=launch, endpoint="localhost:29500", missing=[]) == (
         "cannot reach the rendezvous at localhost:29500: every node's launcher started, but not all reached the rendezvous")
-    assert rendezvous_failure(STORE_LOST_TAIL, launch=launch, endpoint="localhost:29500", missing=[], heartbeats=watch.heartbeats) is None
+    assert rendezvous_failure(STORE_LOST_TAIL, launch=launch, endpoint="localhost:29500", missing=[],
+                              last_step=last_step_seen(STORE_LOST_TAIL, watch.heartbeats)) is None
     reason, lost = _reason(launch, tmp_path, watch, progress, STORE_LOST_TAIL)
     assert lost and reason == (
         "node rank 1 was lost mid-training (last step seen: 232): its agent's heartbeat (alive-node-1.json) has not changed "

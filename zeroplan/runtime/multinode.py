@@ -300,7 +300,6 @@ def rendezvous_failure(
     launch: NodeLaunch,
     endpoint: str,
     missing: list[int],
-    heartbeats: dict[int, dict] | None = None,
     last_step: int | None = None,
 ) -> str | None:
     """One line when the log shows the rendezvous failed at start-up (torchrun's
@@ -311,10 +310,10 @@ def rendezvous_failure(
     (``num_nodes_waiting`` in torch/distributed/elastic/agent/server/api.py ``_invoke_run``), and
     the store lives in one node's agent, so losing that node reads as RendezvousConnectionError
     on the others. :meth:`NodeWatch.settle` names the node then. ``last_step``: a step known
-    from elsewhere (other nodes' logs, this node's rank results).
+    from elsewhere (peers' heartbeats, other nodes' logs, this node's rank results).
     """
     m = _RDZV_FAIL.search(log_text)
-    if not m or last_step is not None or last_step_seen(log_text, heartbeats) is not None:
+    if not m or last_step is not None or last_step_seen(log_text) is not None:
         return None
     return nodes_message(m.group(0), launch=launch, endpoint=endpoint, missing=missing)
 
