@@ -9,6 +9,10 @@ convention the row implies, and prints estimate vs reported: fits/OOM agreement,
 with a reported peak the error of the comparable figure (``reserved`` rows: ``gpu.peak_reserved``;
 ``allocated``: ``gpu.peak_allocated``; ``nvidia-smi``: ``gpu.total``). Fits/OOM is decided on
 ``gpu.required``: the cached segments the allocator frees before raising an OOM do not count.
+A row whose process was killed for host RAM (``oom_kind: host``) is judged on the verdict that
+weighs host RAM too, with the node's RAM the row states (``cpu_memory_gib``). Rows split by source
+(``split``: tuning or heldout, rule in the table's ``about``) are also scored per half, beside the
+score of answering "fits" every time.
 
 It also runs against older zeroplan code (PYTHONPATH=<older checkout>): an option that code
 lacks falls back to its default, and the row's ``fallback`` column says which.
@@ -71,7 +75,8 @@ def estimate_row(row: dict, workdir: Path) -> dict:
     )
     cluster = resolve_cluster(
         gpus=row["gpus"], gpus_per_node=row.get("gpus_per_node"), gpu=row["gpu"], gpu_memory_gib=row.get("gpu_memory_gib"),
-        cpu_memory_gib=None, nvme_gib=None,
+        # Host RAM per node where the source states it (a host-OOM report); else the GPU's node profile.
+        cpu_memory_gib=row.get("cpu_memory_gib"), nvme_gib=None,
     )
     training = resolve_training(
         precision=row["precision"], optimizer=row["optimizer"], seq_len=row["seq_len"], micro_batch=row["micro_batch"],
@@ -107,8 +112,9 @@ def estimate_row(row: dict, workdir: Path) -> dict:
     if _accepts(enumerate_plans, "buckets"):
         from zeroplan.estimator.plans import bucket_sizes
 
-        plan_kwargs["buckets"] = bucket_sizes(buckets)
-    elif buckets != "hf":
+        # Sizes the source's DeepSpeed config sets explicitly (elements) win over the convention.
+        plan_kwargs["buckets"] = bucket_sizes(buckets, **row.get("bucket_sizes", {}))
+    elif buckets != "hf" or row.get("bucket_sizes"):
         fallback.append(f"buckets {buckets}→hf")
     if row.get("expandable_segments"):
         if _accepts(estimate_all, "expandable_segments"):
@@ -149,7 +155,11 @@ def evaluate(rows: list[dict]) -> list[dict]:
         for row in rows:
             est = estimate_row(row, Path(tmp))
             result = {"id": row["id"], "outcome": row["outcome"], **est}
-            result["agree"] = (row["outcome"] == "fits") == est["fits"]
+            # A host OOM (the process killed for host RAM, oom_kind "host") is judged on the verdict
+            # that weighs host RAM too; every other report on the GPU verdict.
+            verdict = est["fits_with_host"] if row.get("oom_kind") == "host" else est["fits"]
+            result["verdict_fits"] = verdict
+            result["agree"] = (row["outcome"] == "fits") == verdict
             if row.get("reported_peak_gib") is not None:
                 reported = row["reported_peak_gib"] * GiB
                 predicted = est["comparable"][row["reported_kind"]]
@@ -177,7 +187,7 @@ def render(rows: list[dict], results: list[dict], label: str) -> str:
     lines += [head, "-" * len(head)]
     for row, r in zip(rows, results):
         gpus = f"{row['gpus']}x{r['gpu_memory'] / GiB:.0f}G"
-        est = "fits" if r["fits"] else "oom"
+        est = "fits" if r.get("verdict_fits", r["fits"]) else "oom"
         if "peak_error" in r:
             peak = f"{r['reported_peak'] / GiB:9.1f} {r['predicted_peak'] / GiB:9.1f} {r['peak_error']:+7.1%}"
         else:
@@ -191,6 +201,16 @@ def render(rows: list[dict], results: list[dict], label: str) -> str:
         f"median |peak error| over {s['peak_rows']} rows with a reported peak: {med}",
         "peak est. without a reported peak: what fits/OOM is decided on (gpu.required; gpu.total before it existed), GiB",
     ]
+    # The rows split by source (public_runs.json `about`): each half beside the score of answering "fits" every time.
+    for half in ("tuning", "heldout"):
+        part = [(row, r) for row, r in zip(rows, results) if row.get("split") == half]
+        if part:
+            ooms = sum(row["outcome"] == "oom" for row, _ in part)
+            missed = sum(row["outcome"] == "oom" and r["verdict_fits"] for row, r in part)
+            lines.append(
+                f"{half}: {sum(r['agree'] for _, r in part)}/{len(part)} agree; {ooms} reported OOM, {missed} of them called fits; "
+                f"answering fits every time: {len(part) - ooms}/{len(part)}"
+            )
     return "\n".join(lines)
 
 
