@@ -40,6 +40,11 @@ per block a norm, Q, K and V — one h×(h + 2·kv) linear when ``ModelSpec.fuse
 non-gated MLP model and none (RMSNorm weight only) on a gated one. Parameters the shape does not
 name (``ModelSpec.params`` less the shape's tensors: GPT-2's learned position table ``wpe``) are
 one more tensor beside the token embedding.
+
+What depends only on the model, its bucket sizes and the world size — the tensor list, the
+ZeRO-3 trace and its replay, the bucket flushes — is computed once per distinct argument
+(``functools.lru_cache`` on the frozen specs) and shared by the plans of an estimate, which ask
+for it three times each (memory, traffic, time).
 """
 
 from __future__ import annotations
@@ -109,6 +114,7 @@ def _hook_order(modules: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
     return tuple(order) + modules[0][1]
 
 
+@lru_cache(maxsize=64)
 def parameter_tensors(model: ModelSpec, *, persistence_threshold: int) -> ParameterTensors:
     """Tensor and module counts of ``model`` (assumptions in the module docstring)."""
     modules = _modules(model)
@@ -129,6 +135,7 @@ def parameter_tensors(model: ModelSpec, *, persistence_threshold: int) -> Parame
     )
 
 
+@lru_cache(maxsize=256)
 def bucket_flushes(gradient_order: tuple[int, ...], bucket_elements: int) -> int:
     """Reduce calls to empty gradients of ``gradient_order`` (sizes in the order their hooks fire)
     through a bucket of ``bucket_elements``: DeepSpeed reduces the bucket before a gradient that would
@@ -144,6 +151,7 @@ def bucket_flushes(gradient_order: tuple[int, ...], bucket_elements: int) -> int
     return calls + (1 if filled else 0)
 
 
+@lru_cache(maxsize=256)
 def straddle_calls(flat_sizes: tuple[int, ...], *, world_size: int, bucket_elements: int) -> int:
     """Extra all-reduce calls per reducing backward of stages 1–2 from gradients larger than the
     bucket that span several ranks' partitions of the flat buffer.
@@ -176,6 +184,7 @@ def straddle_calls(flat_sizes: tuple[int, ...], *, world_size: int, bucket_eleme
 Trace = tuple[tuple[tuple[str, int], ...], ...]
 
 
+@lru_cache(maxsize=64)
 def module_trace(model: ModelSpec, *, persistence_threshold: int) -> tuple[Trace, Trace]:
     """The modules ZeRO-3's hooks visit in forward and in backward, each as its non-persistent
     parameters ``(name, elements)`` (same shape assumptions as :func:`parameter_tensors`).
@@ -318,6 +327,7 @@ class EngineWork:
     """Stage 3: forward and backward passes per step that issue gathers (each one's first gather is exposed)."""
 
 
+@lru_cache(maxsize=4096)
 def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str) -> EngineWork:
     """Per-step :class:`EngineWork` of ``plan`` on ``world_size`` ranks (DeepSpeed 0.19, module docstring)."""
     knobs = resolve_engine_knobs(plan, model.hidden_size)
