@@ -327,29 +327,43 @@ class EngineWork:
     """Stage 3: forward and backward passes per step that issue gathers (each one's first gather is exposed)."""
 
 
-@lru_cache(maxsize=4096)
 def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str) -> EngineWork:
     """Per-step :class:`EngineWork` of ``plan`` on ``world_size`` ranks (DeepSpeed 0.19, module docstring)."""
     knobs = resolve_engine_knobs(plan, model.hidden_size)
+    # Only the stage, the accumulation steps and the bucket sizes of the plan matter: plans that
+    # differ in micro-batch, offload or checkpointing share one computation.
+    return _engine_work(
+        model, plan.stage, plan.gradient_accumulation_steps, world_size=world_size, precision=precision,
+        persistence_threshold=knobs["stage3_param_persistence_threshold"], reduce_bucket=max(1, knobs["reduce_bucket_size"]),
+        allgather_bucket=max(1, knobs["allgather_bucket_size"]), prefetch_bucket=knobs["stage3_prefetch_bucket_size"],
+        max_reuse_distance=knobs["stage3_max_reuse_distance"],
+    )
+
+
+@lru_cache(maxsize=1024)
+def _engine_work(
+    model: ModelSpec, stage: int, g: int, *, world_size: int, precision: str, persistence_threshold: int, reduce_bucket: int,
+    allgather_bucket: int, prefetch_bucket: int, max_reuse_distance: int,
+) -> EngineWork:
+    """:func:`engine_work` for a ZeRO ``stage``, ``g`` accumulation steps and the resolved bucket sizes (elements)."""
     psi = model.trainable_params
     p = bytes_per_param(precision)
-    g = plan.gradient_accumulation_steps
-    tensors = parameter_tensors(model, persistence_threshold=knobs["stage3_param_persistence_threshold"])
+    tensors = parameter_tensors(model, persistence_threshold=persistence_threshold)
     if tensors.gradient_order:
-        reduces = bucket_flushes(tensors.gradient_order, max(1, knobs["reduce_bucket_size"]))
+        reduces = bucket_flushes(tensors.gradient_order, reduce_bucket)
     else:
-        reduces = -(-psi // max(1, knobs["reduce_bucket_size"]))
+        reduces = -(-psi // reduce_bucket)
     # Stage 0 ignores reduce_bucket_size: engine.py allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE).
     stage0_reduces = -(-psi // MEMORY_OPT_ALLREDUCE_SIZE)
-    if plan.stage == 0:
+    if stage == 0:
         # Flatten into the bucket (read + write) and copy the reduced values back (read + write).
         return EngineWork(collectives=stage0_reduces, hooks=0, copied_bytes=4 * p * psi, reduce_calls_per_pass=stage0_reduces)
     shard = -(-psi // world_size)
-    if plan.stage in (1, 2):
-        passes = 1 if plan.stage == 1 else g
-        gathers = max(1, psi // max(1, knobs["allgather_bucket_size"]))
+    if stage in (1, 2):
+        passes = 1 if stage == 1 else g
+        gathers = max(1, psi // allgather_bucket)
         # Stages 1–2 all-reduce a gradient over the bucket in one call per partition-sized group.
-        reduces += straddle_calls(tensors.trainable_sizes, world_size=world_size, bucket_elements=max(1, knobs["reduce_bucket_size"]))
+        reduces += straddle_calls(tensors.trainable_sizes, world_size=world_size, bucket_elements=reduce_bucket)
         return EngineWork(
             collectives=passes * reduces + 2 + gathers,  # + gradient norm + overflow flag
             hooks=g * tensors.trainable_tensors,
@@ -358,8 +372,8 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
             reduce_calls_per_pass=reduces,
         )
     gathers3 = stage3_gathers(
-        *module_trace(model, persistence_threshold=knobs["stage3_param_persistence_threshold"]),
-        prefetch_bucket=knobs["stage3_prefetch_bucket_size"], max_reuse_distance=knobs["stage3_max_reuse_distance"],
+        *module_trace(model, persistence_threshold=persistence_threshold),
+        prefetch_bucket=prefetch_bucket, max_reuse_distance=max_reuse_distance,
     )
     per_micro_step = gathers3.forward_calls + gathers3.backward_calls
     return EngineWork(
