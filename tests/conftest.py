@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from helpers import ROOT, run_zeroplan
+
 
 def _no_cuda() -> bool:
     if shutil.which("nvidia-smi") is None:
@@ -71,6 +73,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def repo_root():
+    """The repository root (tests/helpers.py ROOT)."""
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def zeroplan_cli():
+    """Runs ``python -m zeroplan ARGS`` from the repository root: :func:`helpers.run_zeroplan`."""
+    return run_zeroplan
+
+
+@pytest.fixture(scope="session")
 def optimizer_step_rows():
     """benchmarks/optimizer_step_memory.py on 2 gloo ranks, every (stage, impl) the tests check
     measured in one launch (each run has its own tracker; the rows equal separate launches'):
@@ -78,10 +92,9 @@ def optimizer_step_rows():
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     pytest.importorskip("deepspeed")
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     runs = ((2, "torch-loop"), (3, "config"))
     env = {**os.environ, "PYTHONPATH": str(root), "DS_ACCELERATOR": "cpu"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

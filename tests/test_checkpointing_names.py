@@ -9,15 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from zeroplan.estimator import activation_memory, checkpointing_duplicate, selective_op_layer_bytes
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+from helpers import ROOT, example
 
 
 def test_selective_is_an_alias_of_attention():
@@ -27,7 +25,7 @@ def test_selective_is_an_alias_of_attention():
 
 
 def test_flash_attention_makes_attention_equal_none():
-    import gpt_task
+    gpt_task = example("gpt_task")
 
     model = gpt_task.model_spec(gpt_task.GPTConfig(layers=2, hidden=64, heads=4, vocab=512, seq_len=64))
     flash = TrainingSpec(seq_len=64)
@@ -44,7 +42,7 @@ def _saved_bytes_per_block(mode: str) -> int:
     """Live bytes a checkpointed GPT block keeps between forward and backward (micro-batch 2)."""
     import torch
 
-    import gpt_task
+    gpt_task = example("gpt_task")
     from zeroplan.runtime.backends.common import apply_checkpointing
     from zeroplan.runtime.memory import StorageTracker
 
@@ -63,7 +61,7 @@ def _saved_bytes_per_block(mode: str) -> int:
 
 
 def test_selective_op_keeps_what_torchtitans_policy_saves():
-    import gpt_task
+    gpt_task = example("gpt_task")
 
     cfg = gpt_task.GPTConfig(layers=1, hidden=64, heads=4, vocab=512, seq_len=64)
     model = gpt_task.model_spec(cfg)

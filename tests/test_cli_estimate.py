@@ -6,22 +6,13 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, run_zeroplan
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zeroplan", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd or ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+run = run_zeroplan
 
 
 def test_estimate_table_175b():

@@ -19,10 +19,9 @@ import pytest
 from zeroplan.runtime.discover import DISCOVERY_FILE, DiscoveredModel, discover_model, discovered_or_cached
 from zeroplan.spec import SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, example
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
-sys.path.insert(0, str(ROOT / "examples"))
-import gpt_task  # noqa: E402
+gpt_task = example("gpt_task")
 
 torch = pytest.importorskip("torch")
 

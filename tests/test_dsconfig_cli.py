@@ -11,28 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.cli import main
+from helpers import ROOT, run_main
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 #: A config of the kind that circulates in blog posts: written for 4 GPUs (128 = 4 × 8 × 4),
 #: ZeRO-2 with offload_param, and "lr": "1e-4".
 BLOG = CONFIGS / "blog_zero2_offload.json"
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """Run ``zeroplan`` in-process through ``main()`` (the console-script entry point)."""
-    old = sys.argv
-    sys.argv = ["zeroplan", *argv]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
+run_cli = run_main
 
 
 CLUSTER = ["--gpu", "a100-80gb", "--cpu-memory", "512"]

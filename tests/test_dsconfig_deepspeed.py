@@ -20,7 +20,7 @@ deepspeed = pytest.importorskip("deepspeed")
 
 from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 
-from tests.test_dsconfig_rules import CASES, run_case  # noqa: E402
+from helpers import CASES, ROOT, run_case  # noqa: E402
 from zeroplan.dsconfig import build_config, resolve_buckets, validate_config  # noqa: E402
 from zeroplan.dsconfig import keys as K  # noqa: E402
 from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec  # noqa: E402
@@ -194,7 +194,7 @@ def test_sequence_parallel_divides_the_world_like_deepspeed(ds_config):
 
 
 def test_blog_config_fails_in_deepspeed_where_validate_says(ds_config):
-    from tests.test_dsconfig_cli import BLOG
+    BLOG = ROOT / "tests" / "data" / "configs" / "blog_zero2_offload.json"
 
     from zeroplan.dsconfig import load_config
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,9 @@ from zeroplan.estimator import estimate_plan
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.profiles import default_gpu
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
+from helpers import ROOT
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _tied_model_spec(vocab: int, hidden: int) -> ModelSpec:

@@ -27,16 +27,12 @@ from zeroplan.estimator.optimizer import default_optimizer_impl
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
 from zeroplan.profiles import default_gpu
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, benchmark
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _bench_loss():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_loss_memory
-    finally:
-        sys.path.pop(0)
+    bench_loss_memory = benchmark("bench_loss_memory")
     return bench_loss_memory
 
 
@@ -184,11 +180,7 @@ def test_task_loss_and_probe_request_are_checked():
 def test_zero3_fused_adam_step_holds_the_flat_gradient_copy(optimizer_step_rows):
     """ZeRO-3's _prepare_fp32_grad_for_sub_group: flatten (p bytes) then .to(fp32), both alive."""
     measured = optimizer_step_rows[(3, "config")]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import optimizer_step_memory
-    finally:
-        sys.path.pop(0)
+    optimizer_step_memory = benchmark("optimizer_step_memory")
     items, peak = optimizer_step_memory.predicted(3, "config", 2)
     assert set(items) == {"fp32_gradient_partition", "flat_gradient_partition"}
     # Measured: −0.2 % at the step's peak (without the flat copy: −9.3 %).

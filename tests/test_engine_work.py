@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from zeroplan.estimator.engine_work import bucket_flushes, engine_work, paramete
 from zeroplan.profiles import model_from_hf_config
 from zeroplan.spec import ModelSpec, Plan
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, example
 LLAMA = dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
 
@@ -79,8 +78,8 @@ def test_parameter_tensors_follow_the_example_gpts_buffer_and_hook_order():
     # Truth: the real module's parameters (DeepSpeed's flat-buffer order) and the order autograd runs
     # their post-accumulate-grad hooks (DeepSpeed's register_grad_hook) in one backward.
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "examples"))
-    from gpt_task import GPT as TorchGPT, GPTConfig
+    gpt_task = example("gpt_task")
+    TorchGPT, GPTConfig = gpt_task.GPT, gpt_task.GPTConfig
 
     model = TorchGPT(GPTConfig())
     fired = []
@@ -124,8 +123,8 @@ def _example_gpt_trace(threshold: int) -> tuple:
     model, then pre-order; backward in reverse with each block before its children), each as its
     parameters above ``threshold``."""
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "examples"))
-    from gpt_task import GPT as TorchGPT, GPTConfig
+    gpt_task = example("gpt_task")
+    TorchGPT, GPTConfig = gpt_task.GPT, gpt_task.GPTConfig
 
     with torch.device("meta"):
         model = TorchGPT(GPTConfig())

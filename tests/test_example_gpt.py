@@ -3,24 +3,18 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import example as load_example
 
 
 def test_calibrate_gpt_is_the_example_gpt():
     from zeroplan.calibrate.gpt import GPT, GPTShape, gpt_model_spec
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import gpt_task
-    finally:
-        sys.path.pop(0)
+    gpt_task = load_example("gpt_task")
     sizes = dict(layers=3, hidden=64, heads=4, vocab=512, seq_len=32)
     example = gpt_task.GPT(gpt_task.GPTConfig(**sizes))
     library = GPT(GPTShape(**sizes))

@@ -6,10 +6,6 @@ FSDP2 probes of the example GPT on 2 CPU ranks (the probe runtime's fsdp backend
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,12 +14,11 @@ from zeroplan.estimator.fsdp import fsdp_groups
 from zeroplan.estimator.optimizer import OPTIMIZER_IMPLS, optimizer_step_temporaries
 from zeroplan.spec import ClusterSpec, Plan, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+from helpers import ROOT, run_zeroplan, example
 
 
 def _gpt(layers=4, hidden=256, heads=4, vocab=8192, seq_len=128):
-    import gpt_task
+    gpt_task = example("gpt_task")
 
     cfg = gpt_task.GPTConfig(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len)
     return cfg, gpt_task.model_spec(cfg)
@@ -98,8 +93,7 @@ def test_fsdp_rejects_nvme_and_low_stage_offload():
 
 
 def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    return run_zeroplan(*args, columns=200)
 
 
 def test_cli_engine_bad_input_exits_2():
@@ -180,7 +174,7 @@ def test_export_fsdp_settings_match_what_the_runtime_wraps(tmp_path):
     from zeroplan.fsdpconfig import fsdp_settings
     from zeroplan.runtime.backends.fsdp import wrap_model
 
-    import gpt_task
+    gpt_task = example("gpt_task")
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)

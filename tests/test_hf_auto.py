@@ -10,6 +10,7 @@ import types
 import pytest
 
 from zeroplan.dsconfig.hf_auto import TrainerArgs, resolve_hf_auto
+from helpers import ROOT
 
 transformers = pytest.importorskip("transformers")
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig  # noqa: E402
@@ -93,7 +94,7 @@ def _validate(*args: str):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     return subprocess.run([sys.executable, "-m", "zeroplan", "validate", *args], capture_output=True, text=True, cwd=root,
                           env={**os.environ, "PYTHONPATH": str(root), "COLUMNS": "250"}, timeout=120)
 
@@ -132,7 +133,7 @@ def test_export_for_hf_resolves_back_to_the_plain_export(tmp_path, plan_args):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     env = {**os.environ, "PYTHONPATH": str(root)}
 
     def export(*extra):

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,7 +17,7 @@ from zeroplan.dsconfig.trial import HF_TEMPLATE, apply_plan_config
 from zeroplan.runtime.trainer import is_trainer_script, trainer_batch_args, trainer_precision
 from zeroplan.spec import Plan, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, example
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
 EXAMPLE = ROOT / "examples" / "train_hf_trainer.py"
 
@@ -68,11 +67,7 @@ def test_trainer_detection_flags_and_precision():
 
 def _example_params() -> int:
     transformers = pytest.importorskip("transformers")
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import train_hf_trainer as ex
-    finally:
-        sys.path.pop(0)
+    ex = example("train_hf_trainer")
     a = ex.ModelArguments()
     config = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
                                       num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=a.seq_len)

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import optuna
 
@@ -16,9 +15,7 @@ from zeroplan.spec import GiB, ModelSpec, Plan, TrainingSpec
 from zeroplan.tuner import ProbeOutcome, TuneSettings, Tuner, build_space, make_sampler, open_study, plan_key, storage_url
 from zeroplan.tuner.admission import Knowledge, admit, knowledge_from_trials
 
-ROOT = Path(__file__).resolve().parents[1]
-GPT_TASK = ModelSpec(name="gpt_task", params=136_960, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
-                     ffn_size=256, vocab_size=512)
+from helpers import GPT_TASK, ROOT
 
 
 def _space(cpu_memory_gib):

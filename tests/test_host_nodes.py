@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +12,7 @@ from zeroplan.profiles import resolve_cluster
 from zeroplan.estimator import enumerate_plans, estimate_all
 from zeroplan.spec import GiB, ModelSpec, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import run_zeroplan
 TiB = 1024**4
 
 
@@ -157,8 +155,7 @@ def test_both_reasons_when_gpu_and_host_fail(monkeypatch):
     assert any(n.startswith("GPU needs") for n in est.notes) and any(n.startswith("CPU needs") for n in est.notes)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+_cli = run_zeroplan
 
 
 def test_cli_bad_node_profile_one_line(tmp_path):

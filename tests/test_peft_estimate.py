@@ -7,20 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from zeroplan.estimator.peft import NF4_DOUBLE_QUANT_OVERHEAD_BITS, quantized_weight_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, run_zeroplan
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
-    )
+run = run_zeroplan
 
 
 def test_nf4_double_quantization_overhead_matches_qlora_paper():

@@ -4,8 +4,6 @@ the band benchmarks/bench_lora_memory.py measured (benchmarks/results/lora_memor
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,16 +13,12 @@ from zeroplan.spec import Plan, TrainingSpec
 pytestmark = pytest.mark.slow
 pytest.importorskip("peft")
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, example
 ARGS = ("--layers", "4", "--hidden", "256", "--vocab", "8192", "--seq-len", "128", "--rank", "8", "--targets", "q_proj,v_proj")
 
 
 def test_lora_script_probe_counts_trainable_and_matches_the_estimate(tmp_path):
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import lora_task
-    finally:
-        sys.path.pop(0)
+    lora_task = example("lora_task")
     spec = lora_task.model_spec(lora_task.parse_args(list(ARGS)))
     result = run_probe(ProbeRequest(
         script=ROOT / "examples" / "train_deepspeed_lora.py", nproc=2, plan=Plan(stage=2, micro_batch=2),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,7 @@ from zeroplan.profiles.lora import base_modules, lora_spec
 from zeroplan.runtime.peft_source import PeftFlags, model_for_estimate
 from zeroplan.spec import SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 TASK = str(ROOT / "examples" / "lora_task.py")
 #: examples/lora_task.py's default model (Llama, 4 layers, h 256, GQA 4/2, ffn 688, V 8192).
 SMALL = dict(model_type="llama", vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4,

@@ -27,7 +27,7 @@ from zeroplan.profiles import (
 )
 from zeroplan.spec import GiB, SpecError
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import ROOT as REPO, run_zeroplan
 
 EXPECTED_GPUS = {"a100-40gb", "a100-80gb", "h100-80gb", "h100-pcie", "h200", "v100-32gb", "l40s", "rtx-4090", "mi300x"}
 EXPECTED_MODELS = {
@@ -312,10 +312,7 @@ def test_t5_preset_says_it_is_an_equivalent_shape():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100"}
-    return subprocess.run(
-        [sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
-    )
+    return run_zeroplan(*args, columns=100)
 
 
 def test_cli_profiles_json():

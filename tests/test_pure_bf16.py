@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,14 +17,13 @@ from zeroplan.estimator.activations import activation_memory
 from zeroplan.estimator.fsdp import fsdp_memory
 from zeroplan.spec import ClusterSpec, Plan, SpecError, TrainingSpec, optimizer_state_bytes_per_param
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+from helpers import ROOT, example
 
 GPT_ARGS = ("--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "8192", "--seq-len", "128")
 
 
 def _gpt_spec():
-    import gpt_task
+    gpt_task = example("gpt_task")
 
     return gpt_task.model_spec(gpt_task.parse_config(list(GPT_ARGS)))
 
@@ -40,7 +38,7 @@ def test_states_match_torch_adamw_on_a_bf16_model():
     """Parameters, gradients and AdamW's moments of a model cast to bf16, as torch allocates them."""
     import torch
 
-    import gpt_task
+    gpt_task = example("gpt_task")
 
     model = gpt_task.GPT(gpt_task.parse_config(list(GPT_ARGS))).to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -66,7 +64,7 @@ def test_one_process_has_no_ddp_buckets_and_the_runtime_does_not_wrap(tmp_path):
     import torch
     import torch.distributed as dist
 
-    import gpt_task
+    gpt_task = example("gpt_task")
     from zeroplan.fsdpconfig import fsdp_settings
     from zeroplan.runtime.backends.fsdp import wrap_model
 

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from zeroplan.spec import Plan, TrainingSpec
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, run_zeroplan, example
 GPT_TASK = ROOT / "examples" / "gpt_task.py"
 DS_SCRIPT = ROOT / "examples" / "train_deepspeed.py"
 SEQ_LEN = 32
@@ -28,11 +27,7 @@ TASK_ARGS = ("--layers", "2", "--hidden", "64", "--seq-len", str(SEQ_LEN))
 
 
 def _gpt_params() -> int:
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import gpt_task
-    finally:
-        sys.path.pop(0)
+    gpt_task = example("gpt_task")
     return gpt_task.model_spec(gpt_task.GPTConfig(layers=2, hidden=64, seq_len=SEQ_LEN)).params
 
 
@@ -175,8 +170,7 @@ def test_config_arg_for_hugging_face_style_scripts(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    return run_zeroplan(*args, timeout=600)
 
 
 def test_cli_probes_the_plain_script_with_an_exported_config(tmp_path):
@@ -190,11 +184,7 @@ def test_cli_probes_the_plain_script_with_an_exported_config(tmp_path):
     assert doc["status"] == "ok" and doc["steps"] == 2 and doc["world_size"] == 2
     assert doc["tokens_per_second"] == pytest.approx(doc["samples_per_second"] * 64)
     # No --params/--model: the worker read the model at deepspeed.initialize (the script's defaults).
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import gpt_task
-    finally:
-        sys.path.pop(0)
+    gpt_task = example("gpt_task")
     assert doc["discovered_model"]["total_params"] == sum(p.numel() for p in gpt_task.GPT(gpt_task.GPTConfig()).parameters())
     assert doc["estimated_peak_memory"] and doc["estimate_note"] is None
     # The exported config's reduce bucket (DeepSpeed stage 3 allocates it whole) shows up.

@@ -17,7 +17,7 @@ from zeroplan.runtime.classify import classify, summarize_ranks
 from zeroplan.runtime.launcher import build_command, script_kind
 from zeroplan.spec import Plan, SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import example, run_zeroplan
 
 
 # -- request / result ------------------------------------------------------------------------
@@ -189,11 +189,7 @@ def test_task_validation():
 
 def test_gpt_task_model_spec_counts_the_real_module():
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import gpt_task
-    finally:
-        sys.path.pop(0)
+    gpt_task = example("gpt_task")
     cfg = gpt_task.GPTConfig(layers=3, hidden=96, heads=4, vocab=300, seq_len=32)
     spec = gpt_task.model_spec(cfg)
     assert spec.params == sum(p.numel() for p in gpt_task.GPT(cfg).parameters())
@@ -206,8 +202,7 @@ def test_gpt_task_model_spec_counts_the_real_module():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zeroplan", "probe", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    return run_zeroplan("probe", *args)
 
 
 @pytest.mark.parametrize(

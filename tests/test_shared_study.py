@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from zeroplan.tuner import StorageError, open_study, storage_url
 from zeroplan.tuner.ledger import trial_status
 from zeroplan.tuner.storage import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, open_storage
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 PROBED = ("ok", "oom", "error", "timeout")
 
 # ROLE victim: its second probe hangs (and says so) until the test SIGKILLs it.
@@ -27,8 +26,7 @@ PROBED = ("ok", "oom", "error", "timeout")
 WORKER = textwrap.dedent(
     """
     import os, sys, time, pathlib
-    sys.path.insert(0, {tests!r})
-    from test_tuner_search import Replay, make_space
+    from helpers import Replay, make_space
     from zeroplan.tuner import TuneSettings, Tuner, make_sampler, open_study
 
     sync = pathlib.Path({sync!r})
@@ -62,8 +60,8 @@ def test_worker_killed_mid_trial_costs_one_retry_on_a_journal(tmp_path):
     assert url.startswith("journal:")  # a plain path is Optuna's journal storage
     sync = tmp_path / "sync"
     sync.mkdir()
-    code = WORKER.format(tests=str(ROOT / "tests"), url=url, sync=str(sync))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = WORKER.format(url=url, sync=str(sync))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     start = lambda role: subprocess.Popen(  # noqa: E731
         [sys.executable, "-c", code, role], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )

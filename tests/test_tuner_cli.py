@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, example
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
 PROBED = ("ok", "oom", "error", "timeout")
 
@@ -208,11 +208,7 @@ def test_nothing_fits_exits_1_and_prunes_with_the_loss_the_task_declares(tmp_pat
     assert r.returncode == 1, r.stdout + r.stderr
     out = " ".join(r.stdout.split())
     assert "loss: plain (declared by the task; --loss sets it)" in out, out
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import gpt_task
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
+    gpt_task = example("gpt_task")
     from dataclasses import replace
 
     from zeroplan.cli.common import resolve_training

@@ -11,7 +11,7 @@ from zeroplan.runtime.worker import ProbeDone, StepMeter
 from zeroplan.tuner import ProbeOutcome, TuneSettings, Tuner, make_sampler, open_study, plan_key, storage_url
 from zeroplan.tuner.failures import classify_failure, learned_regions, normalise_error, progress_from_lines
 
-from test_tuner_search import make_space
+from helpers import make_space
 
 
 def _torch_error(a: tuple[int, int], b: tuple[int, int]) -> str:

@@ -11,7 +11,7 @@ from zeroplan.tuner import StorageError, TuneSettings, Tuner, make_sampler, open
 from zeroplan.tuner.admission import admit, oom_rule
 from zeroplan.tuner.space import zero_choice
 
-from test_tuner_search import Replay, make_space
+from helpers import Replay, make_space
 
 
 def test_oom_rule_skips_only_plans_the_estimator_says_need_as_much_memory():

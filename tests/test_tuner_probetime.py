@@ -12,6 +12,7 @@ import pytest
 from zeroplan.runtime.steptime import estimate_step_time, t_quantile_975
 from zeroplan.runtime.worker import ProbeDone, StepMeter
 from zeroplan.tuner.probetime import TIMEOUT_MARGIN, TIMEOUT_SLACK_S, ProbeTiming, probe_timeout
+from helpers import ROOT
 
 
 def test_t_quantiles_match_the_normal_limit_and_table_rows():
@@ -159,7 +160,7 @@ def test_fsdp_probe_times_micro_steps(tmp_path):
     from zeroplan.spec import Plan, TrainingSpec
     from zeroplan.tuner.objective import ProbeRunner
 
-    task = Path(__file__).resolve().parents[1] / "examples" / "gpt_task.py"
+    task = ROOT / "examples" / "gpt_task.py"
     runner = ProbeRunner(script=task, nproc=2, training=TrainingSpec(seq_len=64, global_batch=16), model=None, workdir=tmp_path,
                          backend="fsdp", steps=3, warmup=1, timeout_s=300, target_ci=0.5)
     outcome = runner(Plan(stage=3, micro_batch=2, gradient_accumulation_steps=4), trial_number=0)

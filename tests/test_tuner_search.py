@@ -18,44 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.profiles import resolve_cluster
-from zeroplan.spec import ModelSpec, Plan, TrainingSpec
-from zeroplan.tuner import ProbeOutcome, StorageError, TuneSettings, Tuner, build_space, make_sampler, open_study, storage_url
+from zeroplan.tuner import StorageError, TuneSettings, Tuner, make_sampler, open_study, storage_url
 from zeroplan.tuner.ledger import trial_reason, trial_status
 from zeroplan.tuner.results import CSV_COLUMNS, write_results
 from zeroplan.tuner.storage import open_storage
 
-ROOT = Path(__file__).resolve().parents[1]
-
-GPT_TASK = ModelSpec(
-    name="gpt_task", params=136_960, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
-    ffn_size=256, vocab_size=512,
-)
-
-
-def make_space(global_batch: int = 16):
-    cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
-    return build_space(GPT_TASK, cluster, TrainingSpec(seq_len=64, global_batch=global_batch), device="cpu")
-
-
-class Replay:
-    """Outcomes by rule: oom for z0 at micro-batch >= 4, else a throughput growing with micro-batch."""
-
-    def __init__(self, oom_from: int | None = 4, crash_keys: tuple[str, ...] = ()):
-        self.calls: list[Plan] = []
-        self.oom_from = oom_from
-        self.crash_keys = crash_keys
-
-    def __call__(self, plan: Plan, *, trial_number: int, on_line=None) -> ProbeOutcome:
-        self.calls.append(plan)
-        from zeroplan.tuner import plan_key
-
-        if plan_key(plan) in self.crash_keys:
-            raise RuntimeError("runner exploded")
-        if self.oom_from is not None and plan.stage == 0 and plan.micro_batch >= self.oom_from:
-            return ProbeOutcome(status="oom", error="CUDA out of memory")
-        value = plan.micro_batch * (1.0 - 0.1 * plan.stage) * (0.7 if plan.checkpointing == "full" else 1.0)
-        return ProbeOutcome(status="ok", samples_per_second=value, peak_memory_bytes=1000 * plan.micro_batch, ds_config={"stage": plan.stage})
+from helpers import ROOT, Replay, make_space, zeroplan_env
 
 
 def new_tuner(tmp_path: Path, runner, *, trials: int, resume: bool = False, storage: str | None = None, **kw) -> Tuner:
@@ -237,8 +205,7 @@ def test_locked_storage_is_one_line(tmp_path):
 WORKER = textwrap.dedent(
     """
     import sys, time
-    sys.path.insert(0, {tests!r})
-    from test_tuner_search import Replay, make_space
+    from helpers import Replay, make_space
     from zeroplan.tuner import TuneSettings, Tuner, make_sampler, open_study
 
     class Slow(Replay):
@@ -264,8 +231,8 @@ WORKER = textwrap.dedent(
 def test_two_worker_processes_share_one_study(tmp_path):
     url = storage_url(None, tmp_path)
     (tmp_path / "barrier").mkdir()
-    code = WORKER.format(tests=str(ROOT / "tests"), url=url, barrier=str(tmp_path / "barrier"))
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    code = WORKER.format(url=url, barrier=str(tmp_path / "barrier"))
+    env = zeroplan_env(PYTHONPATH=f"{ROOT}{__import__('os').pathsep}{ROOT / 'tests'}")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from zeroplan.profiles import resolve_cluster
 from zeroplan.estimator import enumerate_plans, estimate_plan
 from zeroplan.runtime.prediction import comparable_estimate
-from zeroplan.spec import GiB, ModelSpec, SpecError, TrainingSpec
+from zeroplan.spec import GiB, SpecError, TrainingSpec
 from zeroplan.tuner import build_space, initial_candidates, plan_key, zero_choice
 from zeroplan.tuner.space import micro_batch_choices, parse_zero_choice
 
-ROOT = Path(__file__).resolve().parents[1]
-
-# The default GPT of examples/gpt_task.py (GPT-2 architecture, tied head): 136,960 parameters.
-GPT_TASK = ModelSpec(
-    name="gpt_task", params=136_960, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
-    ffn_size=256, vocab_size=512,
-)
+from helpers import GPT_TASK, ROOT
 
 
 def cluster(gpus: int = 2, gpu_memory_gib: float | None = None):

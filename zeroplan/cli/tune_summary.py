@@ -9,8 +9,6 @@ from typing import Any
 
 import typer
 
-from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
-
 __all__ = ["best_text", "print_summary"]
 
 
@@ -34,6 +32,7 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
     to the plans not probed and the files written; exit 1 when nothing worked or the winner fails."""
     from rich.table import Table
 
+    from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
     from zeroplan.tuner import prove_winner
     from zeroplan.tuner.results import best_row
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
-
 __all__ = ["LiveView"]
 
 
@@ -63,6 +61,9 @@ class LiveView:
             if text:
                 self.last_line = text
         elif kind == "end":
+            # Imported here: the runtime package is not needed to start `zeroplan estimate`.
+            from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
+
             outcome = data["outcome"]
             cand = data["candidate"]
             if outcome.status == "ok":

@@ -40,6 +40,11 @@ per block a norm, Q, K and V — one h×(h + 2·kv) linear when ``ModelSpec.fuse
 non-gated MLP model and none (RMSNorm weight only) on a gated one. Parameters the shape does not
 name (``ModelSpec.params`` less the shape's tensors: GPT-2's learned position table ``wpe``) are
 one more tensor beside the token embedding.
+
+What depends only on the model, its bucket sizes and the world size — the tensor list, the
+ZeRO-3 trace and its replay, the bucket flushes — is computed once per distinct argument
+(``functools.lru_cache`` on the frozen specs) and shared by the plans of an estimate, which ask
+for it three times each (memory, traffic, time).
 """
 
 from __future__ import annotations
@@ -109,6 +114,7 @@ def _hook_order(modules: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
     return tuple(order) + modules[0][1]
 
 
+@lru_cache(maxsize=64)
 def parameter_tensors(model: ModelSpec, *, persistence_threshold: int) -> ParameterTensors:
     """Tensor and module counts of ``model`` (assumptions in the module docstring)."""
     modules = _modules(model)
@@ -129,6 +135,7 @@ def parameter_tensors(model: ModelSpec, *, persistence_threshold: int) -> Parame
     )
 
 
+@lru_cache(maxsize=256)
 def bucket_flushes(gradient_order: tuple[int, ...], bucket_elements: int) -> int:
     """Reduce calls to empty gradients of ``gradient_order`` (sizes in the order their hooks fire)
     through a bucket of ``bucket_elements``: DeepSpeed reduces the bucket before a gradient that would
@@ -144,6 +151,7 @@ def bucket_flushes(gradient_order: tuple[int, ...], bucket_elements: int) -> int
     return calls + (1 if filled else 0)
 
 
+@lru_cache(maxsize=256)
 def straddle_calls(flat_sizes: tuple[int, ...], *, world_size: int, bucket_elements: int) -> int:
     """Extra all-reduce calls per reducing backward of stages 1–2 from gradients larger than the
     bucket that span several ranks' partitions of the flat buffer.
@@ -176,6 +184,7 @@ def straddle_calls(flat_sizes: tuple[int, ...], *, world_size: int, bucket_eleme
 Trace = tuple[tuple[tuple[str, int], ...], ...]
 
 
+@lru_cache(maxsize=64)
 def module_trace(model: ModelSpec, *, persistence_threshold: int) -> tuple[Trace, Trace]:
     """The modules ZeRO-3's hooks visit in forward and in backward, each as its non-persistent
     parameters ``(name, elements)`` (same shape assumptions as :func:`parameter_tensors`).
@@ -321,25 +330,40 @@ class EngineWork:
 def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str) -> EngineWork:
     """Per-step :class:`EngineWork` of ``plan`` on ``world_size`` ranks (DeepSpeed 0.19, module docstring)."""
     knobs = resolve_engine_knobs(plan, model.hidden_size)
+    # Only the stage, the accumulation steps and the bucket sizes of the plan matter: plans that
+    # differ in micro-batch, offload or checkpointing share one computation.
+    return _engine_work(
+        model, plan.stage, plan.gradient_accumulation_steps, world_size=world_size, precision=precision,
+        persistence_threshold=knobs["stage3_param_persistence_threshold"], reduce_bucket=max(1, knobs["reduce_bucket_size"]),
+        allgather_bucket=max(1, knobs["allgather_bucket_size"]), prefetch_bucket=knobs["stage3_prefetch_bucket_size"],
+        max_reuse_distance=knobs["stage3_max_reuse_distance"],
+    )
+
+
+@lru_cache(maxsize=1024)
+def _engine_work(
+    model: ModelSpec, stage: int, g: int, *, world_size: int, precision: str, persistence_threshold: int, reduce_bucket: int,
+    allgather_bucket: int, prefetch_bucket: int, max_reuse_distance: int,
+) -> EngineWork:
+    """:func:`engine_work` for a ZeRO ``stage``, ``g`` accumulation steps and the resolved bucket sizes (elements)."""
     psi = model.trainable_params
     p = bytes_per_param(precision)
-    g = plan.gradient_accumulation_steps
-    tensors = parameter_tensors(model, persistence_threshold=knobs["stage3_param_persistence_threshold"])
+    tensors = parameter_tensors(model, persistence_threshold=persistence_threshold)
     if tensors.gradient_order:
-        reduces = bucket_flushes(tensors.gradient_order, max(1, knobs["reduce_bucket_size"]))
+        reduces = bucket_flushes(tensors.gradient_order, reduce_bucket)
     else:
-        reduces = -(-psi // max(1, knobs["reduce_bucket_size"]))
+        reduces = -(-psi // reduce_bucket)
     # Stage 0 ignores reduce_bucket_size: engine.py allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE).
     stage0_reduces = -(-psi // MEMORY_OPT_ALLREDUCE_SIZE)
-    if plan.stage == 0:
+    if stage == 0:
         # Flatten into the bucket (read + write) and copy the reduced values back (read + write).
         return EngineWork(collectives=stage0_reduces, hooks=0, copied_bytes=4 * p * psi, reduce_calls_per_pass=stage0_reduces)
     shard = -(-psi // world_size)
-    if plan.stage in (1, 2):
-        passes = 1 if plan.stage == 1 else g
-        gathers = max(1, psi // max(1, knobs["allgather_bucket_size"]))
+    if stage in (1, 2):
+        passes = 1 if stage == 1 else g
+        gathers = max(1, psi // allgather_bucket)
         # Stages 1–2 all-reduce a gradient over the bucket in one call per partition-sized group.
-        reduces += straddle_calls(tensors.trainable_sizes, world_size=world_size, bucket_elements=max(1, knobs["reduce_bucket_size"]))
+        reduces += straddle_calls(tensors.trainable_sizes, world_size=world_size, bucket_elements=reduce_bucket)
         return EngineWork(
             collectives=passes * reduces + 2 + gathers,  # + gradient norm + overflow flag
             hooks=g * tensors.trainable_tensors,
@@ -348,8 +372,8 @@ def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str
             reduce_calls_per_pass=reduces,
         )
     gathers3 = stage3_gathers(
-        *module_trace(model, persistence_threshold=knobs["stage3_param_persistence_threshold"]),
-        prefetch_bucket=knobs["stage3_prefetch_bucket_size"], max_reuse_distance=knobs["stage3_max_reuse_distance"],
+        *module_trace(model, persistence_threshold=persistence_threshold),
+        prefetch_bucket=prefetch_bucket, max_reuse_distance=max_reuse_distance,
     )
     per_micro_step = gathers3.forward_calls + gathers3.backward_calls
     return EngineWork(
