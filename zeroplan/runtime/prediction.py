@@ -82,6 +82,7 @@ def _estimate(
     from zeroplan.runtime.peft_source import model_for_estimate
 
     model, origin = request.model, "--model"
+    traced = None
     model_dict = summary.get("model_spec")
     if model is None and model_dict:
         try:
@@ -89,6 +90,21 @@ def _estimate(
         except (SpecError, TypeError) as exc:
             return None, f"no estimate: task model_spec invalid ({exc})"
         origin = "the discovered model" if summary.get("discovered") else "the task's model_spec"
+        if summary.get("discovered"):
+            from zeroplan.runtime.discover import DiscoveredModel
+
+            found = DiscoveredModel.from_dict(summary["discovered"])
+            traced = found.traced_activations()
+            if found.activations_source == "not-modelled":
+                # Not a transformer and not traced: a transformer formula on a guessed shape
+                # would invent its activations (a Linear stack's batch read as tokens of a GPT).
+                traced = _no_activations
+            if context is not None:
+                context["activations_source"] = found.activations_source
+        elif context is not None:
+            context["activations_source"] = "task"
+    elif model is not None and context is not None:
+        context["activations_source"] = "params" if model.source == "derived" else "model"
     if plan is None:
         return None, "no estimate: no plan (give a DeepSpeed config or --stage)"
     if model is None:
@@ -125,8 +141,11 @@ def _estimate(
         # A config without an ``optimizer`` block means the script brings its own (torch's AdamW
         # under Hugging Face's Trainer), whose step temporaries differ from DeepSpeed's FusedAdam.
         impl = request.optimizer_impl or default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
+        # A discovered model that is not a transformer: its traced forward + backward replaces
+        # the transformer formula (zeroplan.trace.module).
         est = estimator.estimate_plan(
-            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl
+            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl,
+            activation_bytes=traced,
         )
         if context is not None:
             context.update(est=est, model=model, cluster=cluster, training=training)
@@ -135,6 +154,11 @@ def _estimate(
         return None, f"no estimate: estimator unavailable ({exc})"
     except SpecError as exc:
         return None, f"no estimate: {exc}"
+
+
+def _no_activations(plan: Plan) -> int:
+    """The ``activation_bytes`` of a model whose activations are not modelled: none counted."""
+    return 0
 
 
 def _host_estimate(context: dict, summary: dict, host: dict) -> dict:
