@@ -111,6 +111,11 @@ def _estimate(
         return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
     if config is not None:
         plan = with_config_buckets(plan, config)
+    sizes = summary.get("parameter_sizes")
+    if model.source == "derived" and not model.parameter_sizes and sizes and sum(n * c for n, c in sizes) == model.params:
+        # A shape derived from --params guesses the matrices; the engine's module has the same
+        # count, so stage 1's gradients larger than the reduce bucket are its real ones.
+        model = dataclasses.replace(model, parameter_sizes=tuple((int(n), int(c)) for n, c in sizes))
     model, note = model_for_estimate(
         model, origin=origin, trainable=summary.get("trainable_params"), frozen=summary.get("frozen_params"), flags=request.peft_flags
     )

@@ -101,6 +101,13 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         for param in engine.module.parameters():
             counts[bool(param.requires_grad)] += int(getattr(param, "ds_numel", 0) or param.numel())
         state["trainable_params"], state["frozen_params"] = counts[True], counts[False]
+        # Each parameter's size, as DeepSpeed tests it against the reduce bucket: a shape derived
+        # from --params is a guess, and the estimate takes the real sizes from here.
+        sizes: dict[int, int] = {}
+        for param in engine.module.parameters():
+            n = int(getattr(param, "ds_numel", 0) or param.numel())
+            sizes[n] = sizes.get(n, 0) + 1
+        state["parameter_sizes"] = sorted(([n, c] for n, c in sizes.items()), reverse=True)[:64]
         engine_step = engine.step
 
         def step(*a, **kw):
@@ -345,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     result["peak_memory"] = memory.peak_bytes
     if state.get("host_set_aside") is not None:
         result["host_tensors_set_aside"] = state["host_set_aside"]
+    if "parameter_sizes" in state:
+        result["parameter_sizes"] = state["parameter_sizes"]
     if "trainable_params" in state:
         result["trainable_params"] = state["trainable_params"]
         result["frozen_params"] = state["frozen_params"]
