@@ -53,6 +53,9 @@ def device_roots(model: object, optimizer: object = None) -> list:
             partition = getattr(p, "ds_tensor", None)
             if partition is not None:
                 roots.append(partition)
+            # Quantised parameters move their side tensors with them (bitsandbytes' Params4bit
+            # ``quant_state`` absmax/code, nested state2; Int8Params' CB/SCB).
+            roots.extend(_side_tensors(p))
         buffers = getattr(model, "buffers", None)
         if callable(buffers):
             roots.extend(buffers())
@@ -62,6 +65,18 @@ def device_roots(model: object, optimizer: object = None) -> list:
             if isinstance(per_param, dict):
                 roots.extend(per_param.values())
     return roots
+
+
+def _side_tensors(param: object, depth: int = 2) -> list:
+    """Tensors a parameter object keeps in its attributes (and, ``depth`` levels down, in
+    attribute objects such as bitsandbytes' ``QuantState``)."""
+    found: list = []
+    for value in getattr(param, "__dict__", {}).values():
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif depth > 0 and hasattr(value, "__dict__") and not isinstance(value, type):
+            found.extend(_side_tensors(value, depth - 1))
+    return found
 
 
 class StorageTracker(TorchDispatchMode):
