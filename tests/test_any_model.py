@@ -97,6 +97,40 @@ def test_discovered_mlp_estimate_uses_its_trace_and_its_real_parameter_sizes():
     assert found.traced_activations()(type("P", (), {"micro_batch": 1})()) == data["activations"]["peak_at_micro_batch"]
 
 
+def _mlp_summary(activations: dict | None, error: str | None = None) -> dict:
+    from zeroplan.runtime.discover_worker import describe_model
+
+    data = {"entry_point": "deepspeed.initialize", "model": describe_model(_mlp(8, 1024)), "micro_batch": 1, "seq_len": 1024,
+            "activations": activations, "activations_error": error}
+    found = DiscoveredModel.from_worker(data, script="train_deepspeed_mlp.py")
+    return {"model_spec": found.model_spec().as_dict(), "discovered": found.as_dict(), "seq_len": 1, "memory_kind": "cpu-storage"}
+
+
+def test_probe_estimate_of_a_model_that_is_not_a_transformer():
+    from zeroplan.runtime.api import ProbeRequest
+    from zeroplan.runtime.prediction import _estimate
+    from zeroplan.spec import Plan
+
+    request = ProbeRequest(script=ROOT / "examples" / "train_deepspeed_mlp.py", nproc=2)
+    plan = Plan(stage=2, micro_batch=1, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)
+    small, large = {"module_class": "torch.nn.Sequential", "micro_batch": 1, "peak_at_micro_batch": 22_528, "peak_at_double": 45_056}, None
+    large = dict(small, peak_at_micro_batch=small["peak_at_micro_batch"] + 50 * 2**20, peak_at_double=small["peak_at_double"] + 50 * 2**20)
+    def at_loss(summary: dict, context: dict) -> int:
+        estimated, note = _estimate(request, plan, None, summary, 2, context)
+        assert estimated == int(context["est"].gpu.peak_allocated)
+        return next(m.activations for m in context["est"].moments if m.name == "the loss's backward"), note
+
+    context: dict = {}
+    acts, note = at_loss(_mlp_summary(small), context)
+    # The traced bytes are the activations the estimate holds, not a transformer's for 1,024 "tokens".
+    assert acts == 22_528 and context["activations_source"] == "traced" and note is None
+    assert at_loss(_mlp_summary(large), {})[0] == large["peak_at_micro_batch"]
+    context = {}
+    acts, note = at_loss(_mlp_summary(None, "tracing Sequential's forward failed"), context)
+    assert acts == 0 and context["activations_source"] == "not-modelled"
+    assert "not modelled" in note and "forward failed" in note
+
+
 @pytest.mark.parametrize("params", [1e6, 8388608, 13.6e6, 13.7e6, 1.25e8, 7e9, 175e9, 1e12])
 def test_shape_from_params_adds_up_to_the_count(params):
     spec = model_from_params(params)

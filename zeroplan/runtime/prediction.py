@@ -83,6 +83,7 @@ def _estimate(
 
     model, origin = request.model, "--model"
     traced = None
+    not_modelled = None
     model_dict = summary.get("model_spec")
     if model is None and model_dict:
         try:
@@ -99,6 +100,7 @@ def _estimate(
                 # Not a transformer and not traced: a transformer formula on a guessed shape
                 # would invent its activations (a Linear stack's batch read as tokens of a GPT).
                 traced = _no_activations
+                not_modelled = f"activations not modelled (none counted): {found.activations_error or 'the model was not traced'}"
             if context is not None:
                 context["activations_source"] = found.activations_source
         elif context is not None:
@@ -154,6 +156,8 @@ def _estimate(
         )
         if context is not None:
             context.update(est=est, model=model, cluster=cluster, training=training)
+        if not_modelled:
+            note = f"{note}; {not_modelled}" if note else not_modelled
         return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), note
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"
