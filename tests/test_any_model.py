@@ -173,7 +173,9 @@ def _probe(args: list[str], tmp_path: Path) -> dict:
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
-    out = subprocess.run([sys.executable, "-m", "zeroplan", "probe", *args, "--workdir", str(tmp_path / "w"), "--format", "json"],
+    cut = args.index("--")
+    args = [*args[:cut], "--workdir", str(tmp_path / "w"), "--format", "json", *args[cut:]]
+    out = subprocess.run([sys.executable, "-m", "zeroplan", "probe", *args],
                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
