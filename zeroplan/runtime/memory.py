@@ -8,6 +8,12 @@ frees and re-allocates unsharded parameters with ``UntypedStorage.resize_``, whi
 mode sees) are tracked by wrapping ``resize_``. Live storages that existed before the tracker
 started can be added with :meth:`StorageTracker.track`.
 
+A GPU run holds only part of a process's tensors on the device: what the engine moves there and
+what is allocated on it. :meth:`StorageTracker.keep_on_device`, which the probe worker calls at
+the first ``deepspeed.initialize``, keeps counting the model's tensors (:func:`device_roots`) and
+sets every other live storage aside as host memory (a dataset built before the model), as
+``module.to(device)`` would leave it.
+
 Not counted: transient buffers inside one C++ kernel, memory owned by communication libraries,
 the Python heap. The counter is therefore a lower bound of the process RSS, but it is the same
 quantity as CUDA's ``max_memory_allocated`` (bytes of live tensors), which is what the estimator
