@@ -126,6 +126,11 @@ def _render_table(result, plan, console) -> None:
         from zeroplan.runtime.discover import DiscoveredModel
 
         console.print(f"model {DiscoveredModel.from_dict(result.discovered_model).describe()}", markup=False, highlight=False)
+    if result.activations_source:
+        from zeroplan.runtime.discover import ACTIVATION_SOURCE_WORDS
+
+        console.print(f"activations: {ACTIVATION_SOURCE_WORDS.get(result.activations_source, result.activations_source)}",
+                      markup=False, highlight=False)
     if result.estimate_note and result.status == "ok":
         console.print(result.estimate_note)
     if result.memory_kind == "cpu-storage":

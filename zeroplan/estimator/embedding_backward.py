@@ -71,7 +71,10 @@ def _matrices_over(model: ModelSpec, bucket: int) -> int:
     K and V (h×kv) — one h×(h + 2·kv) matrix when ``fused_qkv`` — and the MLP's 2 or 3 h×ffn
     matrices (as :attr:`ModelSpec.block_params` counts them), plus an untied output projection
     (V·h). Every parameter is tested alone, as DeepSpeed tests ``param.numel()`` against the
-    bucket. The token embedding is not included: its gradient is being made."""
+    bucket. The token embedding is not included: its gradient is being made. A discovered model
+    that is not a transformer is tested with its real parameter sizes (``parameter_sizes``)."""
+    if model.parameter_sizes:
+        return sum(n * count for n, count in model.parameter_sizes if n > bucket)
     h, kv, f = model.hidden_size, model.num_kv_heads * model.head_dim, model.ffn_size
     attention = [h * (h + 2 * kv), h * h] if model.fused_qkv else [h * h, h * h, h * kv, h * kv]
     block = attention + [h * f] * (3 if model.gated_mlp else 2)

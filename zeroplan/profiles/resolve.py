@@ -14,7 +14,7 @@ from typing import Optional
 
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, SpecError
 
-__all__ = ["resolve_model", "resolve_cluster", "gib_option"]
+__all__ = ["resolve_model", "resolve_cluster", "gib_option", "model_from_params"]
 
 
 def gib_option(option: str, value: Optional[float], *, allow_zero: bool = False) -> Optional[int]:
@@ -43,7 +43,41 @@ def resolve_model(params: Optional[float], model: Optional[str]) -> ModelSpec:
         raise SpecError("no model given; use --params 7e9 or --model llama-3-8b (see `zeroplan profiles`)")
     if not math.isfinite(params) or params <= 0:
         raise SpecError(f"--params {params:g} is not valid; give a positive count such as 7e9")
-    return ModelSpec.from_params(params)
+    return model_from_params(params)
+
+
+def model_from_params(params: float) -> ModelSpec:
+    """A shape for a bare parameter count that adds up to it: the GPT-3 rule
+    (:meth:`ModelSpec.from_params`, vocabulary 50257) where its embedding and one block fit in
+    ``params``, else a model of blocks only.
+
+    The rule puts V·h = 50257·h parameters into the token embedding with h >= 256: below
+    50257·256 + 12·256² = 13.7M parameters the embedding alone would exceed the count (8.4M
+    parameters would get a 12.9M embedding), and the estimate would hold gradients, logits and an
+    embedding backward the model cannot have. A count that small says nothing about a vocabulary,
+    so the shape keeps none (V = 1): Ψ ≈ 12·L·h² with the rule's h ≈ 128·L, h a multiple of 64
+    (at least 64), and L the nearest whole number of blocks (at least 1). The note says so; give
+    ``--model`` (a config.json) or drop ``--params`` to discover the real model from the script.
+    """
+    import dataclasses
+
+    spec = ModelSpec.from_params(params)
+    if spec.embedding_params + spec.block_params <= spec.params:
+        return spec
+    n = spec.params
+    # 12·h³/128 = Ψ  →  h = (128·Ψ/12)^(1/3), the GPT-3 rule's width without an embedding.
+    h = max(64, int(round((128 * n / 12) ** (1 / 3) / 64)) * 64)
+    layers = max(1, int(round(n / (12 * h * h))))
+    heads = max(1, h // 128) if h % 128 == 0 else max(1, h // 64)
+    note = (
+        f"shape derived from --params {params:.3g}: h={h}, L={layers}, heads={heads}, no vocabulary (V=1): "
+        f"the GPT-3 rule's 50257-token embedding would hold {spec.embedding_params:,} parameters, more than the "
+        f"{n:,} given (give --model, or drop --params to discover the model from the script)"
+    )
+    return dataclasses.replace(
+        spec, hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=heads, ffn_size=4 * h, vocab_size=1,
+        tied_embeddings=False, notes=(note,),
+    )
 
 
 def resolve_cluster(

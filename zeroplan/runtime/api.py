@@ -162,6 +162,9 @@ class ProbeResult:
     discovered_model: dict | None = None
     """What a plain script's model is, read at ``deepspeed.initialize`` when no model was given
     (``zeroplan.runtime.discover.DiscoveredModel.as_dict``); None otherwise."""
+    activations_source: str | None = None
+    """Where the estimate's activation bytes came from (``zeroplan.runtime.discover.ACTIVATION_SOURCES``:
+    traced, config, module-tree, params, model, task, not-modelled); None without an estimate."""
 
     host_peak_per_node: int | None = None
     """Peak host RSS of the node (torchrun and every worker, shared library pages once), sampled
@@ -259,6 +262,7 @@ class ProbeResult:
             "host_baseline_per_node": self.host_baseline_per_node,
             "pinned_bytes_per_rank": list(self.pinned_bytes_per_rank),
             "discovered_model": self.discovered_model,
+            "activations_source": self.activations_source,
             "launcher": self.launcher,
             "launcher_note": self.launcher_note,
             "phases_s": dict(self.phases_s),

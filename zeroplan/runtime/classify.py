@@ -73,6 +73,7 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["frozen_params"] = first.get("frozen_params")
         out["discovered"] = first.get("discovered")
         out["engine_batch"] = first.get("engine_batch")
+        out["parameter_sizes"] = first.get("parameter_sizes")
     peaks = [(r.get("rank", 0), r.get("peak_memory")) for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
     peaks = [p for _, p in peaks if isinstance(p, int)]
     if peaks:

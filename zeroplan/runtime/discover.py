@@ -23,7 +23,10 @@ from typing import Any, Callable, Optional
 
 from zeroplan.spec import ModelSpec, SpecError
 
-__all__ = ["DISCOVERY_FILE", "DiscoveredModel", "discover_model", "discovered_or_cached", "discovery_config", "WATCHED"]
+__all__ = [
+    "ACTIVATION_SOURCES", "ACTIVATION_SOURCE_WORDS", "DISCOVERY_FILE", "DiscoveredModel", "activation_source", "discover_model", "discovered_or_cached",
+    "discovery_config", "WATCHED",
+]
 
 #: Where discovery's answer is cached, inside the output folder.
 DISCOVERY_FILE = "discovered_model.json"
@@ -33,6 +36,44 @@ WATCHED = (
     "deepspeed.initialize (also called by Hugging Face Trainer, TRL and accelerate)",
     "torch.distributed.fsdp.fully_shard",
 )
+
+
+#: Where an estimate's activation bytes come from (``activations_source`` in probe output):
+#: ``traced`` — the discovered module's own forward + backward under FakeTensorMode
+#: (:mod:`zeroplan.trace.module`); ``config`` — the transformer formula on the shape of its Hugging
+#: Face config; ``module-tree`` — the formula on a transformer shape read from its modules (an
+#: embedding and repeated blocks); ``params`` — the formula on a shape derived from ``--params``;
+#: ``model`` — the formula on ``--model``'s shape; ``task`` — the formula on a zeroplan task's
+#: ``model_spec``; ``not-modelled`` — none of these (the trace failed: no activation bytes counted).
+ACTIVATION_SOURCES = ("traced", "config", "module-tree", "params", "model", "task", "not-modelled")
+
+#: Each source in words, for the probe's table.
+ACTIVATION_SOURCE_WORDS = {
+    "traced": "traced from the model's own forward + backward on the first batch (FakeTensorMode)",
+    "config": "transformer formula on the shape of the model's Hugging Face config",
+    "module-tree": "transformer formula on the shape read from the model's modules (embedding, blocks)",
+    "params": "transformer formula on a shape derived from --params (the real model's shape is not known)",
+    "model": "transformer formula on --model's shape",
+    "task": "transformer formula on the task's model_spec",
+    "not-modelled": "not modelled (the model is not a transformer zeroplan knows and its trace failed): none counted",
+}
+
+
+def activation_source(model: dict) -> str:
+    """How a discovered model's activations are estimated, from :func:`describe_model`'s dict.
+
+    A Hugging Face config with a ``model_type`` gives the formula its shape (``config``); a module
+    tree with a token embedding and a list of identical blocks is a transformer whose shape was
+    read (``module-tree``); anything else is not a transformer zeroplan recognises, and is
+    ``traced``.
+    """
+    config = model.get("hf_config") or {}
+    if config.get("model_type"):
+        return "config"
+    inferred = set((model.get("shape") or {}).get("inferred") or ())
+    if model.get("shape") and not inferred & {"vocab_size", "num_layers", "hidden_size"}:
+        return "module-tree"
+    return "traced"
 
 
 @dataclass(frozen=True)
@@ -63,6 +104,13 @@ class DiscoveredModel:
     """Tokens per sample of that batch (its second dimension)."""
     script: str = ""
     """The script it was discovered from."""
+    activations: Optional[dict] = None
+    """A model that is not a recognised transformer: its traced activation peak at the first batch
+    (:class:`zeroplan.trace.module.ModuleActivations` as a dict), else None."""
+    activations_error: Optional[str] = None
+    """Why such a model's trace failed (its activations are then not modelled), else None."""
+    parameter_sizes: tuple = ()
+    """``(elements, count)`` per parameter size of the model, largest first (at most 64 sizes)."""
 
     def __post_init__(self) -> None:
         for name in ("total_params", "trainable_params", "largest_layer_params"):
@@ -89,6 +137,9 @@ class DiscoveredModel:
             micro_batch=data.get("micro_batch"),
             seq_len=data.get("seq_len"),
             script=script,
+            activations=data.get("activations"),
+            activations_error=data.get("activations_error"),
+            parameter_sizes=tuple(tuple(p) for p in model.get("parameter_sizes") or ()),
         )
 
     def as_dict(self) -> dict:
@@ -133,14 +184,36 @@ class DiscoveredModel:
                 method="partial", base_params=self.total_params, trainable_params=self.trainable_params, source="discovered",
                 notes=(f"{self.trainable_params:,} of {self.total_params:,} parameters have requires_grad",),
             )
+        # A model that is not a transformer: its shape is a guess, so a reduce bucket is tested
+        # against its real parameter sizes (zeroplan.estimator.embedding_backward).
+        sizes = tuple((int(n), int(c)) for n, c in self.parameter_sizes) if self.activations_source in ("traced", "not-modelled") else ()
         return dataclasses.replace(
             spec,
+            parameter_sizes=sizes,
             params=self.total_params,
             largest_layer_params=self.largest_layer_params or spec.largest_layer_params,
             source="discovered",
             notes=tuple(notes),
             peft=peft,
         )
+
+    @property
+    def activations_source(self) -> str:
+        """One of :data:`ACTIVATION_SOURCES`: ``traced`` when a trace is held, ``not-modelled`` when
+        the model needed one and it failed or never ran, else the formula's shape source."""
+        if self.activations:
+            return "traced"
+        source = activation_source({"hf_config": self.hf_config, "shape": self.shape})
+        return "not-modelled" if source == "traced" else source
+
+    def traced_activations(self):
+        """The trace as :class:`zeroplan.trace.module.ModuleActivations` (the estimator's
+        ``activation_bytes`` hook), or None."""
+        if not self.activations:
+            return None
+        from zeroplan.trace.module import ModuleActivations
+
+        return ModuleActivations.from_dict(self.activations)
 
     @property
     def name(self) -> str:
@@ -150,8 +223,13 @@ class DiscoveredModel:
     def describe(self) -> str:
         """One line: where it was found and what it is."""
         batch = ""
-        if self.seq_len or self.micro_batch:
+        if self.activations:
+            shapes = ", ".join("×".join(str(n) for n in s) for s in self.activations.get("input_shapes", ()))
+            batch = f"; not a transformer: first batch {shapes or self.micro_batch}, activations traced"
+        elif self.seq_len or self.micro_batch:
             batch = f"; first batch {self.micro_batch or '?'} × {self.seq_len or '?'} tokens"
+        if self.activations_error:
+            batch += f"; activations not modelled ({self.activations_error})"
         return (
             f"discovered at {self.entry_point}: {self.model_class.rsplit('.', 1)[-1]}, {self.total_params:,} parameters "
             f"({self.trainable_params:,} trainable), largest layer {self.largest_layer_name} "

@@ -60,6 +60,7 @@ def describe_model(model: Any) -> dict:
         n = sum(_numel(p) for p in module.parameters(recurse=False))
         if n > largest:
             largest_name, largest = name or "<root>", n
+    sizes: Counter = Counter(_numel(p) for p in params)
     dtypes: Counter = Counter()
     for p in params:
         dtypes[str(p.dtype).removeprefix("torch.")] += _numel(p)
@@ -79,6 +80,8 @@ def describe_model(model: Any) -> dict:
         "dtype": dtypes.most_common(1)[0][0] if dtypes else "unknown",
         "hf_config": hf_config,
         "shape": _infer_shape(model),
+        # (elements, count) per parameter size, largest first: what a reduce bucket is tested against.
+        "parameter_sizes": sorted(([n, c] for n, c in sizes.items()), reverse=True)[:64],
     }
 
 
@@ -221,6 +224,22 @@ def watch_entry_points(on_model: Callable[[str, Any], None], on_engine: Callable
     fsdp.fully_shard = fully_shard
 
 
+def _trace_if_not_transformer(result: dict, module: Any, args: tuple, kwargs: dict) -> None:
+    """Trace the activations of a model that is not a transformer zeroplan recognises
+    (:func:`zeroplan.runtime.discover.activation_source`) on this first batch; a failed trace is
+    recorded as ``activations_error`` (the model's activations are then not modelled)."""
+    from zeroplan.runtime.discover import activation_source
+    from zeroplan.spec import SpecError
+    from zeroplan.trace.module import trace_module
+
+    if activation_source(result.get("model") or {}) != "traced":
+        return
+    try:
+        result["activations"] = trace_module(module, args, kwargs).as_dict()
+    except SpecError as exc:
+        result["activations_error"] = str(exc)
+
+
 class _Found(BaseException):
     """Stops the script once the model and its first batch are known (not an ``Exception``)."""
 
@@ -252,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         def record(args: tuple, kwargs: dict) -> None:
             micro, seq = batch_shape(args, kwargs)
             result.update(status="ok", micro_batch=micro, seq_len=seq)
+            _trace_if_not_transformer(result, getattr(engine, "module", engine), args, kwargs)
             _write(result_path, result)
             raise _Found()
 

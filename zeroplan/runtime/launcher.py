@@ -338,6 +338,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         frozen_params=summary.get("frozen_params"),
         memory_limit=limit,
         discovered_model=summary.get("discovered"),
+        activations_source=context.get("activations_source") if estimated is not None else None,
         **host,
     )
     clock.mark("report")

@@ -82,6 +82,8 @@ def _estimate(
     from zeroplan.runtime.peft_source import model_for_estimate
 
     model, origin = request.model, "--model"
+    traced = None
+    not_modelled = None
     model_dict = summary.get("model_spec")
     if model is None and model_dict:
         try:
@@ -89,12 +91,33 @@ def _estimate(
         except (SpecError, TypeError) as exc:
             return None, f"no estimate: task model_spec invalid ({exc})"
         origin = "the discovered model" if summary.get("discovered") else "the task's model_spec"
+        if summary.get("discovered"):
+            from zeroplan.runtime.discover import DiscoveredModel
+
+            found = DiscoveredModel.from_dict(summary["discovered"])
+            traced = found.traced_activations()
+            if found.activations_source == "not-modelled":
+                # Not a transformer and not traced: a transformer formula on a guessed shape
+                # would invent its activations (a Linear stack's batch read as tokens of a GPT).
+                traced = _no_activations
+                not_modelled = f"activations not modelled (none counted): {found.activations_error or 'the model was not traced'}"
+            if context is not None:
+                context["activations_source"] = found.activations_source
+        elif context is not None:
+            context["activations_source"] = "task"
+    elif model is not None and context is not None:
+        context["activations_source"] = "params" if model.source == "derived" else "model"
     if plan is None:
         return None, "no estimate: no plan (give a DeepSpeed config or --stage)"
     if model is None:
         return None, "no estimate: model shape unknown (give --params/--model, or a task with model_spec)"
     if config is not None:
         plan = with_config_buckets(plan, config)
+    sizes = summary.get("parameter_sizes")
+    if model.source == "derived" and not model.parameter_sizes and sizes and sum(n * c for n, c in sizes) == model.params:
+        # A shape derived from --params guesses the matrices; the engine's module has the same
+        # count, so stage 1's gradients larger than the reduce bucket are its real ones.
+        model = dataclasses.replace(model, parameter_sizes=tuple((int(n), int(c)) for n, c in sizes))
     model, note = model_for_estimate(
         model, origin=origin, trainable=summary.get("trainable_params"), frozen=summary.get("frozen_params"), flags=request.peft_flags
     )
@@ -125,16 +148,26 @@ def _estimate(
         # A config without an ``optimizer`` block means the script brings its own (torch's AdamW
         # under Hugging Face's Trainer), whose step temporaries differ from DeepSpeed's FusedAdam.
         impl = request.optimizer_impl or default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
+        # A discovered model that is not a transformer: its traced forward + backward replaces
+        # the transformer formula (zeroplan.trace.module).
         est = estimator.estimate_plan(
-            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl
+            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl,
+            activation_bytes=traced,
         )
         if context is not None:
             context.update(est=est, model=model, cluster=cluster, training=training)
+        if not_modelled:
+            note = f"{note}; {not_modelled}" if note else not_modelled
         return comparable_estimate(est, on_cpu=on_cpu, ranks_per_node=cluster.gpus_in_node), note
     except (ImportError, AttributeError) as exc:
         return None, f"no estimate: estimator unavailable ({exc})"
     except SpecError as exc:
         return None, f"no estimate: {exc}"
+
+
+def _no_activations(plan: Plan) -> int:
+    """The ``activation_bytes`` of a model whose activations are not modelled: none counted."""
+    return 0
 
 
 def _host_estimate(context: dict, summary: dict, host: dict) -> dict:

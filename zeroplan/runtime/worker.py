@@ -66,6 +66,16 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             model = kwargs.get("model", args[1] if len(args) > 1 else None)
             if model is not None:
                 state["discovered"] = describe_model(model)
+        memory = state.get("memory")
+        if memory is not None and "host_set_aside" not in state:
+            # From the first engine on, count what a GPU run would hold on the device: the model
+            # (and a client optimizer's states) as DeepSpeed moves them, and what is allocated
+            # from here; the script's host data built before (datasets, corpora) is set aside.
+            from zeroplan.runtime.memory import device_roots
+
+            model = kwargs.get("model", args[1] if len(args) > 1 else None)
+            optimizer = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
+            state["host_set_aside"] = memory.keep_on_device(device_roots(model, optimizer))
         if host is not None:
             host.enter("engine_init")
         outputs = original(*args, **kwargs)
@@ -77,7 +87,10 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             from zeroplan.runtime.discover_worker import batch_shape
 
             def first_batch(module, hook_args, hook_kwargs):
-                state.setdefault("first_batch", batch_shape(hook_args, hook_kwargs))
+                if "first_batch" in state:
+                    return
+                state["first_batch"] = batch_shape(hook_args, hook_kwargs)
+                _trace_if_not_transformer(state, module.module, hook_args, hook_kwargs)
 
             engine.register_forward_pre_hook(first_batch, with_kwargs=True)
         state["initialized"] = True
@@ -88,6 +101,13 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         for param in engine.module.parameters():
             counts[bool(param.requires_grad)] += int(getattr(param, "ds_numel", 0) or param.numel())
         state["trainable_params"], state["frozen_params"] = counts[True], counts[False]
+        # Each parameter's size, as DeepSpeed tests it against the reduce bucket: a shape derived
+        # from --params is a guess, and the estimate takes the real sizes from here.
+        sizes: dict[int, int] = {}
+        for param in engine.module.parameters():
+            n = int(getattr(param, "ds_numel", 0) or param.numel())
+            sizes[n] = sizes.get(n, 0) + 1
+        state["parameter_sizes"] = sorted(([n, c] for n, c in sizes.items()), reverse=True)[:64]
         engine_step = engine.step
 
         def step(*a, **kw):
@@ -110,6 +130,23 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         return outputs
 
     deepspeed.initialize = initialize
+
+
+def _trace_if_not_transformer(state: dict, module, args: tuple, kwargs: dict) -> None:
+    """A discovered model that is not a transformer zeroplan recognises gets its activations traced
+    here, from its own forward + backward on the first batch's shapes under FakeTensorMode
+    (:func:`zeroplan.trace.module.trace_module`; no memory allocated, the rank's tracker set aside)."""
+    from zeroplan.runtime.discover import activation_source
+
+    if activation_source(state.get("discovered") or {}) != "traced":
+        return
+    from zeroplan.spec import SpecError
+    from zeroplan.trace.module import trace_module
+
+    try:
+        state["activations"] = trace_module(module, args, kwargs).as_dict()
+    except SpecError as exc:
+        state["activations_error"] = str(exc)
 
 
 def _build_kind(model) -> str | None:
@@ -232,7 +269,8 @@ def _record_discovery(result: dict, state: dict, spec: dict) -> None:
     from zeroplan.spec import SpecError
 
     micro, seq = state.get("first_batch") or (None, None)
-    data = {"entry_point": "deepspeed.initialize", "model": state["discovered"], "micro_batch": micro, "seq_len": seq}
+    data = {"entry_point": "deepspeed.initialize", "model": state["discovered"], "micro_batch": micro, "seq_len": seq,
+            "activations": state.get("activations"), "activations_error": state.get("activations_error")}
     try:
         found = DiscoveredModel.from_worker(data, script=spec["script"])
         result["model_spec"] = found.model_spec().as_dict()
@@ -240,7 +278,8 @@ def _record_discovery(result: dict, state: dict, spec: dict) -> None:
         result["discovery_error"] = str(exc)
         return
     result["discovered"] = found.as_dict()
-    result["seq_len"] = result.get("seq_len") or seq
+    # A traced model's sample is not a sequence of tokens: the estimate counts samples (seq_len 1).
+    result["seq_len"] = result.get("seq_len") or (1 if found.activations else seq)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                       on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None,
                       target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
                       agree=_agreement(world_size))
-    state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover"))}
+    state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover")), "memory": memory}
     _phase_at_engine_ready(meter, state)
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)
@@ -311,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None)
     result["engine_batch"] = state.get("engine_batch")
     result["peak_memory"] = memory.peak_bytes
+    if state.get("host_set_aside") is not None:
+        result["host_tensors_set_aside"] = state["host_set_aside"]
+    if "parameter_sizes" in state:
+        result["parameter_sizes"] = state["parameter_sizes"]
     if "trainable_params" in state:
         result["trainable_params"] = state["trainable_params"]
         result["frozen_params"] = state["frozen_params"]

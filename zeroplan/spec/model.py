@@ -58,6 +58,10 @@ class ModelSpec:
     """Training applies dropout, so autograd saves 1-byte masks (attention output, MLP output,
     embeddings); None: by architecture — GPT-style blocks do (GPT-2's p = 0.1), gated-MLP (Llama
     family) ones don't."""
+    parameter_sizes: tuple[tuple[int, int], ...] = ()
+    """``(elements, count)`` of the real model's parameters, largest first, for a discovered model
+    that is not a transformer (its shape fields are guesses); what DeepSpeed tests against its
+    reduce bucket one parameter at a time. Empty: the sizes follow from the shape."""
 
     def __post_init__(self) -> None:
         check_positive_int("params", self.params, maximum=MAX_PARAMS)
@@ -149,6 +153,7 @@ class ModelSpec:
             "largest_layer_params": self.largest_layer_params,
             "source": self.source,
             "notes": list(self.notes),
+            **({"parameter_sizes": [list(p) for p in self.parameter_sizes]} if self.parameter_sizes else {}),
             "trainable_params": self.trainable_params,
             "frozen_params": self.frozen_params,
             "peft": self.peft.as_dict() if self.peft else None,
@@ -163,6 +168,8 @@ class ModelSpec:
         d = {k: v for k, v in data.items() if k not in ("trainable_params", "frozen_params")}
         if "notes" in d:
             d["notes"] = tuple(d["notes"])
+        if "parameter_sizes" in d:
+            d["parameter_sizes"] = tuple((int(n), int(c)) for n, c in d["parameter_sizes"])
         if d.get("peft") is not None:
             d["peft"] = PeftSpec.from_dict(d["peft"])
         return cls(**d)

@@ -4,6 +4,7 @@ Importing this package does not import torch or transformers; the functions do, 
 """
 
 from zeroplan.trace.fit import ActivationFit, ActivationModel, fit_activation_model
+from zeroplan.trace.module import ModuleActivations, trace_module
 from zeroplan.trace.override import TracedActivationOverride, activation_override
 from zeroplan.trace.source import HFConfigSource, TaskSource, TraceSource, resolve_source
 from zeroplan.trace.tracer import PeakActivations, TracedActivations, Tracer, trace_activations
@@ -12,6 +13,7 @@ __all__ = [
     "ActivationFit",
     "ActivationModel",
     "HFConfigSource",
+    "ModuleActivations",
     "PeakActivations",
     "TaskSource",
     "TraceSource",
@@ -22,4 +24,5 @@ __all__ = [
     "fit_activation_model",
     "resolve_source",
     "trace_activations",
+    "trace_module",
 ]
