@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from zeroplan.spec.errors import SpecError, check_positive_int
+from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.peft import PeftSpec
 
 __all__ = ["ModelSpec", "MAX_PARAMS", "derive_shape_from_params"]
@@ -58,6 +59,10 @@ class ModelSpec:
     """Training applies dropout, so autograd saves 1-byte masks (attention output, MLP output,
     embeddings); None: by architecture — GPT-style blocks do (GPT-2's p = 0.1), gated-MLP (Llama
     family) ones don't."""
+    moe: MoeSpec | None = None
+    """Mixture-of-experts layers (None: a dense model). ``params`` then counts every expert (model
+    states), ``active_params`` what one token touches (FLOPs), and ``ffn_size`` is the MLP width a
+    token goes through in an MoE layer: k·I routed plus the shared experts' width."""
 
     def __post_init__(self) -> None:
         check_positive_int("params", self.params, maximum=MAX_PARAMS)
@@ -79,6 +84,15 @@ class ModelSpec:
             raise SpecError(f"fused_qkv={self.fused_qkv!r} is not valid; give true or false")
         if self.dropout is not None and not isinstance(self.dropout, bool):
             raise SpecError(f"dropout={self.dropout!r} is not valid; give true, false or null (by architecture)")
+        if self.moe is not None and not isinstance(self.moe, MoeSpec):
+            raise SpecError(f"moe={self.moe!r} is not valid; give a MoeSpec or None")
+        if self.moe is not None and self.moe.moe_layers > self.num_layers:
+            raise SpecError(f"moe.moe_layers={self.moe.moe_layers} exceeds num_layers={self.num_layers}")
+        if self.moe is not None and self.moe.inactive_params >= self.params:
+            raise SpecError(
+                f"moe: {self.moe.inactive_params} inactive expert parameters exceed params={self.params}; "
+                "the expert shape does not belong to this model"
+            )
         if self.largest_layer_params < 0:
             raise SpecError(f"largest_layer_params={self.largest_layer_params} must be >= 0")
         if self.largest_layer_params == 0:
@@ -122,6 +136,13 @@ class ModelSpec:
         return self.peft.trainable_params if self.peft else self.params
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token's forward touches: every non-expert parameter, the top-k routed
+        experts of each MoE layer and the shared experts (``total_params`` for a dense model).
+        FLOPs and time use it; memory uses ``total_params``."""
+        return self.total_params - (self.moe.inactive_params if self.moe else 0)
+
+    @property
     def frozen_params(self) -> int:
         """Parameters held without gradients or optimizer states."""
         return self.total_params - self.trainable_params
@@ -131,6 +152,9 @@ class ModelSpec:
         # parameters are gathered at once; embedding tables are usually the largest one.
         h = self.hidden_size
         largest_matrix = max(h * self.ffn_size, h * h)
+        if self.moe is not None:
+            # Fused experts are one module's parameters, gathered whole; a ModuleList expert is one MLP.
+            largest_matrix = max(largest_matrix, self.moe.layer_experts_params if self.moe.fused_experts else self.moe.expert_params)
         return max(self.embedding_params, largest_matrix)
 
     def as_dict(self) -> dict:
@@ -154,17 +178,21 @@ class ModelSpec:
             "peft": self.peft.as_dict() if self.peft else None,
             "dropout": self.dropout,
             "fused_qkv": self.fused_qkv,
+            "active_params": self.active_params,
+            "moe": self.moe.as_dict() if self.moe else None,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelSpec":
         """Inverse of :meth:`as_dict`: derived keys (``trainable_params``, ``frozen_params``) are
         ignored and ``peft`` is rebuilt."""
-        d = {k: v for k, v in data.items() if k not in ("trainable_params", "frozen_params")}
+        d = {k: v for k, v in data.items() if k not in ("trainable_params", "frozen_params", "active_params")}
         if "notes" in d:
             d["notes"] = tuple(d["notes"])
         if d.get("peft") is not None:
             d["peft"] = PeftSpec.from_dict(d["peft"])
+        if d.get("moe") is not None:
+            d["moe"] = MoeSpec.from_dict(d["moe"])
         return cls(**d)
 
     @classmethod

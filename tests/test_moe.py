@@ -1,0 +1,158 @@
+"""Mixture-of-experts models: total and active parameter counts from a config.json against the
+transformers model built on the meta device, and what the estimator does with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zeroplan.profiles import model_from_hf_config
+from zeroplan.spec import SpecError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+#: Published shapes (the models' config.json on the Hugging Face Hub; see the presets' sources)
+#: and tiny ones that switch the optional parts on (dense layers, shared experts, biases).
+MOE_CONFIGS = {
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, tie_word_embeddings=False,
+    ),
+    "qwen3-moe-tiny-dense-layers": dict(
+        model_type="qwen3_moe", vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=6,
+        num_experts_per_tok=2, mlp_only_layers=[0], decoder_sparse_step=2, attention_bias=True,
+    ),
+    "qwen2-moe-tiny": dict(
+        model_type="qwen2_moe", vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2,
+    ),
+    "mixtral-8x7b": dict(
+        model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+    ),
+    "mixtral-tiny": dict(
+        model_type="mixtral", vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=True,
+    ),
+    "deepseek-v3": dict(
+        model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
+        kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+        num_experts_per_tok=8, first_k_dense_replace=3, n_group=8, topk_group=4,
+    ),
+    "deepseek-v3-tiny-no-q-lora": dict(
+        model_type="deepseek_v3", vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8,
+        kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
+        num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=1, attention_bias=True,
+    ),
+    "gpt-oss-20b": dict(
+        model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+    ),
+    "gpt-oss-120b": dict(
+        model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=128, num_experts_per_tok=4,
+    ),
+    "gpt-oss-tiny": dict(
+        model_type="gpt_oss", vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+    ),
+}
+
+
+def meta_model(config: dict):
+    data = dict(config)
+    hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(hf_config), hf_config
+
+
+def reference_counts(config: dict) -> tuple[int, int, int]:
+    """(total, active, largest expert module) from the meta model: a parameter of a module named
+    ``experts`` holds E experts along its first dimension, of which a token touches top-k; every
+    other parameter (attention, router, shared experts, dense MLPs, embeddings) is touched whole."""
+    model, hf_config = meta_model(config)
+    k = hf_config.num_experts_per_tok
+    total = active = 0
+    largest_experts = 0
+    seen: set[int] = set()  # a tied lm_head shares the embedding's parameter: count it once
+    for module_name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        if module_name.endswith(".experts"):
+            numel = sum(p.numel() for p in own)
+            experts = {p.shape[0] for p in own}
+            assert len(experts) == 1, (module_name, [p.shape for p in own])
+            active += numel * k // experts.pop()
+            largest_experts = max(largest_experts, numel)
+        else:
+            active += sum(p.numel() for p in own)
+        total += sum(p.numel() for p in own)
+    assert total == sum(p.numel() for p in model.parameters())
+    return total, active, largest_experts
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
+def test_total_and_active_params_match_the_meta_model(tmp_path, name):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(MOE_CONFIGS[name]))
+    spec = model_from_hf_config(path)
+    total, active, largest_experts = reference_counts(MOE_CONFIGS[name])
+    assert spec.params == total
+    assert spec.active_params == active
+    assert spec.moe is not None and spec.moe.fused_experts
+    # ZeRO-3 fetches a module's parameters together: one layer's fused experts at once.
+    assert spec.moe.layer_experts_params == largest_experts
+    assert spec.largest_layer_params >= largest_experts
+
+
+def test_published_totals_and_active():
+    """Against the model cards: Qwen3-30B-A3B "30.5B in total and 3.3B activated"; Mixtral 8x7B
+    46.7B total, 12.9B active (mistral.ai, "Mixtral of experts", 2023); DeepSeek-V3 671B total,
+    37B activated (arXiv 2412.19437 §1, the 14B MTP module aside); gpt-oss-120b 116.83B / 5.13B and
+    gpt-oss-20b 20.91B / 3.61B (OpenAI gpt-oss model card, arXiv 2508.10925 Table 1, whose active
+    count leaves out the V·h input embedding: a token reads one row of it)."""
+    expected = {
+        "qwen3-30b-a3b": (30.5e9, 3.3e9),
+        "mixtral-8x7b": (46.7e9, 12.9e9),
+        "deepseek-v3": (671e9, 37e9),
+        "gpt-oss-120b": (116.83e9, 5.13e9),
+        "gpt-oss-20b": (20.91e9, 3.61e9),
+    }
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+
+    for name, (total, active) in expected.items():
+        spec = model_from_hf_dict(MOE_CONFIGS[name], name=name)
+        assert spec.params == pytest.approx(total, rel=0.01), name
+        counted = spec.active_params - (spec.embedding_params if name.startswith("gpt-oss") else 0)
+        assert counted == pytest.approx(active, rel=0.03), name
+
+
+def test_qwen3_30b_fetches_604m_expert_parameters_at_once():
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+
+    spec = model_from_hf_dict(MOE_CONFIGS["qwen3-30b-a3b"], name="q")
+    assert spec.moe.layer_experts_params == 128 * 3 * 2048 * 768 == 603_979_776
+
+
+def test_no_moe_layer_is_an_error(tmp_path):
+    config = dict(MOE_CONFIGS["qwen3-moe-tiny-dense-layers"], mlp_only_layers=[0, 1, 2, 3, 4])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(SpecError, match="no layer is an MoE layer"):
+        model_from_hf_config(path)
+
+
+def test_more_experts_per_token_than_experts(tmp_path):
+    config = dict(MOE_CONFIGS["mixtral-tiny"], num_experts_per_tok=5)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(SpecError, match="experts_per_token=5 exceeds num_experts=4"):
+        model_from_hf_config(path)
