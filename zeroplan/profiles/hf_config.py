@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from zeroplan.spec import ModelSpec, MoeSpec, SpecError
 
-__all__ = ["model_from_hf_config", "model_from_hf_dict", "count_hf_params", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["model_from_hf_config", "model_from_hf_dict", "count_hf_params", "SUPPORTED_MODEL_TYPES", "MOE_MODEL_TYPES"]
 
 _MAX_DIM = 10**8
 
@@ -596,6 +596,9 @@ _COUNTERS: dict[str, Callable[[_Config], _Counted]] = {
 #: GPT2Attention ``c_attn``, GPTNeoXAttention and BloomAttention ``query_key_value``,
 #: Phi3Attention ``qkv_proj``).
 FUSED_QKV_MODEL_TYPES: tuple[str, ...] = ("bloom", "gpt2", "gpt_neox", "phi3")
+
+#: ``model_type`` values of mixture-of-experts models (their counters fill ``ModelSpec.moe``).
+MOE_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe")
 
 #: ``model_type`` values :func:`model_from_hf_config` understands.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_COUNTERS))
