@@ -156,3 +156,56 @@ def test_more_experts_per_token_than_experts(tmp_path):
     path.write_text(json.dumps(config))
     with pytest.raises(SpecError, match="experts_per_token=5 exceeds num_experts=4"):
         model_from_hf_config(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimator: memory from every expert, FLOPs from the active ones, ZeRO-3's fused-expert fetch
+# ---------------------------------------------------------------------------------------------
+
+
+def _cluster(gpus: int):
+    from zeroplan.profiles.resolve import resolve_cluster
+
+    return resolve_cluster(gpus=gpus, gpus_per_node=8, gpu="h100-80gb", gpu_memory_gib=None, cpu_memory_gib=2048, nvme_gib=None)
+
+
+def test_states_use_total_and_flops_use_active_params():
+    from zeroplan.estimator.memory import model_states
+    from zeroplan.estimator.timing import flops_per_token
+    from zeroplan.profiles import load_model_preset
+    from zeroplan.spec import Plan, TrainingSpec
+
+    model = load_model_preset("qwen3-30b-a3b")
+    training = TrainingSpec(seq_len=2048)
+    states = model_states(model, _cluster(8), training, Plan(stage=0))
+    assert states.params == 2 * model.params and states.optimizer_states == 12 * model.params
+    flops = flops_per_token(model, training, Plan(stage=0))
+    assert flops["weights"] == 6.0 * model.active_params  # Kaplan's 6N with N the active parameters
+
+
+def test_zero3_gathers_a_whole_layer_of_fused_experts():
+    """DeepSpeed fetches a module's parameters together (partitioned_param_coordinator.py
+    fetch_sub_module), so however small stage3_max_live_parameters is, one layer's experts
+    (Qwen3-235B-A22B: 128 · 3 · 4096 · 1536 = 2.42e9 parameters) are gathered at once."""
+    from zeroplan.estimator.memory import engine_overhead
+    from zeroplan.profiles import load_model_preset
+    from zeroplan.spec import Plan, TrainingSpec
+
+    model = load_model_preset("qwen3-235b-a22b")
+    assert model.moe.layer_experts_params == 2_415_919_104
+    for max_live in (None, 10**8):  # DeepSpeed's default 1e9, and a small one
+        plan = Plan(stage=3, stage3_max_live_parameters=max_live)
+        gathered = engine_overhead(model, _cluster(32), TrainingSpec(), plan).during_backward["gathered_params"]
+        assert gathered == 2 * model.moe.layer_experts_params
+
+
+def test_dispatch_activations_scale_with_top_k():
+    from zeroplan.estimator.activations import layer_activation_bytes
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+
+    model = model_from_hf_dict(MOE_CONFIGS["qwen3-30b-a3b"], name="q")
+    terms = layer_activation_bytes(model, seq_len=1024, micro_batch=2, precision="bf16", flash_attention=True)
+    n, h = 2048, 2048
+    assert terms["expert_inputs"] == terms["expert_outputs"] == 2 * 8 * n * h  # bf16 top-8 copies
+    assert terms["router_probs"] == 4 * n * 128 + 8 * n * 8
+    assert terms["mlp_hidden"] == 4 * 2 * n * 8 * 768  # gate_up (2I), SiLU, product per routed copy

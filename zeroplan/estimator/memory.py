@@ -325,6 +325,12 @@ def engine_overhead(
         # ranks with ds_status, 4.25 of 13.66 MiB for Llama L4 h256 r8 all-linear).
         total = model.total_params
         gathered = min(knobs["stage3_max_live_parameters"], total)
+        if model.moe is not None:
+            # The coordinator fetches a module's parameters together (partitioned_param_coordinator.py
+            # fetch_sub_module: iter_params(sub_module)), whatever max_live says: transformers 5's
+            # fused experts are one module holding all E experts of a layer (Qwen3-30B-A3B: 604M
+            # parameters, above the default 5e7 prefetch bucket), so at least that is gathered.
+            gathered = min(total, max(gathered, model.largest_layer_params))
         all_params = parameter_bytes(model, training.precision)
         released = stage3_released_frozen_params(
             model, checkpointing=plan.checkpointing, persistence_threshold=knobs["stage3_param_persistence_threshold"]
@@ -416,6 +422,10 @@ def largest_param_numel(model: ModelSpec) -> int:
     MLP matrix (h·f); with LoRA, the largest adapter matrix (r·max(in, out))."""
     if model.peft is not None and model.peft.adapted:
         return max(m.rank * max(m.in_features, m.out_features) for m in model.peft.adapted)
+    if model.moe is not None and model.moe.fused_experts:
+        # transformers 5's fused ``gate_up_proj [E, 2I, h]``, one tensor for all of a layer's experts.
+        fused = model.moe.num_experts * 2 * model.moe.expert_ffn_size * model.hidden_size
+        return max(model.vocab_size * model.hidden_size, fused)
     return max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
 
 
