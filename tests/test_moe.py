@@ -209,3 +209,111 @@ def test_dispatch_activations_scale_with_top_k():
     assert terms["expert_inputs"] == terms["expert_outputs"] == 2 * 8 * n * h  # bf16 top-8 copies
     assert terms["router_probs"] == 4 * n * 128 + 8 * n * 8
     assert terms["mlp_hidden"] == 4 * 2 * n * 8 * 768  # gate_up (2I), SiLU, product per routed copy
+
+
+# ---------------------------------------------------------------------------------------------
+# Leaf modules: ModuleList experts found in the module tree, written by export, checked by validate
+# ---------------------------------------------------------------------------------------------
+
+
+class _Expert(torch.nn.Module):
+    def __init__(self, h: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(h, inner, bias=False)
+        self.up_proj = torch.nn.Linear(h, inner, bias=False)
+        self.down_proj = torch.nn.Linear(inner, h, bias=False)
+
+
+class _ListMoe(torch.nn.Module):
+    def __init__(self, h: int = 16, inner: int = 8, experts: int = 4, top_k: int = 2) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.gate = torch.nn.Linear(h, experts, bias=False)
+        self.experts = torch.nn.ModuleList(_Expert(h, inner) for _ in range(experts))
+
+
+def test_moe_blocks_finds_modulelist_experts_and_deepspeed_defaults():
+    from zeroplan.runtime.moe_leaf import moe_blocks
+
+    model = torch.nn.Sequential(_ListMoe(), _ListMoe())
+    (block,) = moe_blocks(model)
+    assert block["class"] == f"{__name__}._ListMoe" and block["count"] == 2
+    assert block["num_experts"] == 4 and block["top_k"] == 2 and block["expert_ffn_size"] == 8
+    assert block["expert_params"] == sum(p.numel() for p in model[0].experts[0].parameters()) == 3 * 16 * 8
+    assert not block["default_leaf"]
+    # transformers 5's fused experts are no ModuleList: nothing to flag.
+    fused, _ = meta_model(MOE_CONFIGS["mixtral-tiny"])
+    assert moe_blocks(fused) == []
+
+
+def test_default_leaf_classes_are_deepspeeds():
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.leaf_module_config import DEFAULT_LEAF_MODULE_CLASSES
+
+    from zeroplan.spec.moe import DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES
+
+    assert list(DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES) == DEFAULT_LEAF_MODULE_CLASSES
+
+
+def _discovered_list_moe():
+    from zeroplan.runtime.discover import DiscoveredModel
+    from zeroplan.runtime.discover_worker import describe_model
+
+    data = dict(MOE_CONFIGS["mixtral-tiny"])
+    hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    for layer in model.model.layers:
+        layer.mlp = _ListMoe(h=64, inner=48, experts=4, top_k=2)
+        layer.mlp.gate = torch.nn.Linear(64, 4, bias=False)
+    described = describe_model(model)
+    return DiscoveredModel.from_worker({"entry_point": "deepspeed.initialize", "model": described}, script="s.py"), model
+
+
+def test_discovered_modulelist_moe_exports_leaf_modules_and_validates():
+    from zeroplan.dsconfig import build_config, validate_config
+    from zeroplan.spec import Plan, TrainingSpec
+
+    discovered, model = _discovered_list_moe()
+    spec = discovered.model_spec()
+    assert spec.params == sum(p.numel() for p in model.parameters())
+    assert spec.moe is not None and not spec.moe.fused_experts
+    assert spec.moe.leaf_module_classes == (f"{__name__}._ListMoe",)
+    training = TrainingSpec(seq_len=64)
+    plan = Plan(stage=3, micro_batch=1)
+    cfg = build_config(plan, world_size=2, training=training, model=spec)
+    classes = cfg["zero_optimization"]["leaf_module"]["classes"]
+    assert classes[-1] == f"{__name__}._ListMoe" and len(classes) == 4  # DeepSpeed's 3 defaults kept
+    assert not [f for f in validate_config(cfg, world_size=2, model=spec) if f.rule_id == "ZP250"]
+    del cfg["zero_optimization"]["leaf_module"]
+    (finding,) = [f for f in validate_config(cfg, world_size=2, model=spec) if f.rule_id == "ZP250"]
+    assert finding.severity == "error" and "_ListMoe" in finding.message
+    # Stages 0-2 hook no parameters: no leaf modules needed or written.
+    cfg2 = build_config(Plan(stage=2, micro_batch=1), world_size=2, training=training, model=spec)
+    assert "leaf_module" not in cfg2["zero_optimization"]
+
+
+def test_exported_leaf_module_parses_under_deepspeed():
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.leaf_module_config import DeepSpeedZeroLeafModuleConfig
+
+    from zeroplan.dsconfig import build_config
+    from zeroplan.spec import Plan, TrainingSpec
+
+    discovered, _ = _discovered_list_moe()
+    cfg = build_config(Plan(stage=3, micro_batch=1), world_size=2, training=TrainingSpec(seq_len=64), model=discovered.model_spec())
+    parsed = DeepSpeedZeroLeafModuleConfig(**cfg["zero_optimization"]["leaf_module"])
+    assert parsed.classes == cfg["zero_optimization"]["leaf_module"]["classes"]
+
+
+def test_autoep_rule_cites_a_call_that_fails_on_the_installed_versions():
+    """ZP251's reason, checked on the installed packages: DeepSpeed's AutoEP calls the registry's
+    ``get`` with a default; transformers 5's registry ``get`` takes the model alone."""
+    pytest.importorskip("deepspeed")
+    import inspect
+
+    from deepspeed.module_inject.auto_ep_presets import base
+    from transformers.utils.output_capturing import _CanRecordRegistry
+
+    assert "registry.get(registry_key, _MISSING_REGISTRY_ENTRY)" in inspect.getsource(base)
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
+        _CanRecordRegistry().get("key", None)

@@ -7,7 +7,24 @@ from dataclasses import dataclass, field
 
 from zeroplan.spec.errors import SpecError, check_positive_int
 
-__all__ = ["MoeSpec"]
+__all__ = ["MoeSpec", "DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES", "leaf_class_covered"]
+
+#: What DeepSpeed 0.19 makes ZeRO-3 leaf modules when ``zero_optimization.leaf_module`` is absent
+#: (deepspeed/runtime/zero/leaf_module_config.py, DEFAULT_LEAF_MODULE_CLASSES: transformers 4.x's
+#: ModuleList-expert blocks); setting ``classes`` replaces this list, so an exported one repeats it.
+DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES: tuple[str, ...] = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+
+
+def leaf_class_covered(qualified_name: str, classes) -> bool:
+    """Whether DeepSpeed flags a module of class ``qualified_name`` as a leaf given the configured
+    ``classes``: it matches an entry equal to the class's ``__name__`` or to its fully qualified name
+    (deepspeed/utils/z3_leaf_module.py ``_do_set_z3_leaf_modules``)."""
+    short = qualified_name.rsplit(".", 1)[-1]
+    return any(c in (qualified_name, short) for c in classes)
 
 
 @dataclass(frozen=True)
