@@ -6,7 +6,7 @@
 Builds examples/moe_task.py's tiny Qwen3-MoE (transformers 5: each layer's experts are one module
 with ``gate_up_proj [E, 2I, h]`` and ``down_proj [E, h, I]``) under DeepSpeed stage 3 with the
 config ``zeroplan export`` writes and ``stage3_max_live_parameters`` / ``stage3_prefetch_bucket_size``
-set to ``--max-live``, runs three steps, and on rank 0 records, at every module's forward and
+set to ``--max-live`` (and ``stage3_max_reuse_distance`` to ``--reuse-distance``), runs three steps, and on rank 0 records, at every module's forward and
 backward hook of the third step, the non-persistent parameters DeepSpeed's own ``ds_status``
 reports gathered (AVAILABLE or INFLIGHT). Prints the largest such set next to zeroplan's
 ``gathered_params`` term (zeroplan.estimator.memory.engine_overhead) in elements.
@@ -39,11 +39,14 @@ def main() -> int:
 
     p = argparse.ArgumentParser()
     p.add_argument("--max-live", type=int, default=None, help="stage3_max_live_parameters and prefetch bucket (default: DeepSpeed's)")
+    p.add_argument("--reuse-distance", type=int, default=None, help="stage3_max_reuse_distance (default: DeepSpeed's)")
     own, rest = p.parse_known_args([a for a in sys.argv[1:] if a != "--"])
     args = moe_task.parse_args(rest)
     deepspeed.init_distributed(dist_backend="gloo")
     world = dist.get_world_size()
     knobs = {} if own.max_live is None else {"stage3_max_live_parameters": own.max_live, "stage3_prefetch_bucket_size": own.max_live}
+    if own.reuse_distance is not None:
+        knobs["stage3_max_reuse_distance"] = own.reuse_distance
     plan = Plan(micro_batch=2, stage=3, **knobs)
     training = TrainingSpec(precision="fp32", seq_len=args.seq_len)
     spec = moe_task.model_spec(args)
@@ -76,7 +79,7 @@ def main() -> int:
         predicted = engine_overhead(spec, cluster, training, plan, device="cpu").during_backward["gathered_params"] // 4
         persistent = sum(q.ds_numel for q in params if q.ds_persist)
         experts = spec.moe.layer_experts_params
-        print(f"max_live={own.max_live or 'default'}: measured gathered (non-persistent) {state['max']:,} elements at {state['where']}; "
+        print(f"max_live={own.max_live or 'default'} reuse_distance={own.reuse_distance}: measured gathered (non-persistent) {state['max']:,} elements at {state['where']}; "
               f"zeroplan gathered_params {predicted:,} (one layer's experts {experts:,}; persistent {persistent:,}; total {spec.params:,}); "
               f"error {100 * (predicted - state['max']) / state['max']:+.1f}%", flush=True)
     dist.barrier()

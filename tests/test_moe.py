@@ -317,3 +317,40 @@ def test_autoep_rule_cites_a_call_that_fails_on_the_installed_versions():
     assert "registry.get(registry_key, _MISSING_REGISTRY_ENTRY)" in inspect.getsource(base)
     with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
         _CanRecordRegistry().get("key", None)
+
+
+def test_saved_activations_of_a_qwen3_moe_layer_match_the_formula():
+    """Every tensor autograd saves in one decoder layer of the tiny Qwen3-MoE (examples/moe_task.py)
+    in fp32, by storage, against layer_activation_bytes' MoE and Q/K-norm terms. The block's two
+    RMSNorms save their input and their normalized output (2 · 4·sbh each, + rsqrt), where the
+    formula counts the input only: that difference (and nothing else above 2 %) is left."""
+    from zeroplan.estimator.activations import layer_activation_bytes
+    from zeroplan.profiles import model_from_hf_config
+
+    path = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "qwen3_moe_tiny.json"
+    data = json.loads(path.read_text())
+    spec = model_from_hf_config(path)
+    model, _ = meta_model(data)
+    model = model.to_empty(device="cpu")
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    s, b = 256, 4
+    x = torch.randint(0, data["vocab_size"], (b, s), generator=torch.Generator().manual_seed(0))
+    layer = model.model.layers[0]
+    saved: dict[int, int] = {}
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside = [False]
+    layer.register_forward_pre_hook(lambda m, i: inside.__setitem__(0, True))
+    layer.register_forward_hook(lambda m, i, o: inside.__setitem__(0, False))
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if inside[0] and key not in params:
+            saved[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=x)
+    terms = layer_activation_bytes(spec, seq_len=s, micro_batch=b, precision="fp32", flash_attention=True)
+    rms_norm_normalized = 2 * (4 * s * b * spec.hidden_size + 4 * s * b)  # input/post-attention norms
+    assert sum(saved.values()) - rms_norm_normalized == pytest.approx(sum(terms.values()), rel=0.02)

@@ -260,7 +260,7 @@ def test_model_preset_matches_its_config(name):
 
     counted = model_from_hf_dict(info["hf_config"], name=name)
     for field in ("params", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size",
-                  "tied_embeddings", "gated_mlp", "largest_layer_params", "active_params", "moe"):
+                  "tied_embeddings", "gated_mlp", "largest_layer_params", "active_params", "moe", "qk_norm"):
         assert getattr(spec, field) == getattr(counted, field), field
 
 

@@ -67,6 +67,13 @@ def layer_activation_bytes(
         terms["dropout_masks"] = 2 * sbh
     terms["mlp_input"] = e * sbh
     terms["mlp_hidden"] = (4 if model.gated_mlp else 2) * e * s * b * f
+    if model.qk_norm:
+        # transformers' Qwen3RMSNorm on Q (a heads) and K (kv_heads): ``x.to(float32)`` saved by
+        # pow and mul (4 bytes), the rsqrt per head (4), ``weight * x.to(dtype)`` saves the
+        # normalized copy (e) — measured per layer with saved-tensor hooks on
+        # examples/moe_task.py's Qwen3-MoE in fp32: 540,672 + 270,336 bytes, as here.
+        # Q and K widths as the rest of this model takes them (h and kv = kv_heads·h/a).
+        terms["qk_norm"] = (4 + e) * s * b * (h + kv) + 4 * s * b * (a + model.num_kv_heads)
     if model.moe is not None:
         terms.update(moe_dispatch_bytes(model, seq_len=s, micro_batch=b, precision=precision))
     return terms

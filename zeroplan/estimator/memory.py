@@ -13,12 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from zeroplan.estimator.peft import (
-    dequant_workspace_bytes,
-    parameter_bytes,
-    released_frozen_bytes,
-    stage3_released_frozen_params,
-)
+from zeroplan.estimator.moe import fused_expert_tensor_numel, stage3_gathered_floor
+from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, released_frozen_bytes, stage3_released_frozen_params
 from zeroplan.spec import (
     ClusterSpec,
     ModelSpec,
@@ -324,13 +320,8 @@ def engine_overhead(
         # embedding and the first block's frozen projections under LoRA; measured on 2 CPU
         # ranks with ds_status, 4.25 of 13.66 MiB for Llama L4 h256 r8 all-linear).
         total = model.total_params
-        gathered = min(knobs["stage3_max_live_parameters"], total)
-        if model.moe is not None:
-            # The coordinator fetches a module's parameters together (partitioned_param_coordinator.py
-            # fetch_sub_module: iter_params(sub_module)), whatever max_live says: transformers 5's
-            # fused experts are one module holding all E experts of a layer (Qwen3-30B-A3B: 604M
-            # parameters, above the default 5e7 prefetch bucket), so at least that is gathered.
-            gathered = min(total, max(gathered, model.largest_layer_params))
+        # At least one layer's fused experts, fetched whole (zeroplan.estimator.moe).
+        gathered = min(total, max(knobs["stage3_max_live_parameters"], stage3_gathered_floor(model)))
         all_params = parameter_bytes(model, training.precision)
         released = stage3_released_frozen_params(
             model, checkpointing=plan.checkpointing, persistence_threshold=knobs["stage3_param_persistence_threshold"]
@@ -419,14 +410,11 @@ def first_flush_blocks(model: ModelSpec, *, reduce_bucket_size: int) -> int | No
 
 def largest_param_numel(model: ModelSpec) -> int:
     """Elements of the largest single trainable parameter tensor: the token embedding (V·h) or an
-    MLP matrix (h·f); with LoRA, the largest adapter matrix (r·max(in, out))."""
+    MLP matrix (h·f), or an MoE layer's fused experts; with LoRA, the largest adapter matrix (r·max(in, out))."""
     if model.peft is not None and model.peft.adapted:
         return max(m.rank * max(m.in_features, m.out_features) for m in model.peft.adapted)
-    if model.moe is not None and model.moe.fused_experts:
-        # transformers 5's fused ``gate_up_proj [E, 2I, h]``, one tensor for all of a layer's experts.
-        fused = model.moe.num_experts * 2 * model.moe.expert_ffn_size * model.hidden_size
-        return max(model.vocab_size * model.hidden_size, fused)
-    return max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
+    mlp = model.ffn_size if model.moe is None else max(model.moe.expert_ffn_size, model.moe.shared_ffn_size)
+    return max(model.vocab_size * model.hidden_size, model.hidden_size * mlp, fused_expert_tensor_numel(model))
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ class ModelSpec:
     """Training applies dropout, so autograd saves 1-byte masks (attention output, MLP output,
     embeddings); None: by architecture — GPT-style blocks do (GPT-2's p = 0.1), gated-MLP (Llama
     family) ones don't."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on Q and K before attention (Qwen3's ``q_norm``/``k_norm``): each saves its
+    fp32 input and its normalized output for backward."""
     moe: MoeSpec | None = None
     """Mixture-of-experts layers (None: a dense model). ``params`` then counts every expert (model
     states), ``active_params`` what one token touches (FLOPs), and ``ffn_size`` is the MLP width a
@@ -80,6 +83,8 @@ class ModelSpec:
             raise SpecError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
             )
+        if not isinstance(self.qk_norm, bool):
+            raise SpecError(f"qk_norm={self.qk_norm!r} is not valid; give true or false")
         if not isinstance(self.fused_qkv, bool):
             raise SpecError(f"fused_qkv={self.fused_qkv!r} is not valid; give true or false")
         if self.dropout is not None and not isinstance(self.dropout, bool):
@@ -178,6 +183,7 @@ class ModelSpec:
             "peft": self.peft.as_dict() if self.peft else None,
             "dropout": self.dropout,
             "fused_qkv": self.fused_qkv,
+            "qk_norm": self.qk_norm,
             "active_params": self.active_params,
             "moe": self.moe.as_dict() if self.moe else None,
         }
