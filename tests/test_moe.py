@@ -354,3 +354,21 @@ def test_saved_activations_of_a_qwen3_moe_layer_match_the_formula():
     terms = layer_activation_bytes(spec, seq_len=s, micro_batch=b, precision="fp32", flash_attention=True)
     rms_norm_normalized = 2 * (4 * s * b * spec.hidden_size + 4 * s * b)  # input/post-attention norms
     assert sum(saved.values()) - rms_norm_normalized == pytest.approx(sum(terms.values()), rel=0.02)
+
+
+def test_hang_reason_names_the_leaf_module_fix():
+    from zeroplan.runtime.classify import classify
+    from zeroplan.runtime.moe_leaf import leaf_module_warning
+
+    model = torch.nn.Sequential(_ListMoe())
+    warning = leaf_module_warning(model)
+    assert warning and f"{__name__}._ListMoe" in warning and "leaf_module.classes" in warning
+    status, reason = classify(returncode=None, timed_out=True, timeout_s=60, ranks=[], expected_ranks=2,
+                              log_text=f"[rank0] loading\n{warning}\n")
+    assert status == "timeout" and "likely cause: ZeRO-3 MoE blocks without leaf modules" in reason
+    assert classify(returncode=None, timed_out=True, timeout_s=60, ranks=[], expected_ranks=2, log_text="")[1].endswith("killed")
+    pytest.importorskip("deepspeed")
+    from deepspeed.utils import set_z3_leaf_modules
+
+    set_z3_leaf_modules(model, [_ListMoe])
+    assert leaf_module_warning(model) is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from zeroplan.runtime.moe_leaf import LEAF_WARNING_PREFIX
+
 __all__ = ["OOM_PATTERN", "classify", "summarize_ranks", "last_error_line"]
 
 #: Log text that means the allocator (CUDA or host) ran out: torch.OutOfMemoryError, Python's
@@ -39,7 +41,10 @@ def classify(
     kernel's OOM killer, which leaves no message).
     """
     if timed_out:
-        return "timeout", f"no result within {timeout_s:g} s; the job and all its processes were killed"
+        reason = f"no result within {timeout_s:g} s; the job and all its processes were killed"
+        # A rank said before its first step why ZeRO-3 would hang (zeroplan.runtime.moe_leaf).
+        hint = next((ln.strip() for ln in log_text.splitlines() if LEAF_WARNING_PREFIX in ln), None)
+        return "timeout", f"{reason}; likely cause: {hint.split('zeroplan: ', 1)[-1]}" if hint else reason
     for wanted in ("oom", "error"):
         for r in sorted(ranks, key=lambda r: r.get("rank", 0)):
             if r.get("status") == wanted:

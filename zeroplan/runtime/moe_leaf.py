@@ -15,7 +15,7 @@ from typing import Any
 
 from zeroplan.spec.moe import DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES, leaf_class_covered
 
-__all__ = ["moe_blocks"]
+__all__ = ["moe_blocks", "leaf_module_warning", "LEAF_WARNING_PREFIX"]
 
 #: Attributes where MoE blocks keep their experts and their router's top-k.
 _EXPERT_ATTRS = ("experts", "local_experts", "expert_list")
@@ -66,3 +66,22 @@ def moe_blocks(model: Any) -> list[dict]:
             }
         entry["count"] += 1
     return list(found.values())
+
+
+#: Start of the line :func:`leaf_module_warning` writes; classify.py looks for it in a hung job's log.
+LEAF_WARNING_PREFIX = "zeroplan: ZeRO-3 MoE blocks without leaf modules"
+
+
+def leaf_module_warning(module: Any) -> str | None:
+    """One line when an engine's module (after ``deepspeed.initialize``, which flags the configured
+    leaf modules: engine.py ``apply_zero_leaf_module_config``) has ModuleList-expert MoE blocks that
+    are not ZeRO-3 leaf modules; None otherwise."""
+    loose = [b["class"] for b in moe_blocks(module) if not b["is_leaf"]]
+    if not loose:
+        return None
+    classes = list(dict.fromkeys(list(DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES) + loose))
+    return (
+        f"{LEAF_WARNING_PREFIX} ({', '.join(loose)}, experts in an nn.ModuleList): ranks whose tokens pick "
+        f"different experts wait in mismatched all-gathers and hang; set zero_optimization.leaf_module.classes "
+        f"to {classes} (validate rule ZP250)"
+    )
