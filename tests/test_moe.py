@@ -367,6 +367,12 @@ def test_hang_reason_names_the_leaf_module_fix():
                               log_text=f"[rank0] loading\n{warning}\n")
     assert status == "timeout" and "likely cause: ZeRO-3 MoE blocks without leaf modules" in reason
     assert classify(returncode=None, timed_out=True, timeout_s=60, ranks=[], expected_ranks=2, log_text="")[1].endswith("killed")
+    # Over gloo the mismatched all-gathers abort instead of hanging (observed with examples/moe_task.py --list).
+    gloo = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at pair.cc:456] "
+            "op.preamble.length <= op.nbytes. 4096 vs 64. Received data size doesn't match expected size. Is there a "
+            "distributed collective mismatch in your code?\n")
+    status, reason = classify(returncode=1, timed_out=False, timeout_s=60, ranks=[], expected_ranks=2, log_text=warning + "\n" + gloo)
+    assert status == "error" and "collective mismatch" in reason and "leaf_module.classes" in reason
     pytest.importorskip("deepspeed")
     from deepspeed.utils import set_z3_leaf_modules
 

@@ -82,6 +82,6 @@ def leaf_module_warning(module: Any) -> str | None:
     classes = list(dict.fromkeys(list(DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES) + loose))
     return (
         f"{LEAF_WARNING_PREFIX} ({', '.join(loose)}, experts in an nn.ModuleList): ranks whose tokens pick "
-        f"different experts wait in mismatched all-gathers and hang; set zero_optimization.leaf_module.classes "
+        f"different experts enter mismatched all-gathers (a hang; over gloo an abort on the size mismatch); set zero_optimization.leaf_module.classes "
         f"to {classes} (validate rule ZP250)"
     )
