@@ -370,7 +370,7 @@ def test_cli_bad_config_json(tmp_path):
     path.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768}))
     result = run_cli("estimate", "--model", str(path), "--gpus", "8")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "model_type 'mamba' is not supported; supported: bloom, gemma, gpt2" in result.stderr
+    assert "model_type 'mamba' is not supported; supported: bloom, deepseek_v3, gemma, gpt2" in result.stderr
 
 
 def test_profiles_module_stays_light():
