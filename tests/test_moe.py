@@ -378,3 +378,16 @@ def test_hang_reason_names_the_leaf_module_fix():
 
     set_z3_leaf_modules(model, [_ListMoe])
     assert leaf_module_warning(model) is None
+
+
+def test_stage1_unreduced_gradients_are_the_fused_expert_tensors():
+    """Stage 1 holds gradients larger than the reduce bucket unreduced until the epilogue; in an
+    MoE layer those are the fused expert tensors (E·2I·h and E·h·I), not h×(k·I) matrices."""
+    from zeroplan.estimator.embedding_backward import _matrices_over
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+
+    model = model_from_hf_dict(MOE_CONFIGS["mixtral-tiny"], name="m")  # h 64, I 48, E 4, 2 layers
+    h, i, e = 64, 48, 4
+    bucket = 4000  # above every attention and router matrix (64·64 = 4096 is not: q and o count)
+    expected = 2 * (2 * h * h + e * 2 * i * h + e * h * i)  # per layer: q, o and the two fused tensors
+    assert _matrices_over(model, bucket) == expected

@@ -400,7 +400,8 @@ def first_flush_blocks(model: ModelSpec, *, reduce_bucket_size: int) -> int | No
         return None
     if model.peft is None:
         head = model.hidden_size + (0 if model.tied_embeddings else model.embedding_params)
-        block = model.block_params
+        # Every expert has a gradient (unused ones zeros): the layer's inactive experts come too.
+        block = model.block_params + (model.moe.inactive_params // model.num_layers if model.moe else 0)
     else:
         head, block = 0, max(1, psi // model.num_layers)
     if head > reduce_bucket_size:
