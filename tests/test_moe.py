@@ -391,3 +391,22 @@ def test_stage1_unreduced_gradients_are_the_fused_expert_tensors():
     bucket = 4000  # above every attention and router matrix (64·64 = 4096 is not: q and o count)
     expected = 2 * (2 * h * h + e * 2 * i * h + e * h * i)  # per layer: q, o and the two fused tensors
     assert _matrices_over(model, bucket) == expected
+
+
+def test_discovered_model_without_a_config_gets_its_experts_from_the_blocks():
+    from zeroplan.runtime.discover import DiscoveredModel
+
+    block = {"class": "mymodels.moe.ListMoeBlock", "count": 2, "num_experts": 4, "expert_params": 3 * 64 * 48,
+             "expert_ffn_size": 48, "top_k": 2, "default_leaf": False, "is_leaf": False}
+    shape = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, ffn_size=96, vocab_size=128)
+    total = 200_000
+    found = DiscoveredModel(entry_point="deepspeed.initialize", model_class="m.M", total_params=total, trainable_params=total,
+                            largest_layer_name="x", largest_layer_params=9216, dtype="float32", shape=shape, moe_blocks=[block])
+    spec = found.model_spec()
+    assert spec.moe.num_experts == 4 and spec.moe.experts_per_token == 2 and spec.moe.moe_layers == 2
+    assert spec.active_params == total - 2 * (4 - 2) * 3 * 64 * 48
+    assert spec.moe.leaf_module_classes == ("mymodels.moe.ListMoeBlock",) and not spec.moe.fused_experts
+    # Top-k not found: every expert counted active, and the notes say so.
+    found = DiscoveredModel(**{**found.as_dict(), "moe_blocks": [dict(block, top_k=None)]})
+    spec = found.model_spec()
+    assert spec.active_params == total and any("every expert counted active" in n for n in spec.notes)
