@@ -96,5 +96,5 @@ def _autoep_version(ctx: Context) -> Iterator[Finding]:
     yield _f("ZP251", "expert_parallel.enabled",
              f"expert_parallel (AutoEP) with transformers {transformers} and DeepSpeed {deepspeed or '(not installed here)'}: "
              "deepspeed.initialize raises TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given",
-             "set expert_parallel.enabled to false (ZeRO alone trains transformers 5's fused experts), or use transformers < 5 "
-             "for AutoEP")
+             "set expert_parallel.enabled to false (ZeRO alone trains transformers 5's fused experts); AutoEP needs a "
+             "DeepSpeed newer than 0.19.8 that calls transformers 5's registry with the model alone (not checked here)")
