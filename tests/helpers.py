@@ -202,6 +202,25 @@ def nvme_params(aio: dict) -> dict:
     return make(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}, aio=aio)
 
 
+#: A model with an MoE block whose experts are an nn.ModuleList that DeepSpeed does not flag itself.
+LIST_MOE_BLOCK = "mymodels.moe.ListMoeBlock"
+
+
+def _list_moe() -> ModelSpec:
+    import dataclasses
+
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+
+    spec = model_from_hf_dict(dict(model_type="mixtral", vocab_size=128, hidden_size=64, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   num_local_experts=4, num_experts_per_tok=2), name="list-moe")
+    moe = dataclasses.replace(spec.moe, fused_experts=False, leaf_module_classes=(LIST_MOE_BLOCK,))
+    return dataclasses.replace(spec, moe=moe)
+
+
+LIST_MOE = _list_moe()
+
+
 def fp16(**opts) -> dict:
     return make(bf16={"enabled": False}, fp16={"enabled": True, "loss_scale": 0, **opts})
 
@@ -308,6 +327,11 @@ CASES = [
     ("ZP243", z3(zero_hpz_partition_size=2), z3(), {"cluster": _cluster(2, 2), "model": SMALL}, False),
     ("ZP243", z3(zero_quantized_gradients=True), z3(), {"cluster": _cluster(2, 2), "model": SMALL}, False),
     ("ZP244", z3(zero_quantized_gradients=True, reduce_scatter=False), z3(zero_quantized_gradients=True), {}, False),
+    ("ZP250", z3(), z3(leaf_module={"classes": [LIST_MOE_BLOCK]}), {"model": LIST_MOE}, False),
+    ("ZP250", z3(leaf_module={"classes": ["MixtralSparseMoeBlock"]}), z3(leaf_module={"classes": ["ListMoeBlock"]}),
+     {"model": LIST_MOE}, False),
+    # The environment's versions decide (transformers 5.x with DeepSpeed <= 0.19.8 in the project's venv).
+    ("ZP251", make(expert_parallel={"enabled": True, "autoep_size": 1}), make(expert_parallel={"enabled": False}), {}, False),
 ]
 
 

@@ -116,6 +116,30 @@ CONFIGS = {
         model_type="t5", vocab_size=1000, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=3,
         num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
     ),
+    # Mixture of experts (active parameters and full-size shapes: tests/test_moe.py).
+    "qwen3-moe-tiny": dict(
+        model_type="qwen3_moe", vocab_size=120, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
+    ),
+    "qwen2-moe-tiny": dict(
+        model_type="qwen2_moe", vocab_size=120, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2,
+    ),
+    "mixtral-tiny": dict(
+        model_type="mixtral", vocab_size=120, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+    ),
+    "deepseek-v3-tiny": dict(
+        model_type="deepseek_v3", vocab_size=120, hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
+        num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=1,
+    ),
+    "gpt-oss-tiny": dict(
+        model_type="gpt_oss", vocab_size=120, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+    ),
 }
 
 
@@ -216,7 +240,7 @@ LLAMA_SMALL = CONFIGS["llama-small-biases"]
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "mamba"}, "model_type 'mamba' is not supported; supported: bloom, gemma, gpt2"),
+        ({"model_type": "mamba"}, "model_type 'mamba' is not supported; supported: bloom, deepseek_v3, gemma, gpt2"),
         ({"model_type": None}, 'no "model_type" key'),
         ({"model_type": 3}, "model_type 3 is not supported"),
         ({"hidden_size": None}, 'missing "hidden_size"'),

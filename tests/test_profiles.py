@@ -33,6 +33,7 @@ EXPECTED_GPUS = {"a100-40gb", "a100-80gb", "h100-80gb", "h100-pcie", "h200", "v1
 EXPECTED_MODELS = {
     "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b", "llama-2-7b", "llama-2-13b", "llama-2-70b",
     "llama-3-8b", "llama-3-70b", "mistral-7b", "qwen2-7b", "bloom-176b", "t5-3b", "megatron-turing-530b",
+    "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "deepseek-v3", "gpt-oss-20b", "gpt-oss-120b",
 }
 
 
@@ -259,7 +260,7 @@ def test_model_preset_matches_its_config(name):
 
     counted = model_from_hf_dict(info["hf_config"], name=name)
     for field in ("params", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size",
-                  "tied_embeddings", "gated_mlp", "largest_layer_params"):
+                  "tied_embeddings", "gated_mlp", "largest_layer_params", "active_params", "moe", "qk_norm"):
         assert getattr(spec, field) == getattr(counted, field), field
 
 
@@ -292,6 +293,11 @@ def test_published_parameter_counts():
     assert abs(load_model_preset("gpt3-175b").params - 175.0e9) / 175.0e9 < 0.003
     # MT-NLG (arXiv 2201.11990) reports 530B.
     assert abs(load_model_preset("megatron-turing-530b").params - 530e9) / 530e9 < 0.002
+    # Qwen3-30B-A3B model card: "30.5B in total and 3.3B activated"; Mixtral (arXiv 2401.04088):
+    # 47B, 13B active; DeepSeek-V3 (arXiv 2412.19437): 671B, 37B activated.
+    for name, total, active in (("qwen3-30b-a3b", 30.5e9, 3.3e9), ("mixtral-8x7b", 46.7e9, 12.9e9), ("deepseek-v3", 671e9, 37e9)):
+        spec = load_model_preset(name)
+        assert abs(spec.params - total) / total < 0.01 and abs(spec.active_params - active) / active < 0.03, name
 
 
 def test_unknown_model_preset():
@@ -361,7 +367,7 @@ def test_cli_bad_config_json(tmp_path):
     path.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768}))
     result = run_cli("estimate", "--model", str(path), "--gpus", "8")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "model_type 'mamba' is not supported; supported: bloom, gemma, gpt2" in result.stderr
+    assert "model_type 'mamba' is not supported; supported: bloom, deepseek_v3, gemma, gpt2" in result.stderr
 
 
 def test_profiles_module_stays_light():

@@ -156,6 +156,9 @@ def _render_table(
         )
     else:
         counts = f"{model.params / 1e9:.3g}B params"
+    if model.moe is not None:
+        # Memory holds every expert; FLOPs and time count what one token touches.
+        counts += f", {model.active_params / 1e9:.3g}B active ({model.moe.experts_per_token} of {model.moe.num_experts} experts)"
     title = (
         f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
         f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "

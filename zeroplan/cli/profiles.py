@@ -75,12 +75,13 @@ def _render_tables(doc: dict, console) -> None:
 
     models = Table(title="Model presets (--model NAME)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     models.add_column("name", no_wrap=True)
-    for col in ("params", "h", "L", "heads", "kv\nheads", "ffn", "V"):
+    for col in ("params", "active", "h", "L", "heads", "kv\nheads", "ffn", "V"):
         models.add_column(col, justify="right", no_wrap=True)
     for m in sorted(doc["models"], key=lambda m: m["params"]):
         models.add_row(
             m["name"],
             _params_short(m["params"]),
+            _params_short(m["active_params"]) if m.get("moe") else "",
             str(m["hidden_size"]),
             str(m["num_layers"]),
             str(m["num_heads"]),
@@ -90,7 +91,9 @@ def _render_tables(doc: dict, console) -> None:
         )
     console.print(models)
     console.print(
-        "Exact parameter counts, tied embeddings, gated MLP and sources: --format json. Any Hugging Face config.json also works with "
+        "active: parameters one token runs through in a mixture of experts (FLOPs); ffn there is the MLP width a token "
+        "goes through (top-k experts plus shared ones). Exact parameter counts, tied embeddings, gated MLP, experts "
+        "and sources: --format json. Any Hugging Face config.json also works with "
         "--model PATH (model_type: " + ", ".join(doc["supported_model_types"]) + ")."
     )
     console.print()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from zeroplan.dsconfig.keys import ZERO_DEFAULTS
 from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
+from zeroplan.spec.moe import DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES
 
 __all__ = ["build_config", "build_config_with_notes", "resolve_buckets", "DEEPSPEED_OPTIMIZER_TYPES"]
 
@@ -127,6 +128,15 @@ def _zero_block(plan: Plan, buckets: dict[str, int], nvme_path: str | None) -> d
     return zero
 
 
+def _leaf_module_block(plan: Plan, model: ModelSpec | None) -> dict:
+    """``zero_optimization.leaf_module`` for a ZeRO-3 plan of a model with ModuleList-expert MoE
+    blocks: DeepSpeed's default classes (which a given ``classes`` list replaces,
+    runtime/zero/leaf_module_config.py) followed by the model's; {} when none is needed."""
+    if plan.stage != 3 or model is None or model.moe is None or not model.moe.leaf_module_classes:
+        return {}
+    return {"classes": list(dict.fromkeys(DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES + model.moe.leaf_module_classes))}
+
+
 def build_config_with_notes(
     plan: Plan,
     *,
@@ -186,6 +196,13 @@ def build_config_with_notes(
     check_engine_precision("deepspeed", training.precision)
     cfg.update(_precision_blocks(training.precision))
     cfg["zero_optimization"] = _zero_block(plan, buckets, nvme_path)
+    leaf = _leaf_module_block(plan, model)
+    if leaf:
+        cfg["zero_optimization"]["leaf_module"] = leaf
+        notes.append(
+            f"zero_optimization.leaf_module lists {', '.join(model.moe.leaf_module_classes)}: their experts are an "
+            "nn.ModuleList, which ZeRO-3 must fetch whole (validate rule ZP250)"
+        )
     cfg["optimizer"] = _optimizer_block(training.optimizer, lr=float(lr), weight_decay=float(weight_decay))
     if optimizer_impl is not None:
         from zeroplan.estimator.optimizer import resolve_optimizer_impl

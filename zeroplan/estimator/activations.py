@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from zeroplan.spec import LOSSES, ModelSpec, Plan, TrainingSpec, bytes_per_param
 from zeroplan.spec.errors import check_choice
 
-__all__ = ["ActivationMemory", "layer_activation_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate",
+__all__ = ["ActivationMemory", "layer_activation_bytes", "moe_dispatch_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate",
            "loss_activation_bytes", "loss_backward_transients", "fused_chunk_rows", "LOSS_CHUNKS"]
 
 
@@ -67,7 +67,43 @@ def layer_activation_bytes(
         terms["dropout_masks"] = 2 * sbh
     terms["mlp_input"] = e * sbh
     terms["mlp_hidden"] = (4 if model.gated_mlp else 2) * e * s * b * f
+    if model.qk_norm:
+        # transformers' Qwen3RMSNorm on Q (a heads) and K (kv_heads): ``x.to(float32)`` saved by
+        # pow and mul (4 bytes), the rsqrt per head (4), ``weight * x.to(dtype)`` saves the
+        # normalized copy (e) — measured per layer with saved-tensor hooks on
+        # examples/moe_task.py's Qwen3-MoE in fp32: 540,672 + 270,336 bytes, as here.
+        # Q and K widths as the rest of this model takes them (h and kv = kv_heads·h/a).
+        terms["qk_norm"] = (4 + e) * s * b * (h + kv) + 4 * s * b * (a + model.num_kv_heads)
+    if model.moe is not None:
+        terms.update(moe_dispatch_bytes(model, seq_len=s, micro_batch=b, precision=precision))
     return terms
+
+
+def moe_dispatch_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, precision: str) -> dict[str, int]:
+    """What an MoE block saves beyond a dense gated MLP of width k·I + shared (``mlp_hidden``
+    covers the experts' gate/up, SiLU and product: 4·e·k·I per token), per layer averaged over
+    the model's layers (dense ones save none of it). transformers 5's fused experts
+    (modeling_qwen3_moe.py ``Qwen3MoeExperts.forward``; Mixtral, DeepSeek-V3 alike) run, per expert,
+    ``current_state = hidden_states[token_idx]`` — the top-k copies of each token, saved as the
+    input of the gate_up ``linear`` (e·k·N·h) — and multiply the down projection's output by the
+    routing weight (``* top_k_weights[...]`` saves that output: e·k·N·h). The router
+    (``Qwen3MoeTopKRouter``) saves its fp32 softmax over the E experts (4·N·E) and ``topk``'s
+    int64 indices (8·N·k). With N = s·b tokens."""
+    moe = model.moe
+    if moe is None:
+        return {}
+    n = seq_len * micro_batch
+    e = bytes_per_param(precision)
+    k = moe.experts_per_token
+
+    def per_layer(nbytes: int) -> int:
+        return nbytes * moe.moe_layers // model.num_layers
+
+    return {
+        "expert_inputs": per_layer(e * k * n * model.hidden_size),
+        "expert_outputs": per_layer(e * k * n * model.hidden_size),
+        "router_probs": per_layer(4 * n * moe.num_experts + 8 * n * k),
+    }
 
 
 def selective_op_layer_bytes(

@@ -79,6 +79,15 @@ def _matrices_over(model: ModelSpec, bucket: int) -> int:
     attention = [h * (h + 2 * kv), h * h] if model.fused_qkv else [h * h, h * h, h * kv, h * kv]
     block = attention + [h * f] * (3 if model.gated_mlp else 2)
     total = model.num_layers * sum(n for n in block if n > bucket)
+    moe = model.moe
+    if moe is not None:
+        # An MoE layer's MLP tensors are its experts — fused [E, 2I, h] and [E, h, I], or E
+        # ModuleList experts of three h×I matrices — the router [E, h] and the shared experts,
+        # not the three h×(k·I) matrices of the active width (dense layers keep that width).
+        i = moe.expert_ffn_size
+        experts = [moe.num_experts * 2 * i * h, moe.num_experts * h * i] if moe.fused_experts else [h * i] * (3 * moe.num_experts)
+        moe_block = attention + experts + [moe.router_params] + ([h * moe.shared_ffn_size] * 3 if moe.shared_ffn_size else [])
+        total += moe.moe_layers * (sum(n for n in moe_block if n > bucket) - sum(n for n in block if n > bucket))
     if not model.tied_embeddings and model.embedding_params > bucket:
         total += model.embedding_params
     return total

@@ -13,12 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from zeroplan.estimator.peft import (
-    dequant_workspace_bytes,
-    parameter_bytes,
-    released_frozen_bytes,
-    stage3_released_frozen_params,
-)
+from zeroplan.estimator.moe import fused_expert_tensor_numel, stage3_gathered_floor
+from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, released_frozen_bytes, stage3_released_frozen_params
 from zeroplan.spec import (
     ClusterSpec,
     ModelSpec,
@@ -324,7 +320,8 @@ def engine_overhead(
         # embedding and the first block's frozen projections under LoRA; measured on 2 CPU
         # ranks with ds_status, 4.25 of 13.66 MiB for Llama L4 h256 r8 all-linear).
         total = model.total_params
-        gathered = min(knobs["stage3_max_live_parameters"], total)
+        # At least one layer's fused experts, fetched whole (zeroplan.estimator.moe).
+        gathered = min(total, max(knobs["stage3_max_live_parameters"], stage3_gathered_floor(model)))
         all_params = parameter_bytes(model, training.precision)
         released = stage3_released_frozen_params(
             model, checkpointing=plan.checkpointing, persistence_threshold=knobs["stage3_param_persistence_threshold"]
@@ -403,7 +400,8 @@ def first_flush_blocks(model: ModelSpec, *, reduce_bucket_size: int) -> int | No
         return None
     if model.peft is None:
         head = model.hidden_size + (0 if model.tied_embeddings else model.embedding_params)
-        block = model.block_params
+        # Every expert has a gradient (unused ones zeros): the layer's inactive experts come too.
+        block = model.block_params + (model.moe.inactive_params // model.num_layers if model.moe else 0)
     else:
         head, block = 0, max(1, psi // model.num_layers)
     if head > reduce_bucket_size:
@@ -413,10 +411,11 @@ def first_flush_blocks(model: ModelSpec, *, reduce_bucket_size: int) -> int | No
 
 def largest_param_numel(model: ModelSpec) -> int:
     """Elements of the largest single trainable parameter tensor: the token embedding (V·h) or an
-    MLP matrix (h·f); with LoRA, the largest adapter matrix (r·max(in, out))."""
+    MLP matrix (h·f), or an MoE layer's fused experts; with LoRA, the largest adapter matrix (r·max(in, out))."""
     if model.peft is not None and model.peft.adapted:
         return max(m.rank * max(m.in_features, m.out_features) for m in model.peft.adapted)
-    return max(model.vocab_size * model.hidden_size, model.hidden_size * model.ffn_size)
+    mlp = model.ffn_size if model.moe is None else max(model.moe.expert_ffn_size, model.moe.shared_ffn_size)
+    return max(model.vocab_size * model.hidden_size, model.hidden_size * mlp, fused_expert_tensor_numel(model))
 
 
 @dataclass(frozen=True)

@@ -57,12 +57,18 @@ _GPU_ADAM_BYTES_PER_PARAM = optimizer_step_bytes_per_param("adamw", "bf16")
 
 
 def flops_per_token(model: ModelSpec, training: TrainingSpec, plan: Plan) -> dict[str, float]:
-    """Training FLOPs per token, by term (Kaplan §2.1 / PaLM App. B / Korthikanti §5)."""
-    n = model.total_params
+    """Training FLOPs per token, by term (Kaplan §2.1 / PaLM App. B / Korthikanti §5).
+
+    N is the parameters one token runs through: all of them in a dense model, the active ones in a
+    mixture of experts (the top-k routed experts, the shared ones and every non-expert weight;
+    Fedus et al. 2021, arXiv 2101.03961 §2: compute per token follows the active parameters)."""
+    n = model.active_params
     attention = 12 * model.num_layers * model.hidden_size * training.seq_len
     # Forward 2N and the input gradients 2N run through every weight; the weight gradients
     # (another 2 per parameter) only for trainable ones: 4N + 2N_t (= 6N without peft).
-    terms = {"weights": 4.0 * n + 2.0 * model.trainable_params, "attention": float(attention)}
+    # A full fine-tune's weight gradients are made for the weights the token ran through.
+    trainable = model.active_params if model.peft is None else model.trainable_params
+    terms = {"weights": 4.0 * n + 2.0 * trainable, "attention": float(attention)}
     if plan.checkpointing == "full":
         terms["recompute"] = 2.0 * n + attention / 3
     elif plan.checkpointing == "selective-op":
@@ -157,7 +163,7 @@ def comm_overlap_of(
         gather_inter = comm.param_allgather_inter_node
         gather_s = collective_time(comm.param_allgather - gather_inter, gather_inter, work.stage3_gather_calls, cluster)
     terms = flops_per_token(model, training, plan)
-    forward_share = (2.0 * model.total_params + model.num_layers * 4 * model.hidden_size * training.seq_len) / sum(terms.values())
+    forward_share = (2.0 * model.active_params + model.num_layers * 4 * model.hidden_size * training.seq_len) / sum(terms.values())
     return comm_overlap(
         stage=plan.stage, overlap_comm=plan.overlap_comm, comm_stream=cluster.gpu.comm_stream,
         communication_s=communication, gradient_reduce_s=grad_s, reduce_calls_per_pass=work.reduce_calls_per_pass,

@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from zeroplan.spec import ModelSpec, SpecError
 
-__all__ = ["model_from_hf_config", "model_from_hf_dict", "count_hf_params", "SUPPORTED_MODEL_TYPES"]
+if TYPE_CHECKING:
+    from zeroplan.spec import MoeSpec
+
+__all__ = ["model_from_hf_config", "model_from_hf_dict", "count_hf_params", "SUPPORTED_MODEL_TYPES", "MOE_MODEL_TYPES"]
 
 _MAX_DIM = 10**8
 
@@ -38,6 +41,7 @@ class _Counted:
     gated_mlp: bool
     largest_layer_params: int
     notes: tuple[str, ...] = ()
+    moe: MoeSpec | None = None
 
 
 class _Config:
@@ -353,10 +357,22 @@ _COUNTERS: dict[str, Callable[[_Config], _Counted]] = {
     "t5": _count_t5,
 }
 
+# Mixture-of-experts counters live in their own module (it imports this one's helpers).
+from zeroplan.profiles.hf_config_moe import MOE_COUNTERS  # noqa: E402
+
+_COUNTERS.update(MOE_COUNTERS)
+
 #: ``model_type`` values whose attention projects Q, K and V with one matrix (transformers'
 #: GPT2Attention ``c_attn``, GPTNeoXAttention and BloomAttention ``query_key_value``,
 #: Phi3Attention ``qkv_proj``).
 FUSED_QKV_MODEL_TYPES: tuple[str, ...] = ("bloom", "gpt2", "gpt_neox", "phi3")
+
+#: ``model_type`` values of mixture-of-experts models (their counters fill ``ModelSpec.moe``).
+MOE_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MOE_COUNTERS))
+
+#: ``model_type`` values whose attention normalizes Q and K per head (transformers' Qwen3Attention
+#: and Qwen3MoeAttention ``q_norm``/``k_norm``).
+QK_NORM_MODEL_TYPES: tuple[str, ...] = ("qwen3", "qwen3_moe")
 
 #: ``model_type`` values :func:`model_from_hf_config` understands.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_COUNTERS))
@@ -403,8 +419,10 @@ def model_from_hf_dict(data: dict[str, Any], *, name: str, where: str | None = N
             gated_mlp=counted.gated_mlp,
             largest_layer_params=counted.largest_layer_params,
             fused_qkv=data["model_type"] in FUSED_QKV_MODEL_TYPES,
+            qk_norm=data["model_type"] in QK_NORM_MODEL_TYPES,
             source="config.json",
             notes=counted.notes,
+            moe=counted.moe,
         )
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None

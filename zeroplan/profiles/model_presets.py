@@ -9,6 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from zeroplan.profiles.hf_config import MOE_MODEL_TYPES, QK_NORM_MODEL_TYPES, model_from_hf_dict
 from zeroplan.profiles.tomlio import check_keys, closest, normalize, read_toml
 from zeroplan.spec import ModelSpec, SpecError
 
@@ -65,4 +66,9 @@ def load_model_preset(name: str) -> ModelSpec:
     """A ModelSpec for a shipped preset (case-insensitive name)."""
     data = model_preset_info(name)
     kwargs = {k: data[k] for k in _MODEL_FIELDS if k in data}
-    return ModelSpec(**kwargs, source="preset", notes=tuple(data.get("notes", ())))
+    moe, qk_norm = None, False
+    if data.get("hf_config", {}).get("model_type") in MOE_MODEL_TYPES + QK_NORM_MODEL_TYPES:
+        # The experts (counts, widths, storage) and Q/K norms come from the embedded config.json.
+        counted = model_from_hf_dict(data["hf_config"], name=data["name"])
+        moe, qk_norm = counted.moe, counted.qk_norm
+    return ModelSpec(**kwargs, source="preset", notes=tuple(data.get("notes", ())), moe=moe, qk_norm=qk_norm)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from zeroplan.runtime.moe_leaf import LEAF_WARNING_PREFIX
+
 __all__ = ["OOM_PATTERN", "classify", "summarize_ranks", "last_error_line"]
 
 #: Log text that means the allocator (CUDA or host) ran out: torch.OutOfMemoryError, Python's
@@ -14,6 +16,8 @@ OOM_PATTERN = re.compile(
     re.I,
 )
 _SIGKILL_PATTERN = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+#: gloo's abort when ranks enter different collectives (pair.cc: "Is there a distributed collective mismatch").
+_COLLECTIVE_MISMATCH = re.compile(r"collective mismatch", re.I)
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|AssertionError|ChildFailedError)\b.*")
 
 
@@ -38,8 +42,12 @@ def classify(
     exit code for ranks that died without reporting (SIGKILL with no result is almost always the
     kernel's OOM killer, which leaves no message).
     """
+    # A rank said before its first step why ZeRO-3 would hang — or, over gloo, abort on mismatched
+    # collective sizes (zeroplan.runtime.moe_leaf); a run that then fails without a result says so.
+    hint = next((ln.strip().split("zeroplan: ", 1)[-1] for ln in log_text.splitlines() if LEAF_WARNING_PREFIX in ln), None)
+    cause = f"; likely cause: {hint}" if hint else ""
     if timed_out:
-        return "timeout", f"no result within {timeout_s:g} s; the job and all its processes were killed"
+        return "timeout", f"no result within {timeout_s:g} s; the job and all its processes were killed{cause}"
     for wanted in ("oom", "error"):
         for r in sorted(ranks, key=lambda r: r.get("rank", 0)):
             if r.get("status") == wanted:
@@ -54,8 +62,10 @@ def classify(
     if _SIGKILL_PATTERN.search(log_text) or returncode in (-9, 137):
         return "oom", f"a worker was killed by SIGKILL with no result, usually the kernel's out-of-memory killer ({code})"
     line = last_error_line(log_text)
+    if line is None and _COLLECTIVE_MISMATCH.search(log_text):
+        line = "gloo: received data size doesn't match expected size (a distributed collective mismatch)"
     missing = expected_ranks - len(ok_ranks)
-    reason = f"{missing} of {expected_ranks} ranks wrote no result ({code})"
+    reason = f"{missing} of {expected_ranks} ranks wrote no result ({code}){cause}"
     return "error", f"{line}; {reason}" if line else reason
 
 

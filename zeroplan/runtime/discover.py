@@ -102,6 +102,8 @@ class DiscoveredModel:
     """Samples in the first batch the engine saw (None when the run stopped before one)."""
     seq_len: Optional[int] = None
     """Tokens per sample of that batch (its second dimension)."""
+    moe_blocks: list = field(default_factory=list)
+    """MoE block classes whose experts are an ``nn.ModuleList`` (:func:`zeroplan.runtime.moe_leaf.moe_blocks`)."""
     script: str = ""
     """The script it was discovered from."""
     activations: Optional[dict] = None
@@ -134,6 +136,7 @@ class DiscoveredModel:
             dtype=model["dtype"],
             hf_config=model.get("hf_config"),
             shape=model.get("shape") or {},
+            moe_blocks=model.get("moe_blocks") or [],
             micro_batch=data.get("micro_batch"),
             seq_len=data.get("seq_len"),
             script=script,
@@ -187,6 +190,7 @@ class DiscoveredModel:
         # A model that is not a transformer: its shape is a guess, so a reduce bucket is tested
         # against its real parameter sizes (zeroplan.estimator.embedding_backward).
         sizes = tuple((int(n), int(c)) for n, c in self.parameter_sizes) if self.activations_source in ("traced", "not-modelled") else ()
+        moe = _moe_with_blocks(spec, self.moe_blocks, self.total_params, notes)
         return dataclasses.replace(
             spec,
             parameter_sizes=sizes,
@@ -195,6 +199,7 @@ class DiscoveredModel:
             source="discovered",
             notes=tuple(notes),
             peft=peft,
+            moe=moe,
         )
 
     @property
@@ -235,6 +240,37 @@ class DiscoveredModel:
             f"({self.trainable_params:,} trainable), largest layer {self.largest_layer_name} "
             f"({self.largest_layer_params:,}), {self.dtype}{batch}"
         )
+
+
+def _moe_with_blocks(spec: ModelSpec, blocks: list, total_params: int, notes: list[str]):
+    """The spec's MoeSpec with what the module tree showed: ModuleList experts (not fused, and the
+    classes ZeRO-3 needs as leaf modules). A model without a known config gets its MoeSpec from the
+    blocks (all experts counted active when the block's top-k is not found)."""
+    from zeroplan.spec import MoeSpec
+
+    if not blocks:
+        return spec.moe
+    leaf = tuple(b["class"] for b in blocks if not b.get("default_leaf"))
+    for b in blocks:
+        notes.append(
+            f"{b['count']} MoE block(s) {b['class']} with {b['num_experts']} experts in an nn.ModuleList"
+            + ("" if b.get("default_leaf") else "; ZeRO-3 needs them as leaf modules (zero_optimization.leaf_module)")
+        )
+    if spec.moe is not None:
+        return dataclasses.replace(spec.moe, fused_experts=False, leaf_module_classes=leaf)
+    b = max(blocks, key=lambda x: x["count"] * x["num_experts"] * x["expert_params"])
+    top_k = b.get("top_k") or b["num_experts"]
+    if not b.get("top_k"):
+        notes.append(f"top-k of {b['class']} not found: every expert counted active")
+    try:
+        return MoeSpec(
+            num_experts=b["num_experts"], experts_per_token=top_k, moe_layers=min(b["count"], spec.num_layers),
+            expert_ffn_size=max(1, b.get("expert_ffn_size") or 1), expert_params=max(1, b["expert_params"]),
+            fused_experts=False, leaf_module_classes=leaf,
+        ) if b["count"] * (b["num_experts"] - top_k) * b["expert_params"] < total_params else None
+    except SpecError as exc:
+        notes.append(f"experts not modelled ({exc})")
+        return None
 
 
 def discovery_config(training: Any, base: Optional[dict] = None, *, trainer: bool = False) -> dict:

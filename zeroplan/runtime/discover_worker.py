@@ -33,6 +33,8 @@ _HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "heads")
 _KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head")
 
 
+from zeroplan.runtime.moe_leaf import moe_blocks
+
 def _numel(p: Any) -> int:
     # ZeRO-3's zero.Init leaves an empty local tensor and keeps the full size in ds_numel;
     # an FSDP2 DTensor's numel() is already the global size.
@@ -82,6 +84,7 @@ def describe_model(model: Any) -> dict:
         "shape": _infer_shape(model),
         # (elements, count) per parameter size, largest first: what a reduce bucket is tested against.
         "parameter_sizes": sorted(([n, c] for n, c in sizes.items()), reverse=True)[:64],
+        "moe_blocks": moe_blocks(model),
     }
 
 

@@ -95,6 +95,13 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             engine.register_forward_pre_hook(first_batch, with_kwargs=True)
         state["initialized"] = True
         state["engine"] = engine
+        if engine.zero_optimization_stage() == 3:
+            # Said before the first step, so a run that then hangs has it in its log (classify.py).
+            from zeroplan.runtime.moe_leaf import leaf_module_warning
+
+            warning = leaf_module_warning(engine.module)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         # Trainable vs frozen as the engine sees them (requires_grad; a ZeRO-3 partitioned
         # parameter's full size is ds_numel), so a LoRA script is estimated as one.
         counts = {True: 0, False: 0}

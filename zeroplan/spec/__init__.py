@@ -2,6 +2,7 @@
 
 from zeroplan.spec.cluster import GB, ClusterSpec, GiB, GpuSpec
 from zeroplan.spec.errors import SpecError
+from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params
 from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
 from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
@@ -34,6 +35,7 @@ __all__ = [
     "MAX_NODE_MEMORY_BYTES",
     "MAX_PARAMS",
     "ModelSpec",
+    "MoeSpec",
     "NodeSpec",
     "OFFLOADS",
     "LOSSES",

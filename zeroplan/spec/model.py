@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from zeroplan.spec.errors import SpecError, check_positive_int
+from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.peft import PeftSpec
 
 __all__ = ["ModelSpec", "MAX_PARAMS", "derive_shape_from_params"]
@@ -62,6 +63,13 @@ class ModelSpec:
     """``(elements, count)`` of the real model's parameters, largest first, for a discovered model
     that is not a transformer (its shape fields are guesses); what DeepSpeed tests against its
     reduce bucket one parameter at a time. Empty: the sizes follow from the shape."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on Q and K before attention (Qwen3's ``q_norm``/``k_norm``): each saves its
+    fp32 input and its normalized output for backward."""
+    moe: MoeSpec | None = None
+    """Mixture-of-experts layers (None: a dense model). ``params`` then counts every expert (model
+    states), ``active_params`` what one token touches (FLOPs), and ``ffn_size`` is the MLP width a
+    token goes through in an MoE layer: k·I routed plus the shared experts' width."""
 
     def __post_init__(self) -> None:
         check_positive_int("params", self.params, maximum=MAX_PARAMS)
@@ -79,10 +87,21 @@ class ModelSpec:
             raise SpecError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
             )
+        if not isinstance(self.qk_norm, bool):
+            raise SpecError(f"qk_norm={self.qk_norm!r} is not valid; give true or false")
         if not isinstance(self.fused_qkv, bool):
             raise SpecError(f"fused_qkv={self.fused_qkv!r} is not valid; give true or false")
         if self.dropout is not None and not isinstance(self.dropout, bool):
             raise SpecError(f"dropout={self.dropout!r} is not valid; give true, false or null (by architecture)")
+        if self.moe is not None and not isinstance(self.moe, MoeSpec):
+            raise SpecError(f"moe={self.moe!r} is not valid; give a MoeSpec or None")
+        if self.moe is not None and self.moe.moe_layers > self.num_layers:
+            raise SpecError(f"moe.moe_layers={self.moe.moe_layers} exceeds num_layers={self.num_layers}")
+        if self.moe is not None and self.moe.inactive_params >= self.params:
+            raise SpecError(
+                f"moe: {self.moe.inactive_params} inactive expert parameters exceed params={self.params}; "
+                "the expert shape does not belong to this model"
+            )
         if self.largest_layer_params < 0:
             raise SpecError(f"largest_layer_params={self.largest_layer_params} must be >= 0")
         if self.largest_layer_params == 0:
@@ -126,6 +145,13 @@ class ModelSpec:
         return self.peft.trainable_params if self.peft else self.params
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token's forward touches: every non-expert parameter, the top-k routed
+        experts of each MoE layer and the shared experts (``total_params`` for a dense model).
+        FLOPs and time use it; memory uses ``total_params``."""
+        return self.total_params - (self.moe.inactive_params if self.moe else 0)
+
+    @property
     def frozen_params(self) -> int:
         """Parameters held without gradients or optimizer states."""
         return self.total_params - self.trainable_params
@@ -135,6 +161,9 @@ class ModelSpec:
         # parameters are gathered at once; embedding tables are usually the largest one.
         h = self.hidden_size
         largest_matrix = max(h * self.ffn_size, h * h)
+        if self.moe is not None:
+            # Fused experts are one module's parameters, gathered whole; a ModuleList expert is one MLP.
+            largest_matrix = max(largest_matrix, self.moe.layer_experts_params if self.moe.fused_experts else self.moe.expert_params)
         return max(self.embedding_params, largest_matrix)
 
     def as_dict(self) -> dict:
@@ -159,19 +188,24 @@ class ModelSpec:
             "peft": self.peft.as_dict() if self.peft else None,
             "dropout": self.dropout,
             "fused_qkv": self.fused_qkv,
+            "qk_norm": self.qk_norm,
+            "active_params": self.active_params,
+            "moe": self.moe.as_dict() if self.moe else None,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelSpec":
         """Inverse of :meth:`as_dict`: derived keys (``trainable_params``, ``frozen_params``) are
         ignored and ``peft`` is rebuilt."""
-        d = {k: v for k, v in data.items() if k not in ("trainable_params", "frozen_params")}
+        d = {k: v for k, v in data.items() if k not in ("trainable_params", "frozen_params", "active_params")}
         if "notes" in d:
             d["notes"] = tuple(d["notes"])
         if "parameter_sizes" in d:
             d["parameter_sizes"] = tuple((int(n), int(c)) for n, c in d["parameter_sizes"])
         if d.get("peft") is not None:
             d["peft"] = PeftSpec.from_dict(d["peft"])
+        if d.get("moe") is not None:
+            d["moe"] = MoeSpec.from_dict(d["moe"])
         return cls(**d)
 
     @classmethod

@@ -4,7 +4,7 @@ cluster) returning findings, registered under a stable id.
 Rule ids are public (docs/validate.md, scripts that grep ``--format json``): never renumber one;
 retire it instead. Ranges: ZP1xx batch, ZP2xx ZeRO and offload, ZP3xx precision, ZP4xx value
 types, ZP5xx keys, ZP6xx optimizer and scheduler, ZP7xx fit to the model and GPU — one module per
-family (``batch``, ``zero``, ``precision``, ``types``, ``keys``, ``optimizer``, ``fit``;
+family (``batch``, ``zero``, ``zeropp`` and ``moe`` (ZP24x, ZP25x), ``precision``, ``types``, ``keys``, ``optimizer``, ``fit``;
 ``zeroplan.dsconfig.peft_rules`` adds ZP8xx). This module holds the registry, the rule
 decorator and what every family shares.
 """
@@ -133,4 +133,4 @@ def _fmt(n: float) -> str:
 
 
 # The rule families register themselves on import, in id order.
-from zeroplan.dsconfig.rules import batch, zero, zeropp, precision, types, keys, optimizer, fit  # noqa: E402,F401,I001
+from zeroplan.dsconfig.rules import batch, zero, zeropp, moe, precision, types, keys, optimizer, fit  # noqa: E402,F401,I001
