@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["OOM_PATTERN", "classify", "summarize_ranks", "last_error_line"]
+__all__ = ["OOM_PATTERN", "SIGKILL_PATTERN", "classify", "summarize_ranks", "last_error_line"]
 
 #: Log text that means the allocator (CUDA or host) ran out: torch.OutOfMemoryError, Python's
 #: MemoryError, c10's DefaultCPUAllocator, C++ std::bad_alloc, errno ENOMEM.
@@ -13,7 +13,8 @@ OOM_PATTERN = re.compile(
     r"|DefaultCPUAllocator: can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED",
     re.I,
 )
-_SIGKILL_PATTERN = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+#: A rank killed by SIGKILL: torchrun's summary, its signal line, DeepSpeed's launcher (launch.py sigkill_handler).
+SIGKILL_PATTERN = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)|exits with return code = -9\b")
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|AssertionError|ChildFailedError)\b.*")
 
 
@@ -51,7 +52,7 @@ def classify(
     if OOM_PATTERN.search(log_text):
         line = last_error_line(log_text) or "out of memory"
         return "oom", f"{line} ({code})"
-    if _SIGKILL_PATTERN.search(log_text) or returncode in (-9, 137):
+    if SIGKILL_PATTERN.search(log_text) or returncode in (-9, 137):
         return "oom", f"a worker was killed by SIGKILL with no result, usually the kernel's out-of-memory killer ({code})"
     line = last_error_line(log_text)
     missing = expected_ranks - len(ok_ranks)
