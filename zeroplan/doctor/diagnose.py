@@ -79,7 +79,7 @@ class Diagnosis:
 
 def diagnose(log: RunLog, inputs: DoctorInputs = DoctorInputs()) -> Diagnosis:
     """Classify ``log`` and answer with cause, evidence and fix (docs/doctor.md)."""
-    found = classify_log(log)
+    found = classify_log(log, inputs.config)
     if found is None:
         return Diagnosis("unknown", "no rule recognises this log; zeroplan does not guess", None, None,
                          "give the full log of every rank (a folder or several files), or see docs/doctor.md for what is "

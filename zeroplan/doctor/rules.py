@@ -46,14 +46,15 @@ class FailureRule:
     failure_class: str
     why: str
     """What in a log this rule reads (docs/doctor.md's table)."""
-    match: Callable[[RunLog], Optional[Match]]
+    match: Callable[[RunLog, Optional[dict]], Optional[Match]]
+    """``match(log, config)``: config is the run's DeepSpeed config when given, else None."""
 
 
 RULES: list[FailureRule] = []
 
 
 def rule(failure_class: str, why: str):
-    def register(fn: Callable[[RunLog], Optional[Match]]):
+    def register(fn: Callable[[RunLog, Optional[dict]], Optional[Match]]):
         RULES.append(FailureRule(failure_class, why, fn))
         return fn
 
@@ -75,9 +76,11 @@ _TRAINING = re.compile(
     r"deepspeed|torch\.distributed|torchrun|ChildFailedError|\[rank\d+\]|local_rank|ProcessGroup|accelerate|"
     r"transformers/trainer\.py|Trainer|fsdp|torchtitan|torchtune|zeroplan|NCCL|gloo|train(ing)?\b|epoch|step\b", re.I)
 #: Mixture-of-experts models and layers.
-_MOE = re.compile(r"\bmoe\b|_moe\b|moe_|mixtral|jamba|deepseek[-_]?v[23]|qwen\d?_?moe|qwen3[-_]?\d+b[-_]a\d+b|experts?\b|SparseMoe|router", re.I)
+# (``35B-A3B``: total and active parameters, how MoE checkpoints are named.)
+_MOE = re.compile(r"\bmoe\b|_moe\b|moe_|mixtral|jamba|deepseek[-_]?v[23]|qwen\d?_?moe|\d+(\.\d+)?b[-_]a\d+(\.\d+)?b\b|experts?\b|"
+                  r"SparseMoe|router", re.I)
 #: ZeRO stage 3 at work (its partitioned-parameter machinery or its config).
-_ZERO3 = re.compile(r"zero[-_ ]?(stage[-_ ]?)?3|stage3\.py|partitioned_param|parameter_offload\.py|partition_parameters\.py|"
+_ZERO3 = re.compile(r"zero[-_ ]?(stage[-_ ]?)?3|\bz3_|ds_z3|assert_lst_len_same_as_other_ranks|stage3\.py|partitioned_param|parameter_offload\.py|partition_parameters\.py|"
                     r"ds_active_sub_modules|ZeroParamStatus|\"stage\":\s*3|zero_stage\s*[:=]\s*3", re.I)
 _EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt))(?::\s*(.*))?$")
 
@@ -99,7 +102,7 @@ _PHASE_FRAMES = (
                         r"modules/module\.py.* in (to|cuda|_apply|convert)\b|in __init__ *$|deepspeed\.initialize\(")),
     ("checkpoint-save", re.compile(r"save_checkpoint|_save_checkpoint|save_model|save_16bit_model|consolidated_16bit_state_dict|"
                                    r"_save_zero_checkpoint|in _save\b|torch\.save|save_pretrained|get_state_dict|"
-                                   r"consolidate_state_dict")),
+                                   r"consolidate_state_dict|in (state_dict|_save_to_state_dict)\b")),
     ("optimizer-step", re.compile(r"in (step|_take_model_step|_optimizer_step|_init_group|_single_tensor_adam|_multi_tensor_adam|"
                                   r"_fused_adamw?|unscale_and_clip_grads|_update_scale)\b|optimizer\.step\(|\.step\(\)|exp_avg")),
     ("backward", re.compile(r"in (backward|run_backward|_engine_run_backward|allreduce_gradients|reduce_ipg_grads|"
@@ -143,7 +146,7 @@ def _gib(value: str, unit: str) -> float:
 
 
 @rule("device-oom", "torch's CUDA/HIP/XPU OutOfMemoryError (or a CUDA 'out of memory' error); the phase from the traceback's frames")
-def _device_oom(log: RunLog) -> Optional[Match]:
+def _device_oom(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _DEVICE_OOM)
     if at is None:
         return None
@@ -170,7 +173,7 @@ _KILLED_LINE = re.compile(r"^(?:.*line \d+:\s+\d+\s+)?Killed\b(?!\s+by)|exits wi
 
 
 @rule("host-oom", "the host ran out: MemoryError / DefaultCPUAllocator / bad_alloc, the kernel's or Slurm's OOM killer, a rank killed by SIGKILL (-9, 137)")
-def _host_oom(log: RunLog) -> Optional[Match]:
+def _host_oom(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _SLURM_OOM)
     how = "the kernel's out-of-memory killer (cgroup/Slurm) killed a process"
     if at is None:
@@ -212,16 +215,17 @@ _WATCHDOG = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(
 _RANK_OF = re.compile(r"\[Rank (\d+)\]|\[rank(\d+)\]|Rank (\d+)\b")
 _OPTYPE = re.compile(r"OpType=(\w+)")
 _SEQ = re.compile(r"SeqNum=(\d+)")
-_MISMATCH = re.compile(r"Detected mismatch between collectives on ranks|Collectives differ in the following aspects")
+_MISMATCH = re.compile(r"Detected mismatch between collectives on ranks|Collectives differ in the following aspects|"
+                       r"disagreement (on list length )?between rank\d+ and rank\d+")
 # DeepSpeed's ZeRO-3 check that every rank traced the same parameters (deepspeed/runtime/zero/utils.py
 # assert_lst_len_same_as_other_ranks, and the trace comparisons of partitioned_param_coordinator).
-_ZERO3_LIST = re.compile(r"assert_lst_len_same_as_other_ranks|disagree(?:s|d)? (?:on|with) .*(length|rank)|"
+_ZERO3_LIST = re.compile(r"assert_lst_len_same_as_other_ranks|disagreement (on list length )?between rank\d+ and rank\d+|disagree(?:s|d)? (?:on|with) .*(length|rank)|"
                          r"list length.*differ|ds_active_sub_modules|ds_summary\(\)|ZeroParamStatus\.(AVAILABLE|NOT_AVAILABLE)|"
                          r"'status': '(AVAILABLE|INFLIGHT)'")
 
 
 @rule("moe-zero3-desync", "a mixture-of-experts model under ZeRO-3 whose ranks disagree: a collective mismatch, ZeRO-3's parameter-list checks, a watchdog timeout or a stall, with MoE and ZeRO-3 both named in the log")
-def _moe_zero3(log: RunLog) -> Optional[Match]:
+def _moe_zero3(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     if not (_MOE.search(log.text) and _ZERO3.search(log.text)):
         return None
     at = _last(log, _ZERO3_LIST) or _last(log, _MISMATCH) or _last(log, _WATCHDOG)
@@ -235,7 +239,7 @@ def _moe_zero3(log: RunLog) -> Optional[Match]:
 
 
 @rule("collective-mismatch", "torch.distributed's 'Detected mismatch between collectives on ranks' (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
-def _mismatch(log: RunLog) -> Optional[Match]:
+def _mismatch(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _MISMATCH)
     if at is None:
         return None
@@ -245,7 +249,7 @@ def _mismatch(log: RunLog) -> Optional[Match]:
 
 
 @rule("collective-timeout", "NCCL's watchdog ('Watchdog caught collective operation timeout ... ran for N milliseconds') or a gloo timeout; names the ranks that timed out and the collective")
-def _timeout(log: RunLog) -> Optional[Match]:
+def _timeout(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     hits = [ln for ln in log.lines if _WATCHDOG.search(ln.text)]
     if not hits:
         return None
@@ -280,7 +284,7 @@ _BATCH_NUMBERS = re.compile(r"(\d+) != (\d+) \* (\d+) \* (\d+)")
 
 
 @rule("batch-mismatch", "DeepSpeed's batch assertion (train_batch_size != micro × accumulation × world) or the HF Trainer's 'mismatch TrainingArguments values'")
-def _batch(log: RunLog) -> Optional[Match]:
+def _batch(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _BATCH)
     if at is None:
         return None
@@ -305,11 +309,11 @@ _AUTO = re.compile(r"cannot be set to 'auto'|'auto'.*(not supported|invalid|must
 
 
 @rule("auto-value", "an \"auto\" value nobody filled (the HF Trainer fills them; plain DeepSpeed and accelerate.prepare without a dataloader do not): 'cannot be set to auto', a str compared with a number in the engine, 'set an integer value in train_micro_batch_size_per_gpu'")
-def _auto(log: RunLog) -> Optional[Match]:
+def _auto(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _AUTO)
     if at is None:
         return None
-    if "'str' and" in at.text and "auto" not in log.text.lower():
+    if "'str' and" in at.text and "auto" not in log.text.lower() and not _has_auto(config):
         return None
     return Match("auto-value", at, "a config value is still \"auto\": only the Hugging Face Trainer (and accelerate with its "
                  "dataloaders prepared) replaces \"auto\"; DeepSpeed itself reads it as a string")
@@ -322,8 +326,17 @@ _SKEW = re.compile(r"is required for a normal functioning of this module, but fo
                    r"AutoEP.*transformers|has no attribute '\w+'.*(transformers|deepspeed)|Failed to import transformers\.\S+ because")
 
 
+def _has_auto(config) -> bool:
+    """Whether a config (any nesting) holds an "auto" value."""
+    if isinstance(config, dict):
+        return any(_has_auto(v) for v in config.values())
+    if isinstance(config, list):
+        return any(_has_auto(v) for v in config)
+    return config == "auto"
+
+
 @rule("version-skew", "packages that do not fit each other: a version check ('X>=a is required ... but found X==b'), a module or name moved between versions (transformers.deepspeed, torch._six)")
-def _skew(log: RunLog) -> Optional[Match]:
+def _skew(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _SKEW)
     if at is None:
         return None
@@ -338,9 +351,9 @@ _QUANT_ERROR = re.compile(r"`\.half\(\)` is not supported for `?[48]-bit|output 
 
 
 @rule("quantized-zero-init", "quantized (bitsandbytes 4/8-bit) weights under ZeRO-3's zero.Init or a .half() cast: '.half() is not supported for 4-bit', ZeRO-3's all-gather refusing mixed dtypes")
-def _quant(log: RunLog) -> Optional[Match]:
+def _quant(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _QUANT_ERROR)
-    if at is None or not (_QUANT.search(log.text) or ".half()" in at.text):
+    if at is None or not (_QUANT.search(log.text) or ".half()" in at.text or re.search(r"allgather|all_gather", log.text)):
         return None
     return Match("quantized-zero-init", at, "quantized weights cannot be partitioned by ZeRO-3 (zero.Init) or cast with .half(): "
                  "the all-gather and the cast see uint8 storage, not the model's dtype")
@@ -355,7 +368,7 @@ _EXT_ROOT = re.compile(r"as PyTorch extensions root|Emitting ninja build file|Bu
 
 
 @rule("stale-jit-lock", "a process waiting in torch's FileBaton on a JIT op's lock (file_baton.py wait in a traceback), or a log whose last lines are torch's extension-loading messages")
-def _jit_lock(log: RunLog) -> Optional[Match]:
+def _jit_lock(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _last(log, _BATON)
     if at is None:
         tail = [ln for ln in log.lines if ln.text.strip()][-3:]
@@ -369,21 +382,39 @@ def _jit_lock(log: RunLog) -> Optional[Match]:
                  "(torch's FileBaton waits for ever, with no message)", details=details)
 
 
-_STALL = re.compile(r"^Timeout \(\d+:\d+:\d+\)!|Thread \d+ \(idle\)|no result within [\d.]+ s|probe status timeout|"
-                    r"still running after|stuck|hangs?\b", re.I)
+#: Start-up lines of a distributed run: the process group, DeepSpeed's engine, zeroplan's probe worker.
+_STARTUP = re.compile(r"init_distributed|Initializing TorchBackend|cdb=None|Added key: store_based_barrier|"
+                      r"Rank \d+: Completed store-based barrier|DeepSpeed info: version|Creating .*ZeRO stage|"
+                      r"zeroplan-progress (worker-start|imported|engine)|Using .* as PyTorch extensions root|"
+                      r"NCCL INFO (Init COMPLETE|Connected)|Loading checkpoint shards")
+#: Lines that show training steps ran.
+_PROGRESS = re.compile(r"\bstep[=:]\s*\d+|'loss':|\bloss[=:]\s*[\d.]|it/s\]|s/it\]|RunningAvgSamplesPerSec|"
+                       r"update_scale|zeroplan-progress step|Epoch \d+|\d+/\d+ \[\d")
+_FRAME_LINE = re.compile(r"File \".*\", line \d+|\.py:\d+ in \w+|^\s*[│|]|\bin \w+\s*$")
+#: A stack dump taken while the process waited (faulthandler's dump_traceback_later, py-spy dump) or
+#: zeroplan's own probe timeout.
+_STALL = re.compile(r"^Timeout \(\d+:\d+:\d+\)!|^Thread (0x[0-9a-f]+|\d+) \((idle|active)\)|no result within [\d.]+ s; the job")
 
 
 @rule("hang", "a training log that stops without an error or an exit (or a faulthandler/py-spy dump, or a probe's timeout): no progress")
-def _hang(log: RunLog) -> Optional[Match]:
-    if not log.lines or not _TRAINING.search(log.text):
+def _hang(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
+    if not log.lines:
         return None
     at = _last(log, _STALL)
+    if at is None and not _TRAINING.search(log.text):
+        return None
     if at is None:
+        # A log that just stops is a hang only when it stopped in start-up (the process group, the
+        # engine or the first step), after start-up lines and before any step: a copy of a
+        # healthy log cut short mid-training is not evidence of anything.
         if _exception_line(log) or SIGKILL_PATTERN.search(log.text) or _KILLED_LINE.search(log.text) or _completed(log):
             return None
         if re.search(r"exit(ed)? with (return )?code|exitcode\s*:|Exiting|Traceback", log.text):
             return None
-        at = next(ln for ln in reversed(log.lines) if ln.text.strip())
+        last = [ln for ln in log.lines if ln.text.strip()]
+        if not last or _FRAME_LINE.search(last[-1].text) or not _STARTUP.search(last[-1].text) or _PROGRESS.search(log.text):
+            return None
+        at = last[-1]
     return Match("hang", at, "the run stopped making progress without an error: every rank waits (a collective one rank never "
                  "reached, a dataloader, or a lock)")
 
@@ -393,7 +424,7 @@ def _completed(log: RunLog) -> bool:
 
 
 @rule("crash", "any other exception in a training run's log (the last 'SomethingError: message' line)")
-def _crash(log: RunLog) -> Optional[Match]:
+def _crash(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
     at = _exception_line(log)
     if at is None or not _TRAINING.search(log.text):
         return None
@@ -401,10 +432,11 @@ def _crash(log: RunLog) -> Optional[Match]:
                  "memory or communication")
 
 
-def classify_log(log: RunLog) -> Optional[Match]:
-    """The first rule (in :data:`RULES` order) that recognises ``log``; None: unknown."""
+def classify_log(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
+    """The first rule (in :data:`RULES` order) that recognises ``log`` (and the run's ``config``,
+    when given); None: unknown."""
     for r in RULES:
-        found = r.match(log)
+        found = r.match(log, config)
         if found is not None:
             return found
     return None
