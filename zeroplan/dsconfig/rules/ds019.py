@@ -85,16 +85,18 @@ def _superoffload(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "ZP209", "warning", "DeepCompile off CUDA",
-    "DeepCompile's passes are registered only when get_accelerator().device_name() == 'cuda' and torch >= 2.6 "
-    "(compile/util.py:29 is_deepcompile_supported, runtime/engine.py:724); elsewhere compile.deepcompile does not apply them.",
+    "ZP209", "error", "DeepCompile off CUDA",
+    "DeepCompile supports CUDA only: its passes are registered only when get_accelerator().device_name() == 'cuda' "
+    "(compile/util.py:29, runtime/engine.py:724), and engine.compile() builds its 'dc' op (runtime/engine.py:5952, "
+    "compile/util.py:48), which fails to build on the CPU accelerator (RuntimeError: Error building extension 'dc').",
 )
 def _deepcompile(ctx: Context) -> Iterator[Finding]:
     comp = ctx.cfg.get("compile")
     if _off_cuda(ctx) and isinstance(comp, dict) and comp.get("deepcompile") is True:
         yield _f("ZP209", "compile.deepcompile",
-                 f"compile.deepcompile on accelerator {ctx.accelerator}: DeepCompile supports CUDA only, its ZeRO passes are not registered",
-                 "remove compile.deepcompile off CUDA")
+                 f"compile.deepcompile on accelerator {ctx.accelerator}: DeepCompile supports CUDA only (engine.compile() "
+                 "fails building its 'dc' op)",
+                 "remove compile.deepcompile off CUDA (plain torch.compile via engine.compile() still works)")
 
 
 def _zenflow(ctx: Context) -> dict | None:
