@@ -284,3 +284,20 @@ def test_probes_use_zeroplans_own_extensions_folder(tmp_path, monkeypatch):
     assert env["TORCH_EXTENSIONS_DIR"] == str(dsops.private_extensions_dir())
     assert Path(env["TORCH_EXTENSIONS_DIR"]).is_relative_to(tmp_path / "zeroplan")
     assert "torch" in Path(env["TORCH_EXTENSIONS_DIR"]).name and "_ds" in Path(env["TORCH_EXTENSIONS_DIR"]).name
+
+
+def test_a_rank_waiting_on_an_op_lock_says_so(tmp_path, monkeypatch):
+    from zeroplan.runtime import dsops
+
+    (tmp_path / "fused_adam").mkdir()
+    (tmp_path / "fused_adam" / "lock").write_text("")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(dsops, "_build_tools_running", lambda: True)
+    lines: list[str] = []
+    stop = dsops.watch_op_waits(interval_s=0.05, write=lines.append)
+    time.sleep(0.5)
+    stop()
+    assert lines == [f"zeroplan: waiting on DeepSpeed op fused_adam: it is being built (lock {tmp_path / 'fused_adam' / 'lock'}, 0 s)"]
+    # and doctor reads that line in a probe's log as the stale-lock class
+    (tmp_path / "probe.log").write_text("zeroplan-progress imported t=0.2\n" + lines[0] + "\n")
+    assert diagnose(read_logs([str(tmp_path / "probe.log")])).failure_class == "stale-jit-lock"

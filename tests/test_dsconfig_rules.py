@@ -179,7 +179,7 @@ CASES = [
      make(optimizer=MUON, zero_optimization={"stage": 3, "reduce_scatter": False}), {}, False),
     ("ZP608", make(optimizer=MUON, zero_optimization={"stage": 0}), make(optimizer=MUON, zero_optimization={"stage": 1}), {}, False),
     ("ZP207", make(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}),
-     z3(offload_optimizer={"device": "cpu", "ratio": 0.5}), {}, False),
+     z3(offload_optimizer={"device": "cpu", "ratio": 0.5}), {}, True),
     ("ZP208", z3(offload_optimizer={"device": "cpu", "super_offload": True}),
      z3(offload_optimizer={"device": "cpu", "super_offload": True}), {"accelerator": "cpu", "_clean_kwargs": {"accelerator": "cuda"}}, False),
     ("ZP209", make(compile={"deepcompile": True}), make(compile={"deepcompile": True}),

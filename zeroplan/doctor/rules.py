@@ -363,7 +363,7 @@ def _quant(log: RunLog, config: Optional[dict] = None) -> Optional[Match]:
 # build file", "Building extension module", "Loading extension module". FileBaton.wait (file_baton.py)
 # polls while another process's <op>/lock exists.
 _BATON = re.compile(r"file_baton\.py.* in wait|baton\.wait\(\)|FileBaton|waiting on .*torch_extensions.*lock|"
-                    r"zeroplan: .*waits? (on|for) .*(lock|build)")
+                    r"zeroplan: .*wait(s|ing)? (on|for) .*(lock|build)")
 _EXT_ROOT = re.compile(r"as PyTorch extensions root|Emitting ninja build file|Building extension module|Loading extension module", re.I)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __all__ = [
     "OPTIMIZER_OPS", "OpLock", "build_ops", "drop_stale_locks", "extensions_env", "find_locks", "optimizer_ops_for",
-    "ops_without_ninja_log", "private_extensions_dir", "skip_shm_comm_op", "unbuilt_ops", "waiting_message",
+    "ops_without_ninja_log", "private_extensions_dir", "repair_ninja_logs", "skip_shm_comm_op", "unbuilt_ops",
+    "waiting_message", "watch_op_waits",
 ]
 
 
@@ -306,3 +307,34 @@ def waiting_message(env=None, *, names=tuple(OPTIMIZER_OPS.values())) -> str | N
     if lk.stale:
         return f"waiting on DeepSpeed op {lk.op}: its lock {lk.path} is {lk.age_s:.0f} s old and no build runs (a killed build left it)"
     return f"waiting on DeepSpeed op {lk.op}: it is being built (lock {lk.path}, {lk.age_s:.0f} s)"
+
+
+#: Seconds between two looks at the extensions folder while a rank's engine starts.
+WAIT_WATCH_INTERVAL_S = 10.0
+
+
+def watch_op_waits(*, interval_s: float = WAIT_WATCH_INTERVAL_S, write=None):
+    """Start a daemon thread that, every ``interval_s`` while the caller's engine starts, prints
+    :func:`waiting_message` to stderr (``zeroplan: waiting on DeepSpeed op …``) when a lock in this
+    process's extensions folder explains a wait, each distinct message once; returns the function
+    that stops it. A probe that waits on an op build or a killed build's lock then says so in its
+    log instead of looking hung."""
+    import sys
+    import threading
+
+    stop = threading.Event()
+    write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def watch() -> None:
+        said = set()
+        while not stop.wait(interval_s):
+            try:
+                msg = waiting_message()
+            except Exception:  # noqa: BLE001 - a look that fails says nothing; the engine goes on
+                msg = None
+            if msg and msg.split(" (lock")[0] not in said:
+                said.add(msg.split(" (lock")[0])
+                write(f"zeroplan: {msg}")
+
+    threading.Thread(target=watch, name="zeroplan-op-wait", daemon=True).start()
+    return stop.set

@@ -57,19 +57,18 @@ def _muon_stage0(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "ZP207", "warning", "offload_optimizer.ratio below stage 3",
-    "Partial optimizer offload is a ZeRO-3 feature: the engine passes offload_optimizer.ratio only to the stage-3 "
-    "optimizer (runtime/engine.py:1572 zero_partial_offload, used at engine.py:2776; stage3.py:258); stages 1-2 offload "
-    "all optimizer states regardless.",
+    "ZP207", "error", "offload_optimizer.ratio below 1 outside stage 3",
+    "Partial optimizer offload is a ZeRO-3 feature: DeepSpeedZeroConfig's offload_ratio_check asserts 'Partial "
+    "offloading only supported for ZeRO Stage 3.' (runtime/zero/config.py:396-399), and only the stage-3 optimizer "
+    "receives the ratio (runtime/engine.py:1572, 2776; stage3.py:258).",
 )
 def _partial_offload(ctx: Context) -> Iterator[Finding]:
     ratio = _offload_block(ctx).get("ratio")
-    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio < 1 and ctx.stage in (1, 2) \
-            and ctx.offload("offload_optimizer") is not None:
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio < 1 and ctx.stage in (0, 1, 2):
         yield _f("ZP207", "zero_optimization.offload_optimizer.ratio",
-                 f"offload_optimizer.ratio {ratio:g} at stage {ctx.stage}: ignored, every optimizer state is offloaded "
-                 "(host memory and step time as for ratio 1)",
-                 "use stage 3 for partial offload, or remove ratio")
+                 f"offload_optimizer.ratio {ratio:g} at stage {ctx.stage}: DeepSpeed's config check rejects it "
+                 "('Partial offloading only supported for ZeRO Stage 3')",
+                 "use stage 3 for partial offload, or remove ratio (stages 1-2 offload every optimizer state)")
 
 
 @rule(
