@@ -280,16 +280,8 @@ _FIXES = {
 
 
 def _lock_notes() -> list[str]:
-    """Locks in this machine's torch extensions cache now (a stale one hangs every DeepSpeed run)."""
-    try:
-        from zeroplan.runtime.dsops import find_locks, ops_without_ninja_log
-    except ImportError:
-        return []
-    notes = []
-    for lk in find_locks():
-        state = "stale: no build runs, remove it with" if lk.stale else "held by a running build; if none is running:"
-        notes.append(f"{lk.op}: lock {lk.path} is {lk.age_s:.0f} s old, {state} rm {lk.path}")
-    for op in ops_without_ninja_log():
-        notes.append(f"{op}: built (.so present) but without .ninja_log, so every load of it rebuilds; rebuild it once "
-                     f"(zeroplan probe does) or delete the folder {op}")
-    return notes
+    """Locks and half-built ops in this machine's torch extensions cache now (a stale lock hangs
+    every DeepSpeed run): :func:`zeroplan.runtime.dsops.lock_report`."""
+    from zeroplan.runtime.dsops import lock_report
+
+    return lock_report()

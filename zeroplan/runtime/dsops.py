@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
-    "OPTIMIZER_OPS", "OpLock", "build_ops", "drop_stale_locks", "extensions_env", "find_locks", "optimizer_ops_for",
+    "OPTIMIZER_OPS", "OpLock", "build_ops", "drop_stale_locks", "extensions_env", "find_locks", "lock_report", "optimizer_ops_for",
     "ops_without_ninja_log", "private_extensions_dir", "repair_ninja_logs", "skip_shm_comm_op", "unbuilt_ops",
     "waiting_message", "watch_op_waits",
 ]
@@ -338,3 +338,19 @@ def watch_op_waits(*, interval_s: float = WAIT_WATCH_INTERVAL_S, write=None):
 
     threading.Thread(target=watch, name="zeroplan-op-wait", daemon=True).start()
     return stop.set
+
+
+def lock_report(env=None) -> list[str]:
+    """One line per hazard in the user's torch extensions cache (``env``'s): each lock with its age,
+    whether it is stale and the ``rm`` that clears it, and each op built without a ``.ninja_log``
+    (rebuilt at every load). ``zeroplan doctor`` prints them, ``zeroplan probe`` before it starts;
+    nothing is removed from the user's cache."""
+    notes = []
+    for lk in find_locks(env):
+        state = "stale: no build runs, remove it with" if lk.stale else "held by a running build; if none is running:"
+        notes.append(f"{lk.op}: lock {lk.path} is {lk.age_s:.0f} s old, {state} rm {lk.path} "
+                     "(every DeepSpeed run loading this op waits on it)")
+    for op in ops_without_ninja_log(env):
+        notes.append(f"{op}: built (.so present) but without .ninja_log, so every load of it rebuilds; delete its folder "
+                     "to build it once")
+    return notes
