@@ -229,6 +229,10 @@ def test_trainer_state_and_deepspeed_line_beside_the_estimate(tmp_path):
     assert rows["peak allocated GiB per GPU"]["measured"] == 6.0
     assert rows["peak allocated GiB per GPU"]["predicted"] == pytest.approx(est.gpu.peak_allocated / GiB)
     assert rows["samples/s (all GPUs)"]["predicted"] == pytest.approx(est.tokens_per_second / 512)
+    # the same metrics as train_results.json writes them (Trainer.save_metrics)
+    (tmp_path / "train_results.json").write_text(json.dumps(state["log_history"][-1]))
+    (flat,) = read_measurements(read_logs([str(tmp_path / "train_results.json")]))
+    assert flat.peak_allocated_gib == 6.0 and flat.samples_per_second == 8.0
     ds_rows = {c["figure"]: c for c in by_source["deepspeed"]["compared"]}
     assert ds_rows["peak allocated GiB per GPU"]["measured"] == 2.15
 

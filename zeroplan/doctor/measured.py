@@ -11,7 +11,8 @@ Readers (pure functions of the text a run wrote):
 * torchtune's ``log_memory_stats`` (``GPU peak memory allocation: 2.41 GB`` / ``reserved`` /
   ``active``, torch.cuda.max_memory_* / 1024³) and its metric lines (``peak_memory_alloc:2.41``,
   ``tokens_per_second_per_gpu:1234``);
-* the HF Trainer's ``trainer_state.json``: ``log_history``'s ``train_samples_per_second`` and, with
+* the HF Trainer's ``trainer_state.json`` (or its ``train_results.json``): ``log_history``'s final
+  ``train_samples_per_second`` and, with
   ``skip_memory_metrics=False``, ``train_mem_gpu_peaked_delta`` + ``train_mem_gpu_alloc_delta``
   (bytes; transformers/trainer_utils.py ``TrainerMemoryTracker``).
 """
@@ -96,10 +97,15 @@ def read_measurements(log: RunLog) -> list[Measurement]:
 
 
 def _from_trainer_state(name: str, doc) -> Optional[Measurement]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
+    if not isinstance(doc, dict):
         return None
-    history = [e for e in doc["log_history"] if isinstance(e, dict)]
-    final = next((e for e in reversed(history) if "train_samples_per_second" in e or "train_runtime" in e), {})
+    if isinstance(doc.get("log_history"), list):  # trainer_state.json
+        history = [e for e in doc["log_history"] if isinstance(e, dict)]
+        final = next((e for e in reversed(history) if "train_samples_per_second" in e or "train_runtime" in e), {})
+    elif "train_runtime" in doc or "train_samples_per_second" in doc:  # train_results.json / all_results.json
+        final = doc
+    else:
+        return None
     peak = None
     if isinstance(final.get("train_mem_gpu_peaked_delta"), (int, float)) and isinstance(final.get("train_mem_gpu_alloc_delta"), (int, float)):
         # transformers/trainer_utils.py TrainerMemoryTracker.stop: alloc delta = allocated at the
