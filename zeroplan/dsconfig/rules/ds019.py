@@ -116,15 +116,17 @@ def _zenflow_stage3(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "ZP211", "error", "ZenFlow overlap_step on CPU",
-    "ZenFlow's overlap_step runs the CPU optimizer in a separate process that overlaps the accelerator's next step "
-    "(runtime/zenflow/zenflow_stage_1_and_2.py:89, ZenFlowZeroOptimizerParallel); with the CPU accelerator there is no "
-    "device step to overlap and it fails.",
+    "ZP211", "warning", "ZenFlow overlap_step on CPU",
+    "overlap_step runs the CPU optimizer in a spawned process (runtime/zenflow/zenflow_utils.py:172-183) pinned to "
+    "part of the rank's cores (_compute_zf_pt_affinity, pt_reserved_cores_perc): on the CPU accelerator there is no "
+    "device step to overlap, training keeps only its share of the cores, and a script without an "
+    "`if __name__ == \"__main__\"` guard re-runs in the spawned process, so the engine waits 600 s and raises "
+    "'ZenFlow optimizer process failed to become ready' (reproduced on CPU).",
 )
 def _zenflow_overlap(ctx: Context) -> Iterator[Finding]:
     z = _zenflow(ctx)
     if ctx.accelerator == "cpu" and z is not None and z.get("overlap_step") is True:
         yield _f("ZP211", "zero_optimization.zenflow.overlap_step",
-                 "zenflow.overlap_step on the CPU accelerator",
+                 "zenflow.overlap_step on the CPU accelerator: nothing to overlap, the optimizer process takes cores from "
+                 "training, and an unguarded script fails after a 600 s wait",
                  "set zenflow.overlap_step false on CPU")
-
