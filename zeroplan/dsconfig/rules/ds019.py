@@ -45,15 +45,15 @@ def _muon_reduce_scatter(ctx: Context) -> Iterator[Finding]:
 @rule(
     "ZP608", "warning", "Muon at ZeRO stage 0",
     "Muon orthogonalises each 2-D update; DeepSpeed's Muon step moved that into the ZeRO optimizers (flat partitions), "
-    "so releases whose MuonWithAuxAdam.step lacks a stage-0 path train the Muon groups as momentum-free SGD at stage 0; "
+    "so earlier releases, whose MuonWithAuxAdam.step applies the gradient as the update, train the Muon groups as momentum-free SGD at stage 0; "
     "0.19.8 runs muon_update itself for 2-D weights (runtime/zero/muon/muon_optimizer.py:67-82).",
 )
 def _muon_stage0(ctx: Context) -> Iterator[Finding]:
     if _is_muon(ctx) and ctx.stage == 0:
         yield _f("ZP608", "zero_optimization.stage",
                  "optimizer Muon at ZeRO stage 0: with DeepSpeed releases that orthogonalise only inside the ZeRO optimizers "
-                 "(the 0.18 series) the Muon groups silently train without orthogonalisation",
-                 "use ZeRO stage 1 or 2 with Muon (stage 3 needs reduce_scatter false), or DeepSpeed 0.19.8 or later")
+                 "(earlier releases, whose step says 'we move the muon update part to the deepspeed's optimizer') the Muon groups silently train without orthogonalisation",
+                 "use ZeRO stage 1 or 2 with Muon (stage 3 needs reduce_scatter false), or a DeepSpeed whose Muon step orthogonalises at stage 0 (0.19.8 does)")
 
 
 @rule(
