@@ -305,3 +305,15 @@ def test_a_rank_waiting_on_an_op_lock_says_so(tmp_path, monkeypatch):
     # and doctor reads that line in a probe's log as the stale-lock class
     (tmp_path / "probe.log").write_text("zeroplan-progress imported t=0.2\n" + lines[0] + "\n")
     assert diagnose(read_logs([str(tmp_path / "probe.log")])).failure_class == "stale-jit-lock"
+
+
+def test_binary_or_huge_input_is_unknown_not_a_crash(tmp_path):
+    junk = tmp_path / "core.bin"
+    junk.write_bytes(bytes(range(256)) * 64)
+    r = CliRunner().invoke(app, ["doctor", str(junk)])
+    assert r.exit_code == 1 and r.output.startswith("unknown")
+    # only the end of a long log is read (a failure is explained at the end), and still found
+    big = tmp_path / "big.log"
+    big.write_text("step 1 loss 2.0\n" * 400_000 + (DATA / "deepspeed-6914-batch.log").read_text())
+    d = diagnose(read_logs([str(big)]))
+    assert d.failure_class == "batch-mismatch"
