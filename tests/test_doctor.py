@@ -68,6 +68,15 @@ def test_fixture_is_classified(path):
     assert d.cause and d.fix
 
 
+HELD_OUT = sorted((DATA / "heldout").glob("*.log"))
+
+
+@pytest.mark.parametrize("path", HELD_OUT, ids=[f.stem for f in HELD_OUT])
+def test_held_out_logs_get_their_class(path):
+    """Logs gathered after the rules were written (benchmarks/bench_doctor.py reports their phases too)."""
+    assert diagnose(read_logs([str(path)])).failure_class == meta(path)["class"]
+
+
 def test_timeout_names_the_ranks_that_timed_out():
     for path in FIXTURES:
         m = meta(path)
