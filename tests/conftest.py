@@ -36,15 +36,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: Builds DeepSpeed's CPU optimizer ops into the extensions cache, lowest CPU priority, in its own
-#: session (a Ctrl-C to the tests never stops a compile half-way and leaves its lock behind).
-_BUILD_OPS = """
-import os
-os.nice(19)
+#: Builds DeepSpeed's CPU optimizer ops, lowest CPU priority, in its own session (a Ctrl-C to the
+#: tests never stops a compile half-way and leaves its lock behind): first in zeroplan's own
+#: extensions folder, where probe ranks load them (zeroplan.runtime.dsops.private_extensions_dir),
+#: then in the default cache the in-process engine tests use. One process per folder: torch
+#: loads an op once per process.
+_BUILD_ONE = """
 from deepspeed.accelerator import get_accelerator
 if get_accelerator()._name == "cpu":
     for name in ("FusedAdamBuilder", "CPUAdamBuilder"):
         get_accelerator().create_op_builder(name).load()
+"""
+_BUILD_OPS = f"""
+import os, subprocess, sys
+os.nice(19)
+from zeroplan.runtime.dsops import extensions_env
+for env in (extensions_env(), dict(os.environ)):
+    subprocess.run([sys.executable, "-c", {_BUILD_ONE!r}], env=env)
 """
 
 

@@ -163,6 +163,8 @@ BASE = {
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-4, "warmup_num_steps": 10}},
 }
 WORLD = 2
+#: DeepSpeed's Muon optimizer block (runtime/config.py MUON_OPTIMIZER).
+MUON = {"type": "Muon", "params": {"lr": 1e-3}}
 
 _DELETE = object()
 
@@ -332,6 +334,23 @@ CASES = [
      {"model": LIST_MOE}, False),
     # The environment's versions decide (transformers 5.x with DeepSpeed <= 0.19.8 in the project's venv).
     ("ZP251", make(expert_parallel={"enabled": True, "autoep_size": 1}), make(expert_parallel={"enabled": False}), {}, False),
+    # DeepSpeed 0.18-0.19 additions (zeroplan/dsconfig/rules/ds019.py); the engine's own errors on CPU:
+    # tests/test_dsconfig_engine.py::test_ds019_rules_match_the_engine
+    ("ZP607", make(optimizer=MUON, zero_optimization={"stage": 3}),
+     make(optimizer=MUON, zero_optimization={"stage": 3, "reduce_scatter": False}), {}, False),
+    ("ZP608", make(optimizer=MUON, zero_optimization={"stage": 0}), make(optimizer=MUON, zero_optimization={"stage": 1}), {}, False),
+    ("ZP207", make(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}),
+     z3(offload_optimizer={"device": "cpu", "ratio": 0.5}), {}, True),
+    ("ZP208", z3(offload_optimizer={"device": "cpu", "super_offload": True}),
+     z3(offload_optimizer={"device": "cpu", "super_offload": True}), {"accelerator": "cpu", "_clean_kwargs": {"accelerator": "cuda"}}, False),
+    ("ZP209", make(compile={"deepcompile": True}), make(compile={"deepcompile": True}),
+     {"accelerator": "xpu", "_clean_kwargs": {"accelerator": "cuda"}}, False),
+    ("ZP210", z3(offload_optimizer={"device": "cpu"}, zenflow={"topk_ratio": 0.1}),
+     make(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.1}}),
+     {"accelerator": "cpu"}, False),
+    ("ZP211", make(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"overlap_step": True}}),
+     make(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"overlap_step": False}}),
+     {"accelerator": "cpu"}, False),
 ]
 
 

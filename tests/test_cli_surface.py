@@ -15,6 +15,10 @@ SURFACE = {
         "--deepspeed-adam", "--device", "--engine", "--gpus", "--micro-batch", "--no-engine", "--output",
         "--precision", "--quick", "--task", "--torch-adam", "-o",
     }),
+    "doctor": (('logs',), {
+        "--config", "--cpu-memory", "--format", "--global-batch", "--gpu", "--gpu-memory", "--gpus", "--micro-batch",
+        "--model", "--optimizer", "--output", "--params", "--precision", "--seq-len", "-o",
+    }),
     "estimate": ((), {
         "--adapter", "--all", "--base-quant", "--checkpointing", "--cpu-memory", "--engine", "--expandable-segments", "--format",
         "--global-batch", "--gpu", "--gpu-memory", "--gpus", "--gpus-per-node", "--grad-accum", "--lora-alpha",

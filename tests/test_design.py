@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DESIGN = (ROOT / "docs" / "design.md").read_text()
 
 #: docs/design.md "Layers": a package may import only packages of a lower rank (and itself).
-RANK = {"spec": 0, "estimator": 1, "profiles": 1, "trace": 1, "dsconfig": 2, "calibrate": 3, "runtime": 3, "tuner": 4, "cli": 5}
+RANK = {"spec": 0, "estimator": 1, "profiles": 1, "trace": 1, "dsconfig": 2, "calibrate": 3, "runtime": 3, "tuner": 4, "doctor": 4, "cli": 5}
 
 
 def _imported_packages(path: Path) -> set[str]:

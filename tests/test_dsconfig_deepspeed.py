@@ -142,6 +142,7 @@ DS_ERRORS = {
     "ZP201": (None, None),
     "ZP205": (None, None),
     "ZP206": (AssertionError, "Cannot provide deprecated parameter 'cpu_offload'"),  # config_utils.py
+    "ZP207": ("ValidationError", "Partial offloading only supported for ZeRO Stage 3"),  # runtime/zero/config.py offload_ratio_check
     "ZP301": (AssertionError, "bfloat16 and fp16 modes cannot be simultaneously enabled"),
     "ZP302": (None, None),
     "ZP303": (None, None),
@@ -176,7 +177,7 @@ def test_errors_we_report_are_errors_for_deepspeed(ds_config, rule_id, bad, good
         assert isinstance(info.value, ValidationError), text
         assert any(re.search(rf"\b{re.escape(f.path.rsplit('.', 1)[-1])}\b", text) for f in ours), (text, [f.path for f in ours])
     else:
-        expected = DeepSpeedConfigError if kind == "DeepSpeedConfigError" else kind
+        expected = {"DeepSpeedConfigError": DeepSpeedConfigError, "ValidationError": ValidationError}.get(kind, kind)
         assert isinstance(info.value, expected) and re.search(pattern, text), (type(info.value), text)
     ds_config(good, world)
     assert {f.severity for f in ours} & ({"error", "warning"} if rule_id == "ZP504" else {"error"})

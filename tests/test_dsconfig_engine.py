@@ -36,6 +36,8 @@ for name, cfg in json.load(open(sys.argv[1])).items():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     # "client-*": the script brings its own torch AdamW, as the HF Trainer does without an optimizer block.
     client = torch.optim.AdamW(model.parameters(), lr=1e-4) if name.startswith("client-") else None
+    for p in model.parameters():  # Muon (DeepSpeed 0.19) needs every parameter tagged
+        p.use_muon = p.dim() >= 2
     try:
         engine, optimizer, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters(),
                                                        optimizer=client)
@@ -86,6 +88,12 @@ BAD = {
     "sgd-untested": (_with(GOOD["z2"], lambda c: c["optimizer"].update(type="SGD", params={"lr": 0.01})), "ZP604"),
     "bad-scheduler": (_with(GOOD["z1"], lambda c: c["scheduler"].update(type="Cosine")), "ZP605"),
     "client-adamw-offload": (_CLIENT_OFFLOAD, "ZP602"),
+    # DeepSpeed 0.18-0.19 additions (zeroplan/dsconfig/rules/ds019.py)
+    "muon-z3-reduce-scatter": (_with(GOOD["z3"], lambda c: c.update(optimizer={"type": "Muon", "params": {"lr": 1e-3}})), "ZP607"),
+    "superoffload-cpu": (_with(GOOD["z3-offload-cpu"], lambda c: c["zero_optimization"]["offload_optimizer"].update(super_offload=True)),
+                         "ZP208"),
+    "zenflow-z3-cpu": (_with(GOOD["z3-offload-cpu"], lambda c: c["zero_optimization"].update(zenflow={
+        "topk_ratio": 0.1, "update_interval": 4, "select_strategy": "step", "select_interval": 4})), "ZP210"),
 }
 
 
@@ -124,6 +132,9 @@ ENGINE_ERRORS = {
     "sgd-untested": ("AssertionError", r"untested ZeRO Optimizer.*zero_allow_untested_optimizer"),
     "bad-scheduler": ("AssertionError", r"does not recognize LR scheduler Cosine"),
     "client-adamw-offload": ("ZeRORuntimeException", r"ZeRO-Offload with a client provided optimizer"),
+    "muon-z3-reduce-scatter": ("ValueError", r"Muon and reduce scatter cannot be used together"),  # stage3.py:360
+    "superoffload-cpu": ("AssertionError", r"SuperOffload only supports NVIDIA CUDA GPUs"),  # superoffload_stage3.py:23
+    "zenflow-z3-cpu": ("AssertionError", r"Torch not compiled with CUDA enabled"),  # engine_stage3.py: device='cuda'
 }
 
 
@@ -134,7 +145,8 @@ def test_config_validate_rejects_fails_in_the_engine(engine_results, name):
 
     cfg, rule_id = BAD[name]
     severity = "warning" if name == "client-adamw-offload" else "error"  # fine with a DeepSpeed CPU optimizer
-    assert rule_id in {f.rule_id for f in validate_config(cfg, world_size=1) if f.severity == severity}
+    # The engine runs on the CPU accelerator here, as the CUDA-only rules are told.
+    assert rule_id in {f.rule_id for f in validate_config(cfg, world_size=1, accelerator="cpu") if f.severity == severity}
     result = engine_results[name]
     assert not result["ok"], f"{name} started although validate reports {rule_id}"
     error, pattern = ENGINE_ERRORS[name]

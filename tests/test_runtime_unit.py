@@ -291,6 +291,8 @@ def test_tune_compiles_the_optimizer_ops_its_plans_load_once_and_drops_a_killed_
     assert dsops.optimizer_ops_for(plans[1:], optimizer_block=False) == ("CPUAdamBuilder",)
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    # the ops probes load are built in zeroplan's own extensions folder (dsops.private_extensions_dir)
+    monkeypatch.setattr(dsops, "private_extensions_dir", lambda env=None: tmp_path)
     (tmp_path / "fused_adam").mkdir()
     (tmp_path / "fused_adam" / "fused_adam.so").write_bytes(b"")
     assert dsops.unbuilt_ops(("FusedAdamBuilder", "CPUAdamBuilder")) == ("CPUAdamBuilder",)

@@ -44,6 +44,7 @@ from zeroplan.cli import validate as _validate  # noqa: E402,F401
 from zeroplan.cli import probe as _probe  # noqa: E402,F401
 from zeroplan.cli import tune as _tune  # noqa: E402,F401
 from zeroplan.cli import calibrate as _calibrate  # noqa: E402,F401
+from zeroplan.cli import doctor as _doctor  # noqa: E402,F401
 
 
 def main() -> None:

@@ -312,6 +312,10 @@ def probe(
     from rich.console import Console
 
     err_console = Console(stderr=True)
+    from zeroplan.runtime.dsops import lock_report
+
+    for note in lock_report():  # probes build in their own folder; the user's own runs would wait on these
+        print(f"zeroplan: note: {note}", file=sys.stderr)
     if verbose:
         result = run_probe(request, on_line=lambda line: print(line, file=sys.stderr))
     else:

@@ -6,6 +6,7 @@ Exit 0 when there are no errors, 1 when there are, 2 when the config cannot be r
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -157,6 +158,8 @@ def validate(
         checkpointing=checkpointing,
         duplicate_keys=parsed.duplicate_keys,
         syntax=parsed.syntax,
+        # The CUDA-only features' rules (ZP208-ZP211) need the accelerator the job will run on.
+        accelerator=os.environ.get("DS_ACCELERATOR") or None,
     )
     if fmt == "json":
         write_output(json.dumps([f.as_dict() for f in findings], indent=2), output)

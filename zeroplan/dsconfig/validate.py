@@ -18,6 +18,7 @@ def validate_config(
     checkpointing: str | None = None,
     duplicate_keys: tuple[str, ...] = (),
     syntax: str = "json",
+    accelerator: str | None = None,
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
@@ -27,7 +28,9 @@ def validate_config(
     memory-fit rule (ZP702, via :func:`zeroplan.estimator.estimate_plan`); ``training`` supplies
     the sequence length for that estimate; ``checkpointing`` (none/selective/full) overrides the
     guess from the config's activation_checkpointing block; ``duplicate_keys`` comes from
-    :func:`zeroplan.dsconfig.parse.load_config`, and so does ``syntax`` (``json``/``hjson``).
+    :func:`zeroplan.dsconfig.parse.load_config`, and so does ``syntax`` (``json``/``hjson``);
+    ``accelerator`` is DeepSpeed's accelerator name where the job runs (``cuda``, ``cpu``, ``xpu``,
+    ``hpu``, ``npu``, ``mps``; None: unknown), for the rules on CUDA-only features (ZP208-ZP211).
     """
     if not isinstance(cfg, dict):
         raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
@@ -52,6 +55,7 @@ def validate_config(
         checkpointing=checkpointing,
         duplicate_keys=tuple(duplicate_keys),
         syntax=syntax,
+        accelerator=accelerator,
     )
     findings: list[Finding] = []
     for rule in RULES.values():

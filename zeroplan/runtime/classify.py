@@ -6,7 +6,7 @@ import re
 
 from zeroplan.runtime.moe_leaf import LEAF_WARNING_PREFIX
 
-__all__ = ["OOM_PATTERN", "classify", "summarize_ranks", "last_error_line"]
+__all__ = ["OOM_PATTERN", "SIGKILL_PATTERN", "classify", "summarize_ranks", "last_error_line"]
 
 #: Log text that means the allocator (CUDA or host) ran out: torch.OutOfMemoryError, Python's
 #: MemoryError, c10's DefaultCPUAllocator, C++ std::bad_alloc, errno ENOMEM.
@@ -15,7 +15,8 @@ OOM_PATTERN = re.compile(
     r"|DefaultCPUAllocator: can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED",
     re.I,
 )
-_SIGKILL_PATTERN = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+#: A rank killed by SIGKILL: torchrun's summary, its signal line, DeepSpeed's launcher (launch.py sigkill_handler).
+SIGKILL_PATTERN = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)|exits with return code = -9\b")
 #: gloo's abort when ranks enter different collectives (pair.cc: "Is there a distributed collective mismatch").
 _COLLECTIVE_MISMATCH = re.compile(r"collective mismatch", re.I)
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|AssertionError|ChildFailedError)\b.*")
@@ -59,7 +60,7 @@ def classify(
     if OOM_PATTERN.search(log_text):
         line = last_error_line(log_text) or "out of memory"
         return "oom", f"{line} ({code})"
-    if _SIGKILL_PATTERN.search(log_text) or returncode in (-9, 137):
+    if SIGKILL_PATTERN.search(log_text) or returncode in (-9, 137):
         return "oom", f"a worker was killed by SIGKILL with no result, usually the kernel's out-of-memory killer ({code})"
     line = last_error_line(log_text)
     if line is None and _COLLECTIVE_MISMATCH.search(log_text):

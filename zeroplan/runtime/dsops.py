@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["OPTIMIZER_OPS", "build_ops", "drop_stale_locks", "optimizer_ops_for", "skip_shm_comm_op", "unbuilt_ops"]
+__all__ = [
+    "OPTIMIZER_OPS", "OpLock", "build_ops", "drop_stale_locks", "extensions_env", "find_locks", "lock_report", "optimizer_ops_for",
+    "ops_without_ninja_log", "private_extensions_dir", "repair_ninja_logs", "skip_shm_comm_op", "unbuilt_ops",
+    "waiting_message", "watch_op_waits",
+]
 
 
 def skip_shm_comm_op() -> None:
@@ -73,23 +77,25 @@ def unbuilt_ops(builders: tuple[str, ...]) -> tuple[str, ...]:
     found by :func:`build_ops` itself)."""
     from pathlib import Path
 
-    from torch.utils.cpp_extension import _get_build_directory
-
-    return tuple(b for b in builders if not (Path(_get_build_directory(OPTIMIZER_OPS[b], False)) / f"{OPTIMIZER_OPS[b]}.so").exists())
+    root = Path(extensions_env()["TORCH_EXTENSIONS_DIR"])
+    return tuple(b for b in builders if not (root / OPTIMIZER_OPS[b] / f"{OPTIMIZER_OPS[b]}.so").exists())
 
 
 def build_ops(builders: tuple[str, ...], *, timeout_s: float = 1800.0) -> dict[str, float]:
     """JIT-compile DeepSpeed ``builders`` once, in a child process, before any probe: a probe whose
     engine compiles an op on first use spends minutes in it (DeepSpeedCPUAdam: ~110 s of CPU
     here), past a timeout derived for the plan, and a build killed half-way leaves its lock file
-    behind, on which every later build waits. Returns seconds per op built (ops installed with
+    behind, on which every later build waits. The build goes to zeroplan's own extensions folder
+    (:func:`private_extensions_dir`), where probes load it. Returns seconds per op built (ops installed with
     DeepSpeed are skipped); RuntimeError with the build's last line when it fails."""
     import subprocess
     import sys
 
-    drop_stale_locks(tuple(OPTIMIZER_OPS[b] for b in builders if b in OPTIMIZER_OPS))
+    env = extensions_env()
+    drop_stale_locks(tuple(OPTIMIZER_OPS[b] for b in builders if b in OPTIMIZER_OPS), env=env)
+    repair_ninja_logs(env=env)
     r = subprocess.run([sys.executable, "-c", _BUILD, *builders], capture_output=True, text=True, timeout=timeout_s,
-                       start_new_session=True)
+                       start_new_session=True, env=env)
     if r.returncode != 0:
         last = next((ln for ln in reversed(r.stderr.splitlines()) if ln.strip()), f"exit code {r.returncode}")
         raise RuntimeError(f"building DeepSpeed's {', '.join(builders)} failed: {last}")
@@ -154,3 +160,197 @@ def _build_tools_running() -> bool:
     from zeroplan.runtime.hostmem import is_build_tool
 
     return any(is_build_tool(p.info.get("name") or "") and p.info.get("name") != "sh" for p in psutil.process_iter(["name"]))
+
+
+# -- zeroplan's own extensions folder, and what a user's shared cache holds -----------------------
+#
+# torch.utils.cpp_extension builds every JIT op in ``$TORCH_EXTENSIONS_DIR/<op>`` (default
+# ``~/.cache/torch_extensions/<py…_accelerator>/<op>``, ``_get_build_directory``) under a lock file
+# ``<op>/lock`` (``_jit_compile``: a ``FileBaton``; ``FileBaton.wait`` polls while the file exists, for
+# ever). A probe rank killed at its timeout while it builds or loads an op leaves that lock behind,
+# and in the shared folder every later DeepSpeed run on the machine (the user's own, which zeroplan
+# never started and whose ranks do not drop stale locks) then waits on it with no message. Probes
+# therefore build and load ops in a folder of zeroplan's own, one per interpreter, torch and
+# DeepSpeed version (two environments' build commands differ, so sharing one folder would rebuild
+# each op alternately).
+
+
+def private_extensions_dir(env=None):
+    """zeroplan's own torch-extensions folder for this interpreter, torch and DeepSpeed:
+    ``<user cache>/zeroplan/torch_extensions/py<major><minor>_torch<version>_ds<version>``
+    (versions from the installed packages' metadata: torch is not imported)."""
+    import os
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    env = os.environ if env is None else env
+
+    def ver(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "none"
+
+    cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}_torch{ver('torch')}_ds{ver('deepspeed')}".replace("+", "-")
+    return cache / "zeroplan" / "torch_extensions" / tag
+
+
+def extensions_env(base=None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with ``TORCH_EXTENSIONS_DIR`` set to
+    :func:`private_extensions_dir`: the environment probe ranks, the warm server and the op
+    pre-build run in."""
+    import os
+
+    env = dict(os.environ if base is None else base)
+    env["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir(env))
+    return env
+
+
+def _user_cache_roots(env=None) -> list:
+    """Folders whose ``<op>/lock`` a plain DeepSpeed run in ``env`` would wait on: its
+    ``$TORCH_EXTENSIONS_DIR``, else every ``<user cache>/torch_extensions/<py…>`` folder."""
+    import os
+    from pathlib import Path
+
+    env = os.environ if env is None else env
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return [Path(env["TORCH_EXTENSIONS_DIR"])]
+    cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache") / "torch_extensions"
+    return sorted(p for p in cache.glob("*") if p.is_dir()) if cache.is_dir() else []
+
+
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+
+@dataclass(frozen=True)
+class OpLock:
+    """A JIT op's lock file found in a torch extensions folder."""
+
+    path: _Path
+    op: str
+    """The op (the lock's folder name)."""
+    age_s: float
+    """Seconds since the lock was taken."""
+    stale: bool
+    """No compiler or ninja runs on this machine and the lock is older than :data:`STALE_LOCK_AGE_S`:
+    the process that took it is gone, and any load of the op waits for ever."""
+
+
+def find_locks(env=None, *, roots=None) -> list[OpLock]:
+    """Every ``<op>/lock`` in the user's torch extensions cache (:func:`_user_cache_roots` of
+    ``env``) or in ``roots``; nothing is removed."""
+    import time
+
+    now = time.time()
+    found = []
+    for root in (roots if roots is not None else _user_cache_roots(env)):
+        for lock in sorted(_Path(root).glob("*/lock")):
+            try:
+                age = now - lock.stat().st_mtime
+            except OSError:
+                continue
+            found.append((lock, age))
+    if not found:
+        return []
+    building = _build_tools_running()
+    return [OpLock(lock, lock.parent.name, age, not building and age >= STALE_LOCK_AGE_S) for lock, age in found]
+
+
+def ops_without_ninja_log(env=None, *, roots=None) -> list[str]:
+    """Ops whose build folder has ``<op>.so`` but no ``.ninja_log`` (copied in, or a build whose
+    log was deleted): torch's load runs ninja under the lock at every first load in a process, and
+    ninja, with no log of having built the outputs, builds them again every time."""
+    out = []
+    for root in (roots if roots is not None else _user_cache_roots(env)):
+        for so in sorted(_Path(root).glob("*/*.so")):
+            if so.stem == so.parent.name and not (so.parent / ".ninja_log").exists():
+                out.append(so.parent.name)
+    return out
+
+
+def repair_ninja_logs(env=None) -> list[str]:
+    """Remove the build outputs of ops in ``env``'s extensions folder that have a ``.so`` but no
+    ``.ninja_log`` (:func:`ops_without_ninja_log`), so the next load builds them once, writing the
+    log, instead of rebuilding at every load. Only zeroplan's own folder is repaired; the ops removed."""
+    import os
+
+    root = (env or os.environ).get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        return []
+    repaired = []
+    for op in ops_without_ninja_log(roots=[_Path(root)]):
+        folder = _Path(root) / op
+        if (folder / "lock").exists():
+            continue
+        for f in folder.iterdir():
+            if f.suffix in (".so", ".o"):
+                f.unlink(missing_ok=True)
+        repaired.append(op)
+    return repaired
+
+
+def waiting_message(env=None, *, names=tuple(OPTIMIZER_OPS.values())) -> str | None:
+    """One line for a probe that is waiting, when a lock in its extensions folder (``env``) explains
+    it: which op, how old the lock is, whether a build is running; None when no lock is held."""
+    import os
+
+    env = os.environ if env is None else env
+    root = env.get("TORCH_EXTENSIONS_DIR")
+    roots = [_Path(root)] if root else _user_cache_roots(env)
+    locks = [lk for lk in find_locks(roots=roots) if lk.op in names or not names]
+    if not locks:
+        return None
+    lk = locks[0]
+    if lk.stale:
+        return f"waiting on DeepSpeed op {lk.op}: its lock {lk.path} is {lk.age_s:.0f} s old and no build runs (a killed build left it)"
+    return f"waiting on DeepSpeed op {lk.op}: it is being built (lock {lk.path}, {lk.age_s:.0f} s)"
+
+
+#: Seconds between two looks at the extensions folder while a rank's engine starts.
+WAIT_WATCH_INTERVAL_S = 10.0
+
+
+def watch_op_waits(*, interval_s: float = WAIT_WATCH_INTERVAL_S, write=None):
+    """Start a daemon thread that, every ``interval_s`` while the caller's engine starts, prints
+    :func:`waiting_message` to stderr (``zeroplan: waiting on DeepSpeed op …``) when a lock in this
+    process's extensions folder explains a wait, each distinct message once; returns the function
+    that stops it. A probe that waits on an op build or a killed build's lock then says so in its
+    log instead of looking hung."""
+    import sys
+    import threading
+
+    stop = threading.Event()
+    write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def watch() -> None:
+        said = set()
+        while not stop.wait(interval_s):
+            try:
+                msg = waiting_message()
+            except Exception:  # noqa: BLE001 - a look that fails says nothing; the engine goes on
+                msg = None
+            if msg and msg.split(" (lock")[0] not in said:
+                said.add(msg.split(" (lock")[0])
+                write(f"zeroplan: {msg}")
+
+    threading.Thread(target=watch, name="zeroplan-op-wait", daemon=True).start()
+    return stop.set
+
+
+def lock_report(env=None) -> list[str]:
+    """One line per hazard in the user's torch extensions cache (``env``'s): each lock with its age,
+    whether it is stale and the ``rm`` that clears it, and each op built without a ``.ninja_log``
+    (rebuilt at every load). ``zeroplan doctor`` prints them, ``zeroplan probe`` before it starts;
+    nothing is removed from the user's cache."""
+    notes = []
+    for lk in find_locks(env):
+        state = "stale: no build runs, remove it with" if lk.stale else "held by a running build; if none is running:"
+        notes.append(f"{lk.op}: lock {lk.path} is {lk.age_s:.0f} s old, {state} rm {lk.path} "
+                     "(every DeepSpeed run loading this op waits on it)")
+    for op in ops_without_ninja_log(env):
+        notes.append(f"{op}: built (.so present) but without .ninja_log, so every load of it rebuilds; delete its folder "
+                     "to build it once")
+    return notes

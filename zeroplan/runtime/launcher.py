@@ -81,6 +81,7 @@ def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None)
 
     ``DS_ACCELERATOR=cpu`` (DeepSpeed 0.19 on CPU over gloo) is set by the worker itself when
     torch sees no CUDA device, so it is right on every node of a multi-node job.
+    ``TORCH_EXTENSIONS_DIR`` is zeroplan's own (:func:`zeroplan.runtime.dsops.private_extensions_dir`).
     """
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -91,6 +92,11 @@ def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None)
     # DeepSpeed 0.19 calls deprecated c10d names on every collective; one warning per call
     # would fill the log tail that explains failures.
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    # DeepSpeed's JIT ops build and load in zeroplan's own folder: a rank killed mid-build leaves
+    # its lock there, never where the user's own runs would wait on it (dsops.private_extensions_dir).
+    from zeroplan.runtime.dsops import private_extensions_dir
+
+    env["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir(env))
     env.update(dict(request.env))
     return env
 

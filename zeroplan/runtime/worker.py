@@ -78,7 +78,13 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             state["host_set_aside"] = memory.keep_on_device(device_roots(model, optimizer))
         if host is not None:
             host.enter("engine_init")
-        outputs = original(*args, **kwargs)
+        from zeroplan.runtime.dsops import watch_op_waits
+
+        stop_watch = watch_op_waits()  # says so in the log while the engine waits on an op build or lock
+        try:
+            outputs = original(*args, **kwargs)
+        finally:
+            stop_watch()
         if host is not None:
             host.enter("step")
             _wrap_saves(outputs[0], host)
