@@ -47,10 +47,10 @@ class Rejection:
 
 
 def memory_overshoot(cand: Candidate, gpu_memory_bytes: int, cpu_memory_bytes: int = 0) -> float:
-    """Predicted GPU memory at the peak (``gpu.total``) over the GPU's — or host RAM per node over
+    """The plan's GPU figure (``gpu.required``, the verdict's) over the GPU's memory — or host RAM per node over
     the node's, whichever is larger (``cpu_memory_bytes`` 0: not checked) — as a fraction (at least
     0.01 so it reads as violated)."""
-    over = cand.predicted_gpu_total_bytes / gpu_memory_bytes - 1.0
+    over = cand.predicted_gpu_bytes / gpu_memory_bytes - 1.0
     if cpu_memory_bytes > 0:
         over = max(over, cand.predicted_host_bytes_per_node / cpu_memory_bytes - 1.0)
     return max(over, 0.01)
