@@ -48,7 +48,9 @@ def test_table_gpu_column_is_the_verdicts_figure_and_the_recommendation_exports(
     cells = [c.strip() for c in row.strip("│").split("│")]
     assert f"{best['gpu']['required'] / 2**30:.1f}" in cells
     first, second = table.stdout.splitlines()[:2]
-    assert first.startswith("Use ") and "fits with at least the 15% margin" in first
+    from zeroplan.estimator.verdict import TIGHT_MARGIN
+
+    assert first.startswith("Use ") and f"fits with at least the {TIGHT_MARGIN:.0%} margin" in first
     assert second.startswith("Write it: zeroplan export ")
     command = shlex.split(second[len("Write it: "):])
     out = tmp_path / "ds_config.json"

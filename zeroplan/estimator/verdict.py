@@ -40,7 +40,7 @@ VERDICTS = ("fits", "tight", "oom")
 
 #: Fraction of the capacity below it where a plan is called tight (module docstring: chosen on the
 #: tuning half of benchmarks/public_runs.json; see docs/estimate.md, "The verdict and its margin").
-TIGHT_MARGIN = 0.15
+TIGHT_MARGIN = 0.14
 
 GiB = 1024**3
 
