@@ -161,7 +161,14 @@ def estimate_row(row: dict, workdir: Path) -> dict:
 def verdict(result: dict, margin: float) -> str:
     """fits / tight / oom for one row at ``margin`` (zeroplan.estimator.verdict.judge on the GPU
     figure, and on host RAM per node where the source states the node's)."""
-    from zeroplan.estimator.verdict import judge, verdict_rank
+    try:
+        from zeroplan.estimator.verdict import judge, verdict_rank
+    except ImportError:  # older code (PYTHONPATH=<older checkout>): the same rule, for its figures
+        def judge(figure, capacity, *, margin):
+            return "oom" if figure > capacity else "tight" if figure > (1 - margin) * capacity else "fits"
+
+        def verdict_rank(v):
+            return ("fits", "tight", "oom").index(v)
 
     verdicts = [judge(result["gpu_required"], result["gpu_memory"], margin=margin)]
     if result["cpu_memory"]:
@@ -173,8 +180,10 @@ def evaluate(rows: list[dict], margin: float | None = None) -> list[dict]:
     """One result per row: the estimate, its verdict at ``margin`` (None: the estimator's
     TIGHT_MARGIN), agreement, and the peak error where a peak was reported."""
     if margin is None:
-        from zeroplan.estimator.verdict import TIGHT_MARGIN
-
+        try:
+            from zeroplan.estimator.verdict import TIGHT_MARGIN
+        except ImportError:  # older code: no verdict module; judged at this margin all the same
+            TIGHT_MARGIN = 0.14
         margin = TIGHT_MARGIN
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -264,7 +273,10 @@ def choose_margin(tuning: list[dict]) -> tuple[float, list[tuple[float, dict]]]:
 
 
 def render(rows: list[dict], results: list[dict], label: str) -> str:
-    from zeroplan.estimator.verdict import TIGHT_MARGIN
+    try:
+        from zeroplan.estimator.verdict import TIGHT_MARGIN
+    except ImportError:
+        TIGHT_MARGIN = 0.14
 
     lines = [f"{label}: zeroplan estimate vs {len(rows)} public runs (benchmarks/public_runs.json), tight margin {TIGHT_MARGIN:.0%}", ""]
     head = (f"{'run':<52} {'split':>7} {'GPUs':>9} {'reported':>8} {'verdict':>7} {'GPU est.':>8} {'head%':>6} {'host%':>6} "
