@@ -106,6 +106,13 @@ def estimate_row(row: dict, workdir: Path) -> dict:
     elif engine != "deepspeed":
         fallback.append(f"engine {engine}→deepspeed")
     impl = row.get("optimizer_impl")
+    try:
+        from zeroplan.estimator.optimizer import OPTIMIZER_IMPLS
+    except ImportError:
+        OPTIMIZER_IMPLS = ()
+    if impl == "torch-forloop" and OPTIMIZER_IMPLS and impl not in OPTIMIZER_IMPLS:
+        fallback.append("optimizer-impl torch-forloop→torch")
+        impl = "torch"
     if impl is not None:
         if _accepts(enumerate_plans, "optimizer_impl"):
             plan_kwargs["optimizer_impl"] = est_kwargs["optimizer_impl"] = impl
