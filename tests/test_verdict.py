@@ -104,3 +104,57 @@ def test_forloop_adamw_holds_two_partition_sized_temporaries():
     step_a = sum(v for k, v in a.overhead_items.items() if k in ("fp32_gradient_partition", "optimizer_temporaries"))
     step_b = sum(v for k, v in b.overhead_items.items() if k in ("fp32_gradient_partition", "optimizer_temporaries", "flat_gradient_partition"))
     assert step_a - step_b == 4 * shard
+
+
+def test_recommendation_names_a_tight_plan_only_when_none_fits_with_margin():
+    from dataclasses import replace
+
+    from zeroplan.cli.estimate import export_command, recommendation
+    from zeroplan.estimator import estimate_all
+
+    model, training = ModelSpec.from_params(7e9), TrainingSpec(seq_len=2048)
+    base = _cluster(gpus=2, per_node=2, cpu_gib=2048)
+    plans = enumerate_plans(model, base, training, stage=3, checkpointing="full", offload_optimizer="none", offload_param="none")
+    # Shrink the GPU until the best plan is only tight: the line says so and still gives the command.
+    for gib in range(80, 10, -1):
+        cluster = replace(base, gpu_memory_bytes=gib * GiB)
+        ests = estimate_all(model, cluster, training, plans)
+        if ests[0].verdict == "tight":
+            break
+    else:
+        pytest.fail("no GPU size made the best plan tight")
+    assert not any(e.verdict == "fits" for e in ests)
+    line = recommendation(ests, {"params": 7e9, "gpus": 2})
+    assert "no plan fits with the" in line and "probe it" in line
+    assert line.splitlines()[1] == "Write it: " + export_command(ests[0], {"params": 7e9, "gpus": 2})
+    assert "--params 7e+09 --gpus 2 --stage 3" in line
+    fsdp = estimate_all(model, base, training, enumerate_plans(model, base, training, engine="fsdp", stage=3), engine="fsdp")
+    assert export_command(fsdp[0], {"engine": "fsdp"}).endswith("--output fsdp_settings.json")
+    assert recommendation([e for e in ests if e.verdict == "oom"], {}) == ""
+
+
+@pytest.mark.parametrize("args,says", [
+    (("--model-build", "disk"), "--model-build"),
+    (("--model-build", "zero_init", "--engine", "fsdp"), "zero_init is DeepSpeed's zero.Init"),
+])
+def test_model_build_bad_input_is_one_line_exit_2(args, says):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "zeroplan", "estimate", "--params", "7e9", *args], capture_output=True, text=True,
+                       cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_model_build_is_checked_where_the_plan_is_known():
+    from zeroplan.spec import SpecError
+
+    model, cluster, training = ModelSpec.from_params(1e9), _cluster(), TrainingSpec()
+    with pytest.raises(SpecError, match="model_build='disk' is not valid; choose one of fp32, bf16, zero_init, meta, rank0"):
+        estimate_plan(model, cluster, training, Plan(stage=2, micro_batch=1), model_build="disk")
+    with pytest.raises(SpecError, match="stage 3 only"):
+        estimate_plan(model, cluster, training, Plan(stage=2, micro_batch=1), model_build="zero_init")
+    assert estimate_plan(model, cluster, training, Plan(stage=3, micro_batch=1), model_build="zero_init").model_build == "zero_init"

@@ -22,7 +22,7 @@ from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, de
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
-from zeroplan.estimator.verdict import PlanVerdict, plan_verdict, uncertain_terms, verdict_rank
+from zeroplan.estimator.verdict import PlanVerdict, judge_plan, tight_note, verdict_rank
 from zeroplan.spec import PURE_PRECISION_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "GpuMemory",
     "PlanEstimate",
     "check_engine_precision",
-    "judge_plan",
     "estimate_plan",
     "enumerate_plans",
     "estimate_all",
@@ -215,51 +214,6 @@ def gpu_fit_note(gpu: GpuMemory, capacity_bytes: int) -> str:
     return ""
 
 
-def judge_plan(
-    gpu: GpuMemory,
-    cpu_per_node_bytes: int,
-    cluster: ClusterSpec,
-    *,
-    nvme_short: bool,
-    device: str,
-    expandable_segments: bool,
-    stranded_bytes: int,
-    optimizer_temporary_bytes: int,
-    peak_phase: str,
-    model_build: str,
-    build_defaulted: bool,
-) -> PlanVerdict:
-    """The plan's :class:`~zeroplan.estimator.verdict.PlanVerdict` (both engines): ``gpu.required``
-    against the GPU, host RAM per node against the node, with the terms that make a tight one uncertain."""
-    gpu_terms = uncertain_terms(
-        expandable_segments=expandable_segments, stranded_bytes=stranded_bytes,
-        optimizer_temporary_bytes=optimizer_temporary_bytes, peak_phase=peak_phase, device=device,
-    )
-    host_terms: list[tuple[str, int]] = []
-    if build_defaulted:
-        host_terms.append((f"how the model is loaded (assumed {model_build}; --model-build)", 0))
-    host_terms += [("dataset and tokenizer in host memory", 0), ("data-loader worker processes", 0)]
-    return plan_verdict(
-        gpu_required_bytes=gpu.required, gpu_memory_bytes=cluster.gpu_memory_bytes,
-        cpu_per_node_bytes=cpu_per_node_bytes, cpu_memory_per_node_bytes=cluster.cpu_memory_per_node_bytes,
-        nvme_short=nvme_short, gpu_uncertain=gpu_terms, host_uncertain=tuple(host_terms),
-    )
-
-
-def tight_note(judgement: PlanVerdict) -> str:
-    """The note of a tight plan: which side is tight, its headroom, and what makes it uncertain."""
-    parts = []
-    for side, h in (("GPU", judgement.gpu), ("CPU/node", judgement.host)):
-        if h is None or h.verdict != "tight":
-            continue
-        terms = ", ".join(t + (f" {_gib(b)}" if b else "") for t, b in h.uncertain)
-        parts.append(
-            f"{side} tight: {_gib(h.figure_bytes)} of {_gib(h.capacity_bytes)} leaves {_gib(h.headroom_bytes)} "
-            f"({h.headroom_pct:.0f} %, under the {judgement.margin:.0%} margin); uncertain: {terms}"
-        )
-    return "; ".join(parts)
-
-
 def check_engine_precision(engine: str, precision: str) -> None:
     """SpecError unless ``engine`` trains in ``precision``: bf16-pure (no fp32 master) is modelled
     for :data:`~zeroplan.spec.PURE_PRECISION_ENGINES` only. DeepSpeed 0.19 runs ZeRO 1-3 with
@@ -314,6 +268,14 @@ def estimate_plan(
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
     check_engine_precision(engine, training.precision)
+    if model_build is not None:
+        from zeroplan.estimator.host import BUILDS
+
+        if model_build not in BUILDS:
+            raise SpecError(f"model_build={model_build!r} is not valid; choose one of {', '.join(BUILDS)}")
+        if model_build == "zero_init" and (engine != "deepspeed" or plan.stage != 3):
+            raise SpecError(f"model_build='zero_init' is DeepSpeed's zero.Init, stage 3 only (here {engine}, stage {plan.stage}); "
+                            "choose fp32, bf16, meta or rank0")
     if engine == "fsdp":
         from zeroplan.estimator.plans_fsdp import estimate_fsdp
 
@@ -439,7 +401,7 @@ def estimate_plan(
             f"zero.Init or a meta-device build avoids it (--model-build)"
         )
     judgement = judge_plan(
-        gpu, worst.per_node_bytes, cluster, nvme_short=nvme_short, device=device, expandable_segments=expandable_segments,
+        gpu.required, worst.per_node_bytes, cluster, nvme_short=nvme_short, device=device, expandable_segments=expandable_segments,
         stranded_bytes=allocator.stranded_transients if allocator is not None else 0,
         optimizer_temporary_bytes=extra.during_step.get("optimizer_temporaries", 0), peak_phase="step" if on_step else "backward",
         model_build=phases.build, build_defaulted=model_build is None,

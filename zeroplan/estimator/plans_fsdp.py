@@ -10,7 +10,8 @@ from zeroplan.estimator.allocator import allocator_reserve
 from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.memory import CUDA_CONTEXT_BYTES, HostMemory
 from zeroplan.estimator.host import BUILDS, default_build
-from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib, gpu_fit_note, judge_plan, stranded_note, tight_note
+from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib, gpu_fit_note, stranded_note
+from zeroplan.estimator.verdict import judge_plan, tight_note
 from zeroplan.estimator.timing import step_time
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 
@@ -102,7 +103,7 @@ def estimate_fsdp(
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
     fits, reasons = _fit_notes(gpu, host, cluster)
     judgement = judge_plan(
-        gpu, host.cpu_per_node, cluster, nvme_short=False, device=device, expandable_segments=expandable_segments,
+        gpu.required, host.cpu_per_node, cluster, nvme_short=False, device=device, expandable_segments=expandable_segments,
         stranded_bytes=allocator.stranded_transients if allocator is not None else 0,
         optimizer_temporary_bytes=sum(v for k, v in mem.phases.get("optimizer_step", {}).items() if k.startswith("adam") or k.startswith("adafactor")),
         peak_phase="step" if phase == "optimizer_step" else "backward", model_build=build, build_defaulted=model_build is None,

@@ -30,7 +30,9 @@ __all__ = [
     "Headroom",
     "PlanVerdict",
     "judge",
+    "judge_plan",
     "plan_verdict",
+    "tight_note",
     "uncertain_terms",
     "verdict_rank",
 ]
@@ -185,3 +187,51 @@ def plan_verdict(
     if nvme_short:
         verdicts.append("oom")
     return PlanVerdict(verdict=max(verdicts, key=verdict_rank), gpu=gpu, host=host, nvme_short=nvme_short, margin=margin)
+
+
+def judge_plan(
+    gpu_required_bytes: int,
+    cpu_per_node_bytes: int,
+    cluster,
+    *,
+    nvme_short: bool,
+    device: str,
+    expandable_segments: bool,
+    stranded_bytes: int,
+    optimizer_temporary_bytes: int,
+    peak_phase: str,
+    model_build: str,
+    build_defaulted: bool,
+) -> PlanVerdict:
+    """A plan's :class:`PlanVerdict` (both engines): ``gpu.required`` against ``cluster``'s GPU,
+    host RAM per node against its node, with the terms that make a tight side uncertain."""
+    gpu_terms = uncertain_terms(
+        expandable_segments=expandable_segments, stranded_bytes=stranded_bytes,
+        optimizer_temporary_bytes=optimizer_temporary_bytes, peak_phase=peak_phase, device=device,
+    )
+    host_terms: list[tuple[str, int]] = []
+    if build_defaulted:
+        host_terms.append((f"how the model is loaded (assumed {model_build}; --model-build)", 0))
+    host_terms += [("dataset and tokenizer in host memory", 0), ("data-loader worker processes", 0)]
+    return plan_verdict(
+        gpu_required_bytes=gpu_required_bytes, gpu_memory_bytes=cluster.gpu_memory_bytes,
+        cpu_per_node_bytes=cpu_per_node_bytes, cpu_memory_per_node_bytes=cluster.cpu_memory_per_node_bytes,
+        nvme_short=nvme_short, gpu_uncertain=gpu_terms, host_uncertain=tuple(host_terms),
+    )
+
+
+def tight_note(judgement: PlanVerdict) -> str:
+    """The note of a tight plan: which side is tight, its headroom, and what makes it uncertain."""
+    def gib(n: int) -> str:
+        return f"{n / GiB:.1f} GiB"
+
+    parts = []
+    for side, h in (("GPU", judgement.gpu), ("CPU/node", judgement.host)):
+        if h is None or h.verdict != "tight":
+            continue
+        terms = ", ".join(t + (f" {gib(b)}" if b else "") for t, b in h.uncertain)
+        parts.append(
+            f"{side} tight: {gib(h.figure_bytes)} of {gib(h.capacity_bytes)} leaves {gib(h.headroom_bytes)} "
+            f"({h.headroom_pct:.0f} %, under the {judgement.margin:.0%} margin); uncertain: {terms}"
+        )
+    return "; ".join(parts)
