@@ -50,7 +50,7 @@ def test_table_gpu_column_is_the_verdicts_figure_and_the_recommendation_exports(
     first, second = table.stdout.splitlines()[:2]
     from zeroplan.estimator.verdict import TIGHT_MARGIN
 
-    assert first.startswith("Use ") and f"fits with at least the {TIGHT_MARGIN:.0%} margin" in first
+    assert first.startswith("Use ") and f"fits with at least the {TIGHT_MARGIN * 100:.0f} % margin" in first
     assert second.startswith("Write it: zeroplan export ")
     command = shlex.split(second[len("Write it: "):])
     out = tmp_path / "ds_config.json"

@@ -201,9 +201,9 @@ def recommendation(estimates: "list[PlanEstimate]", options: dict) -> str:
     if j is not None and j.host is not None:
         room += f", {j.host.headroom_pct:.0f} % host RAM headroom"
     if best.verdict == "fits":
-        why = f"the fastest plan that fits with at least the {_margin():.0%} margin: {room}"
+        why = f"the fastest plan that fits with at least the {_margin() * 100:.0f} % margin: {room}"
     else:
-        why = (f"no plan fits with the {_margin():.0%} margin; this is the fastest tight one ({room}): "
+        why = (f"no plan fits with the {_margin() * 100:.0f} % margin; this is the fastest tight one ({room}): "
                "probe it before a long run")
     return (
         f"Use {best.plan.label}: {why}, {best.tokens_per_second:,.0f} tokens/s predicted.\n"
@@ -291,7 +291,7 @@ def _render_table(
     n_fit = sum(e.verdict == "fits" for e in estimates)
     n_tight = sum(e.verdict == "tight" for e in estimates)
     notes.append(
-        f"{n_fit} of {total_plans} plans fit, {n_tight} tight (within {_margin():.0%} of the GPU's or the node's memory); "
+        f"{n_fit} of {total_plans} plans fit, {n_tight} tight (within {_margin() * 100:.0f} % of the GPU's or the node's memory); "
         "showing the best micro-batch per configuration"
         + ("" if len(shown) == len(summarize(estimates)) else f" (top {len(shown)}; --top 0 shows all)")
         + ". Memory in GiB (per GPU, CPU per node); GPU = gpu.required, what the verdict compares (% = headroom); "

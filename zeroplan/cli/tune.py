@@ -363,7 +363,7 @@ def tune(
     if space.tight:
         from zeroplan.estimator.verdict import TIGHT_MARGIN
 
-        console.print(f"[dim]{len(space.tight)} of {len(space.fitting)} plans that fit are tight (within {TIGHT_MARGIN:.0%} of the "
+        console.print(f"[dim]{len(space.tight)} of {len(space.fitting)} plans that fit are tight (within {TIGHT_MARGIN * 100:.0f} % of the "
                       f"GPU's or the node's memory): they are probed only after the {len(space.fitting) - len(space.tight)} "
                       "that fit with margin[/]")
     warm_s: list = []

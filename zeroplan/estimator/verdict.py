@@ -232,6 +232,6 @@ def tight_note(judgement: PlanVerdict) -> str:
         terms = ", ".join(t + (f" {gib(b)}" if b else "") for t, b in h.uncertain)
         parts.append(
             f"{side} tight: {gib(h.figure_bytes)} of {gib(h.capacity_bytes)} leaves {gib(h.headroom_bytes)} "
-            f"({h.headroom_pct:.0f} %, under the {judgement.margin:.0%} margin); uncertain: {terms}"
+            f"({h.headroom_pct:.0f} %, under the {judgement.margin * 100:.0f} % margin); uncertain: {terms}"
         )
     return "; ".join(parts)
