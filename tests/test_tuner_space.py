@@ -151,3 +151,18 @@ def test_tight_plans_are_ranked_and_opened_after_those_that_fit_with_margin():
     first_tight = next(i for i, c in enumerate(opening) if c.verdict == "tight")
     assert all(c.verdict == "fits" for c in opening[:first_tight])
     assert all(c.verdict == "tight" for c in opening[first_tight:])
+
+
+def test_a_tight_plan_waits_while_a_plan_with_margin_is_left():
+    from dataclasses import replace
+
+    from zeroplan.tuner.admission import admit
+
+    space = build_space(GPT_TASK, cluster(), TrainingSpec(seq_len=64, global_batch=16), device="cpu")
+    cand = replace(space.fitting[0], verdict="tight")
+    gpu = space.cluster.gpu_memory_bytes
+    rejection = admit(cand, gpu_memory_bytes=gpu, margin_left=True)
+    assert (rejection.state, rejection.status, rejection.with_prediction) == ("FAIL", "deferred", False)
+    assert "plans that fit with margin go first" in rejection.reason
+    assert admit(cand, gpu_memory_bytes=gpu, margin_left=False) is None
+    assert admit(space.fitting[0], gpu_memory_bytes=gpu, margin_left=True) is None

@@ -138,6 +138,7 @@ def admit(
     knowledge: Optional[Knowledge] = None,
     regions: Optional[Sequence[Region]] = None,
     unsuspected_left: bool = False,
+    margin_left: bool = False,
 ) -> Optional[Rejection]:
     """None if ``cand`` may be probed, else the :class:`Rejection` to record.
 
@@ -146,6 +147,8 @@ def admit(
     ``knowledge``: the study's failed and working probes (its OOMs are added to ``ooms``);
     ``regions``: the regions it teaches, when the caller computed them already;
     ``unsuspected_left``: some plan left shares no factor with a failure, so a suspect one waits.
+    ``margin_left``: some plan left fits with the verdict's margin, so a tight one waits
+    (zeroplan.estimator.verdict: tight plans are probed only after those).
     """
     if not cand.fits:
         overshoot = memory_overshoot(cand, gpu_memory_bytes, cpu_memory_bytes)
@@ -165,6 +168,13 @@ def admit(
             return Rejection(state="PRUNED", status="pruned", reason=region.reason, constraint=("failure", 1.0))
     if holder is not None:
         return duplicate(f"plan already claimed by trial #{holder}")
+    if margin_left and cand.verdict == "tight":
+        return Rejection(
+            state="FAIL",
+            status="deferred",
+            reason="tight (within the verdict's margin of the GPU's or the node's memory); plans that fit with margin go first",
+            with_prediction=False,
+        )
     if unsuspected_left and suspect_rank(cand, knowledge.failures) > 0:
         return Rejection(
             state="FAIL",
