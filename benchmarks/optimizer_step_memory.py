@@ -30,8 +30,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 IMPLS = ("config", "cpu-adam", "torch-loop", "torch-foreach", "torch-fused")
-#: --impl → zeroplan's --optimizer-impl and whether torch's AdamW runs its CPU for-loop.
-ESTIMATOR_IMPL = {"config": "deepspeed-fused", "cpu-adam": "deepspeed-cpu", "torch-loop": "torch",
+#: --impl → zeroplan's --optimizer-impl (torch-loop is AdamW(foreach=False): torch-forloop, the
+#: same temporaries on a GPU as on CPU).
+ESTIMATOR_IMPL = {"config": "deepspeed-fused", "cpu-adam": "deepspeed-cpu", "torch-loop": "torch-forloop",
                   "torch-foreach": "torch", "torch-fused": "torch-fused"}
 SIZES = dict(layers=4, hidden=256, heads=4, vocab=8192, seq_len=128)
 MICRO_BATCH = 2

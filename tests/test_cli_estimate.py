@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 
@@ -19,9 +20,38 @@ def test_estimate_table_175b():
     r = run("estimate", "--params", "175e9", "--gpus", "64", "--cpu-memory", "1024")
     assert r.returncode == 0, r.stderr
     assert "175B params on 64×" in r.stdout
-    # The first row (the best plan) fits: its last cell, not the column header, says "yes".
+    # The first row (the best plan) fits with the margin: its last cell, not the column header,
+    # says "fits" and its GPU headroom.
     rows = [line for line in r.stdout.splitlines() if line.startswith("│")]
-    assert re.search(r"│\s*yes\s*│$", rows[0].rstrip()), rows[0]
+    assert re.search(r"│\s*fits \d+%\s*│$", rows[0].rstrip()), rows[0]
+
+
+def test_table_gpu_column_is_the_verdicts_figure_and_the_recommendation_exports(tmp_path):
+    # The GPU column shows gpu.required, the figure the verdict compares; the first line names the
+    # plan to use and a command that writes it, which must run and write that plan.
+    args = ("--model", "llama-3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--cpu-memory", "1024")
+    table = run("estimate", *args, "--top", "3")
+    doc = json.loads(run("estimate", *args, "--format", "json").stdout)
+    assert table.returncode == 0, table.stderr
+    best = doc["plans"][0]
+    assert best["verdict"] == "fits" and best["headroom"]["gpu"]["figure_bytes"] == best["gpu"]["required"]
+    row = next(line for line in table.stdout.splitlines() if line.startswith("│  1") or line.startswith("│ 1"))
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    assert f"{best['gpu']['required'] / 2**30:.1f}" in cells
+    first, second = table.stdout.splitlines()[:2]
+    from zeroplan.estimator.verdict import TIGHT_MARGIN
+
+    assert first.startswith("Use ") and f"fits with at least the {TIGHT_MARGIN * 100:.0f} % margin" in first
+    assert second.startswith("Write it: zeroplan export ")
+    command = shlex.split(second[len("Write it: "):])
+    out = tmp_path / "ds_config.json"
+    command[command.index("--output") + 1] = str(out)
+    written = run(*command[1:])
+    assert written.returncode == 0, written.stderr
+    cfg = json.loads(out.read_text())
+    assert cfg["zero_optimization"]["stage"] == best["stage"]
+    assert cfg["train_micro_batch_size_per_gpu"] == best["micro_batch"]
+    assert cfg["gradient_accumulation_steps"] == best["gradient_accumulation_steps"]
 
 
 def test_estimate_json_schema():
@@ -33,10 +63,17 @@ def test_estimate_json_schema():
     for key in (
         "stage", "offload_optimizer", "offload_param", "checkpointing", "micro_batch",
         "gradient_accumulation_steps", "gpu", "overhead_items", "cpu_per_node", "nvme_per_node",
-        "comm_per_step", "step_time", "tokens_per_second", "fits", "notes",
+        "comm_per_step", "step_time", "tokens_per_second", "fits", "verdict", "headroom", "model_build", "notes",
     ):
         assert key in plan
-    assert set(plan["gpu"]) >= {"params", "gradients", "optimizer_states", "activations", "overhead", "total"}
+    assert set(plan["gpu"]) >= {"params", "gradients", "optimizer_states", "activations", "overhead", "total", "required"}
+    for p in doc["plans"]:
+        gpu = p["headroom"]["gpu"]
+        assert gpu["figure"] == "gpu.required" and gpu["figure_bytes"] == p["gpu"]["required"]
+        assert gpu["headroom_bytes"] == gpu["capacity_bytes"] - gpu["figure_bytes"]
+        assert p["verdict"] in ("fits", "tight", "oom") and p["fits"] == (p["verdict"] != "oom")
+        if gpu["verdict"] == "tight":
+            assert gpu["uncertain"] and 0 <= gpu["headroom_pct"] <= 100 * p["headroom"]["margin"]
     assert doc["cluster"]["gpus"] == 8 and doc["model"]["params"] == 7_000_000_000
 
 
@@ -48,7 +85,9 @@ def test_estimate_csv_and_plot(tmp_path):
     r = run("estimate", "--params", "1e9", "--gpus", "2", "--cpu-memory", "64", "--format", "csv", "-o", str(out), "--plot", str(png))
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(out)
-    assert len(df) > 10 and {"stage", "gpu_total", "tokens_per_second", "fits"} <= set(df.columns)
+    assert len(df) > 10 and {"stage", "gpu_total", "gpu_required", "tokens_per_second", "fits", "verdict",
+                             "gpu_headroom_bytes", "gpu_headroom_pct", "host_verdict"} <= set(df.columns)
+    assert set(df["verdict"]) <= {"fits", "tight", "oom"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -174,7 +213,7 @@ def test_table_fits_the_terminal_leaving_out_the_least_important_columns(width):
     assert max(len(line) for line in text.splitlines()) <= width
     header = next(line for line in text.splitlines() if "tokens/s" in line)
     shown = {c for c in _COLUMNS if f" {c} " in header}
-    assert {"stage", "offload opt/param", "ckpt", "mb×ga", "GPU", "tokens/s", "fits"} <= shown
+    assert {"stage", "offload opt/param", "ckpt", "mb×ga", "GPU", "tokens/s", "verdict"} <= shown
     assert "…" not in header  # a column is left out whole, never cut to an ellipsis
     if width == 200:
         assert shown == set(_COLUMNS) and "left out" not in text

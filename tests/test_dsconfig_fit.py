@@ -21,8 +21,8 @@ def _cluster(gpus: int, gpu_gib: int = 80) -> ClusterSpec:
                        cpu_memory_per_node_bytes=1024 * GiB, nvme_per_node_bytes=4096 * GiB)
 
 
-@pytest.mark.parametrize("gpu_gib,fits", [(80, True), (16, False)])
-def test_fit_finding_agrees_with_the_estimator(gpu_gib, fits):
+@pytest.mark.parametrize("gpu_gib,verdict", [(80, "fits"), (33, "tight"), (16, "oom")])
+def test_fit_finding_agrees_with_the_estimator(gpu_gib, verdict):
     cluster = _cluster(8, gpu_gib)
     training = TrainingSpec(seq_len=2048)
     plan = Plan(stage=2, micro_batch=1, gradient_accumulation_steps=4, checkpointing="full")
@@ -32,8 +32,9 @@ def test_fit_finding_agrees_with_the_estimator(gpu_gib, fits):
         "reduce_bucket_size": resolve_buckets(plan, MODEL)["reduce_bucket_size"],
         "allgather_bucket_size": resolve_buckets(plan, MODEL)["allgather_bucket_size"],
     }))
-    assert est.fits is fits
-    assert finding.severity == ("info" if fits else "error")
+    assert est.verdict == verdict
+    assert finding.severity == {"fits": "info", "tight": "warning", "oom": "error"}[verdict]
+    assert finding.message.startswith({"fits": "fits", "tight": "tight", "oom": "does not fit"}[verdict])
     assert f"predicted GPU peak {est.gpu.required / GiB:.1f} of {gpu_gib:.1f} GiB" in finding.message
 
 

@@ -54,13 +54,17 @@ def test_fit_and_prediction_are_the_estimators():
         est = estimate_plan(GPT_TASK, cl, training, c.plan, device="cpu")
         assert c.fits == est.fits
         assert c.predicted_gpu_total_bytes == est.gpu.total
+        # Pruning and the order of probes use the verdict's figure and verdict.
+        assert c.predicted_gpu_bytes == est.gpu.required and c.verdict == est.verdict
         # Beside a probe's peak: the figure the probe itself compares it with (runtime.prediction).
         assert c.predicted_peak_memory_bytes == comparable_estimate(est, on_cpu=True, ranks_per_node=2)
         assert c.predicted_samples_per_second == pytest.approx(est.tokens_per_second / 64)
         if not c.fits:
             assert c.reason.startswith("does not fit: predicted") and "GiB" in c.reason
-    preds = [c.predicted_samples_per_second for c in space.fitting]
-    assert preds == sorted(preds, reverse=True)
+    # Fastest first within each verdict (those that fit with margin, then tight ones).
+    for verdict in ("fits", "tight"):
+        preds = [c.predicted_samples_per_second for c in space.fitting if c.verdict == verdict]
+        assert preds == sorted(preds, reverse=True)
     assert [c.rank for c in space.fitting] == list(range(len(space.fitting)))
 
 
@@ -121,3 +125,37 @@ def test_opening_picks_spread_micro_batches_among_near_best_predictions():
     for c in picks:
         best_of_choice = max(x.predicted_samples_per_second for x in space.fitting if zero_choice(x.plan) == zero_choice(c.plan))
         assert c.predicted_samples_per_second >= NEAR_BEST * best_of_choice
+
+
+def test_tight_plans_are_ranked_and_opened_after_those_that_fit_with_margin():
+    from zeroplan.tuner.seeding import initial_candidates
+
+    training = TrainingSpec(seq_len=64, global_batch=16)
+    for gib in (0.0065, 0.008, 0.01, 0.02):
+        space = build_space(GPT_TASK, cluster(gpu_memory_gib=gib), training, device="cpu")
+        verdicts = [c.verdict for c in space.fitting]
+        if "tight" in verdicts and "fits" in verdicts:
+            break
+    else:
+        pytest.fail("no GPU size gave both tight and fitting plans")
+    assert verdicts == sorted(verdicts, key=("fits", "tight").index)
+    assert space.tight == [c for c in space.fitting if c.verdict == "tight"]
+    opening = initial_candidates(space, len(space.fitting))
+    first_tight = next(i for i, c in enumerate(opening) if c.verdict == "tight")
+    assert all(c.verdict == "fits" for c in opening[:first_tight])
+    assert all(c.verdict == "tight" for c in opening[first_tight:])
+
+
+def test_a_tight_plan_waits_while_a_plan_with_margin_is_left():
+    from dataclasses import replace
+
+    from zeroplan.tuner.admission import admit
+
+    space = build_space(GPT_TASK, cluster(), TrainingSpec(seq_len=64, global_batch=16), device="cpu")
+    cand = replace(space.fitting[0], verdict="tight")
+    gpu = space.cluster.gpu_memory_bytes
+    rejection = admit(cand, gpu_memory_bytes=gpu, margin_left=True)
+    assert (rejection.state, rejection.status, rejection.with_prediction) == ("FAIL", "deferred", False)
+    assert "plans that fit with margin go first" in rejection.reason
+    assert admit(cand, gpu_memory_bytes=gpu, margin_left=False) is None
+    assert admit(space.fitting[0], gpu_memory_bytes=gpu, margin_left=True) is None

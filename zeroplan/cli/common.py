@@ -167,7 +167,7 @@ LossOpt = Annotated[
 ]
 OptimizerImplOpt = Annotated[
     Optional[str],
-    typer.Option("--optimizer-impl", help="torch | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp; a config without an optimizer block: torch].", rich_help_panel=_TRAIN),
+    typer.Option("--optimizer-impl", help="torch | torch-forloop | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs (torch-forloop: foreach=False, torch < 2.0) [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp; a config without an optimizer block: torch].", rich_help_panel=_TRAIN),
 ]
 BucketsOpt = Annotated[
     str,

@@ -60,7 +60,7 @@ from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
 
-__all__ = ["estimate", "estimates_to_json", "estimates_to_rows", "summarize"]
+__all__ = ["estimate", "estimates_to_json", "estimates_to_rows", "export_command", "recommendation", "summarize"]
 
 
 def summarize(estimates: "list[PlanEstimate]") -> "list[PlanEstimate]":
@@ -84,6 +84,15 @@ def estimates_to_rows(estimates: "list[PlanEstimate]") -> list[dict]:
         d = est.plan.as_dict()
         for k, v in est.gpu.as_dict().items():
             d[f"gpu_{k}"] = v
+        d["verdict"] = est.verdict
+        if est.judgement is not None:
+            for side, h in (("gpu", est.judgement.gpu), ("host", est.judgement.host)):
+                if h is None:
+                    continue
+                d[f"{side}_verdict"] = h.verdict
+                d[f"{side}_headroom_bytes"] = h.headroom_bytes
+                d[f"{side}_headroom_pct"] = round(h.headroom_pct, 1)
+                d[f"{side}_uncertain"] = "; ".join(t for t, _ in h.uncertain)
         d.update(
             cpu_per_node=est.cpu_per_node,
             nvme_per_node=est.nvme_per_node,
@@ -109,6 +118,17 @@ def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]")
     }
 
 
+def _verdict_cell(est: "PlanEstimate", cluster) -> str:
+    """The table's verdict cell: fits/tight with the GPU headroom, or oom with every limit exceeded."""
+    if est.verdict == "oom":
+        return "oom: " + _short_reason(est, cluster)
+    j = est.judgement
+    cell = f"{est.verdict} {j.gpu.headroom_pct:.0f}%" if j is not None else est.verdict
+    if j is not None and j.host is not None and j.host.verdict == "tight":
+        cell += f" (CPU {j.host.headroom_pct:.0f}%)"
+    return cell
+
+
 def _short_reason(est: "PlanEstimate", cluster) -> str:
     """One short cell for the table naming every limit the plan exceeds (the sentences are in ``notes``)."""
     reasons = []
@@ -125,10 +145,10 @@ def _short_reason(est: "PlanEstimate", cluster) -> str:
 
 #: The table's columns, and the order in which they are left out when the terminal is narrower
 #: than the table: first the per-state breakdown (``--format json`` itemizes it), then host and
-#: traffic figures; the plan, GPU total, speed and fit always stay.
+#: traffic figures; the plan, the GPU figure, speed and verdict always stay.
 _COLUMNS = (
     "#", "stage", "offload opt/param", "ckpt", "mb×ga", "params", "grads", "optim", "activ",
-    "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "fits",
+    "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "verdict",
 )
 _DROP_ORDER = ("params", "grads", "optim", "extra", "activ", "comm GB", "#", "step s", "CPU/node")
 
@@ -142,8 +162,57 @@ def _table_console():
     return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 170)
 
 
+def _margin() -> float:
+    from zeroplan.estimator.verdict import TIGHT_MARGIN
+
+    return TIGHT_MARGIN
+
+
+def export_command(est: "PlanEstimate", options: dict, *, output: str = "ds_config.json") -> str:
+    """The ``zeroplan export`` command line that writes ``est``'s plan: the estimate's own model,
+    cluster and training options (``options``: export's option name → value, None left out) and
+    the plan's stage, offloads, checkpointing, micro-batch and accumulation."""
+    import shlex
+
+    p = est.plan
+    args = ["zeroplan", "export"]
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        args += [flag] if value is True else [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    args += ["--stage", str(p.stage), "--offload-optimizer", p.offload_optimizer, "--offload-param", p.offload_param,
+             "--checkpointing", p.checkpointing, "--micro-batch", str(p.micro_batch)]
+    if "global_batch" not in options or options.get("global_batch") is None:
+        args += ["--grad-accum", str(p.gradient_accumulation_steps)]
+    args += ["--output", output if est.engine == "deepspeed" else "fsdp_settings.json"]
+    return shlex.join(args)
+
+
+def recommendation(estimates: "list[PlanEstimate]", options: dict) -> str:
+    """The line printed above the table: the plan to use, why, and the command that writes it
+    (the first of ``estimates``, which :func:`~zeroplan.estimator.estimate_all` ranks by verdict,
+    then speed); "" when nothing fits."""
+    if not estimates or estimates[0].verdict == "oom":
+        return ""
+    best = estimates[0]
+    j = best.judgement
+    room = f"{j.gpu.headroom_bytes / GiB:.1f} GiB ({j.gpu.headroom_pct:.0f} %) GPU headroom" if j is not None else ""
+    if j is not None and j.host is not None:
+        room += f", {j.host.headroom_pct:.0f} % host RAM headroom"
+    if best.verdict == "fits":
+        why = f"the fastest plan that fits with at least the {_margin() * 100:.0f} % margin: {room}"
+    else:
+        why = (f"no plan fits with the {_margin() * 100:.0f} % margin; this is the fastest tight one ({room}): "
+               "probe it before a long run")
+    return (
+        f"Use {best.plan.label}: {why}, {best.tokens_per_second:,.0f} tokens/s predicted.\n"
+        f"Write it: {export_command(best, options)}"
+    )
+
+
 def _render_table(
-    model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str], console=None
+    model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str], console=None, recommend: str = ""
 ) -> None:
     from rich.table import Table
 
@@ -183,24 +252,26 @@ def _render_table(
                 "grads": g(est.gpu.gradients),
                 "optim": g(est.gpu.optimizer_states),
                 "activ": g(est.gpu.activations),
-                "extra": g(est.gpu.overhead),
-                "GPU": g(est.gpu.total),
+                # The columns add up to the GPU figure (gpu.required); the cached segments only the
+                # reserved peak holds (gpu.total) are in --format json.
+                "extra": g(est.gpu.required - est.gpu.params - est.gpu.gradients - est.gpu.optimizer_states - est.gpu.activations),
+                "GPU": g(est.gpu.required),
                 "CPU/node": g(est.cpu_per_node),
                 "comm GB": f"{est.comm_per_step / 1e9:.0f}",
                 "step s": f"{est.step_time:.2f}",
                 "tokens/s": f"{est.tokens_per_second:,.0f}",
-                "fits": "yes" if est.fits else "no: " + _short_reason(est, cluster),
+                "verdict": _verdict_cell(est, cluster),
             },
-            None if est.fits else "dim",
+            {"fits": None, "tight": "yellow", "oom": "dim"}[est.verdict],
         ))
 
     def build(columns: list[str]) -> Table:
         table = Table(title=title, title_justify="left")
         for col in columns:
-            # "fits" may fold its reasons onto a second line; every other cell stays on one.
+            # "verdict" may fold its reasons onto a second line; every other cell stays on one.
             table.add_column(
-                col, justify="left" if col in ("offload opt/param", "ckpt", "fits") else "right",
-                no_wrap=col != "fits", min_width=10 if col == "fits" else None,
+                col, justify="left" if col in ("offload opt/param", "ckpt", "verdict") else "right",
+                no_wrap=col != "verdict", min_width=10 if col == "verdict" else None,
             )
         for cells, style in rows:
             table.add_row(*(cells[c] for c in columns), style=style)
@@ -216,53 +287,23 @@ def _render_table(
         columns.remove(col)
         dropped.append(col)
         t = build(columns)
+    if recommend:
+        console.print(recommend, soft_wrap=True)
     console.print(t)
     notes = list(model.notes) + list(cluster.notes) + extra_notes
-    n_fit = sum(e.fits for e in estimates)
+    n_fit = sum(e.verdict == "fits" for e in estimates)
+    n_tight = sum(e.verdict == "tight" for e in estimates)
     notes.append(
-        f"{n_fit} of {total_plans} plans fit; showing the best micro-batch per configuration"
+        f"{n_fit} of {total_plans} plans fit, {n_tight} tight (within {_margin() * 100:.0f} % of the GPU's or the node's memory); "
+        "showing the best micro-batch per configuration"
         + ("" if len(shown) == len(summarize(estimates)) else f" (top {len(shown)}; --top 0 shows all)")
-        + ". Memory in GiB (per GPU, CPU per node); 'extra' = engine buffers + CUDA reserve (--format json itemizes)."
+        + ". Memory in GiB (per GPU, CPU per node); GPU = gpu.required, what the verdict compares (% = headroom); "
+        "'extra' = engine buffers + CUDA context + allocator rounding (--format json itemizes, with the reserved peak gpu.total)."
     )
     if dropped:
         notes.append(f"left out to fit {console.width} columns: {', '.join(dropped)} (a wider terminal or --format json shows them)")
     for note in notes:
         console.print(f"[dim]• {note}[/dim]")
-
-
-def _plot(path: Path, estimates, cluster) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SpecError("--plot needs matplotlib; install it with: pip install 'zeroplan[plot]'") from None
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise SpecError(f"--plot {path}: give a .png, .svg or .pdf file name")
-    labels = [e.plan.label for e in estimates]
-    parts = ("params", "gradients", "optimizer_states", "activations", "overhead")
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(labels) + 2), 5))
-    bottoms = [0.0] * len(estimates)
-    for part in parts:
-        vals = [getattr(e.gpu, part) / GiB for e in estimates]
-        ax.bar(labels, vals, bottom=bottoms, label=part.replace("_", " "))
-        bottoms = [b + v for b, v in zip(bottoms, vals)]
-    ax.axhline(cluster.gpu_memory_bytes / GiB, color="black", linestyle="--", label=f"{cluster.gpu.name} capacity")
-    ax.set_ylabel("GiB per GPU")
-    ax.set_title("Memory per GPU by plan")
-    ax.tick_params(axis="x", labelrotation=70, labelsize=7)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    try:
-        fig.savefig(tmp)
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise SpecError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
 
 
 @app.command()
@@ -302,6 +343,7 @@ def estimate(
     overlap_comm: OverlapCommOpt = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
     optimizer_impl: OptimizerImplOpt = None,
+    model_build: Annotated[Optional[str], typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32].", rich_help_panel="Plan")] = None,
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
@@ -322,6 +364,11 @@ def estimate(
     )
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
+    from zeroplan.estimator.host import BUILDS
+
+    check_choice_option("--model-build", model_build, BUILDS)
+    if model_build == "zero_init" and (engine == "fsdp" or stage in (0, 1, 2)):
+        raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
     from dataclasses import replace
 
     from zeroplan.estimator import enumerate_plans, estimate_all
@@ -373,9 +420,11 @@ def estimate(
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
         optimizer_impl=optimizer_impl, buckets=plan_buckets,
     )
+    if model_build == "zero_init":
+        plans = [p for p in plans if p.stage == 3]
     estimates = estimate_all(
         model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
-        expandable_segments=expandable_segments,
+        expandable_segments=expandable_segments, model_build=model_build,
     )
 
     if fmt == "json":
@@ -399,9 +448,25 @@ def estimate(
         shown = estimates if all_plans else summarize(estimates)
         if top:
             shown = shown[:top]
-        _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates), extra_notes=[n for n in (alias_note, trace_note) if n])
+        export_options = dict(
+            params=params, model=model, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory=gpu_memory,
+            cpu_memory=cpu_memory, node=node, nvme=nvme, seq_len=seq_len, global_batch=global_batch, precision=precision,
+            optimizer=optimizer, lora_rank=lora_rank, lora_targets=lora_targets, lora_alpha=lora_alpha, adapter=adapter,
+            trainable_params=trainable_params, base_quant=base_quant, optimizer_impl=optimizer_impl, loss=loss,
+            buckets=None if buckets == "hf" else buckets, reduce_bucket_size=reduce_bucket_size,
+            allgather_bucket_size=allgather_bucket_size, prefetch_bucket_size=prefetch_bucket_size,
+            engine=None if engine == "deepspeed" else engine,
+        )
+        if overlap_comm is not None:
+            export_options["overlap_comm"] = overlap_comm
+        if any(e.plan.offload_param == "nvme" or e.plan.offload_optimizer == "nvme" for e in estimates[:1]):
+            export_options["nvme_path"] = "/local_nvme"
+        _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates),
+                      extra_notes=[n for n in (alias_note, trace_note) if n], recommend=recommendation(estimates, export_options))
     if plot is not None:
-        _plot(plot, summarize(estimates)[: top or None], cluster)
+        from zeroplan.cli.estimate_plot import plot_plans
+
+        plot_plans(plot, summarize(estimates)[: top or None], cluster)
     if not any(e.fits for e in estimates):
         print("zeroplan: no plan fits; see the reasons above (more GPUs, offload, checkpointing or a smaller micro-batch)", file=sys.stderr)
         raise typer.Exit(1)

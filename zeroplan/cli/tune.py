@@ -360,6 +360,12 @@ def tune(
     console.print(f"[dim]loss: {training.loss} ({loss_origin}; --loss sets it), for the estimates that prune and rank plans[/]")
     if not space.fitting:
         _nothing_fits(console, space)
+    if space.tight:
+        from zeroplan.estimator.verdict import TIGHT_MARGIN
+
+        console.print(f"[dim]{len(space.tight)} of {len(space.fitting)} plans that fit are tight (within {TIGHT_MARGIN * 100:.0f} % of the "
+                      f"GPU's or the node's memory): they are probed only after the {len(space.fitting) - len(space.tight)} "
+                      "that fit with margin[/]")
     warm_s: list = []
     measured, time_model = time_model_for_probes(cluster, on_cuda=on_cuda, gpu_given=gpu is not None or node is not None,
                                                  before_measuring=lambda: warm_s.append(warm_ready()))
@@ -435,7 +441,7 @@ def tune(
 
 def _nothing_fits(console, space) -> None:
     """Say that the estimator rules out every plan (with the smallest one's reason) and exit 1."""
-    closest = min(space.candidates, key=lambda c: c.predicted_gpu_total_bytes)
+    closest = min(space.candidates, key=lambda c: c.predicted_gpu_bytes)
     console.print(
         f"[bold red]nothing fits[/]: all {len(space.candidates)} plans are ruled out by the estimator; "
         f"the smallest, {closest.plan.label}, {closest.reason.removeprefix('does not fit: ')}"

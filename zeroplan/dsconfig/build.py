@@ -208,12 +208,15 @@ def build_config_with_notes(
         from zeroplan.estimator.optimizer import resolve_optimizer_impl
 
         resolve_optimizer_impl(optimizer_impl, engine="deepspeed", plan=plan)
-        if optimizer_impl in ("torch", "torch-fused"):
+        if optimizer_impl in ("torch", "torch-forloop", "torch-fused"):
             if training.optimizer not in ("adam", "adamw"):
                 raise SpecError(f"optimizer_impl={optimizer_impl!r} selects torch's Adam/AdamW; the optimizer is {training.optimizer}")
             cfg["optimizer"]["params"]["torch_adam"] = True
             if optimizer_impl == "torch-fused":
                 cfg["optimizer"]["params"]["fused"] = True
+            elif optimizer_impl == "torch-forloop":
+                # DeepSpeed 0.19.8 runtime/engine.py:2378-2382 pops torch_adam and passes foreach to torch.optim.AdamW.
+                cfg["optimizer"]["params"]["foreach"] = False
     cfg["scheduler"] = _scheduler_block(lr=float(lr), warmup_steps=warmup_steps, total_steps=total_steps)
     if plan.stage > 0 and training.optimizer in _UNTESTED_UNDER_ZERO:
         cfg["zero_allow_untested_optimizer"] = True

@@ -66,6 +66,7 @@ __all__ = [
     "RUNTIME_SHARED_LIBRARY_BYTES",
     "TORCH_DYNAMO_IMPORT_BYTES",
     "allocator_retention_bytes",
+    "default_build",
     "host_phases",
     "pinned_bytes",
 ]
@@ -74,8 +75,10 @@ __all__ = [
 #: ``fp32`` (``nn.Module`` default dtype, the whole model on every rank), ``bf16`` (the whole
 #: model in 16 bit: ``torch_dtype=torch.bfloat16`` / ``low_cpu_mem_usage``), ``zero_init``
 #: (``deepspeed.zero.Init``: partitioned as it is built, stage 3 only), ``meta`` (meta device, then
-#: weights loaded shard by shard: one layer at a time).
-BUILDS = ("fp32", "bf16", "zero_init", "meta")
+#: weights loaded shard by shard: one layer at a time), ``rank0`` (rank 0 loads the whole model in
+#: 16 bit, the other ranks build it on the meta device and receive it by broadcast: accelerate's
+#: ``fsdp_cpu_ram_efficient_loading``, torchtune's distributed recipes; one copy per node).
+BUILDS = ("fp32", "bf16", "zero_init", "meta", "rank0")
 #: Phase names, in the order a run goes through them.
 HOST_PHASES = ("model_build", "engine_init", "step", "checkpoint_save")
 #: Host RSS of one training process before it builds anything on CUDA: the interpreter, torch,
@@ -196,6 +199,31 @@ class HostPhases:
         return {ph.name: ph.as_dict() for ph in self.phases}
 
 
+def default_build(model: ModelSpec, plan: Plan, *, engine: str = "deepspeed") -> str:
+    """How a run of ``plan`` builds its model on the host when nobody says (``--model-build``).
+
+    * A quantized base: ``meta`` — ``from_pretrained(quantization_config=...)`` loads and quantizes
+      tensor by tensor, never the whole model in fp32.
+    * ``engine="fsdp"``: ``rank0`` — the FSDP recipes load on rank 0 and broadcast, or build on
+      the meta device: accelerate with ``fsdp_cpu_ram_efficient_loading`` (accelerate 1.15
+      utils/dataclasses.py:1975-1977 reads FSDP_CPU_RAM_EFFICIENT_LOADING; its FSDP guides and the
+      Hugging Face 70B/405B posts turn it on), torchtune's ``full_finetune_distributed`` /
+      ``lora_finetune_distributed`` (model built under ``torch.device("meta")``, the memory-mapped
+      checkpoint loaded into the shards), torchtitan (meta device, then ``init_weights`` or a DCP
+      load, each rank its shards: less still). A script that calls ``from_pretrained`` on every
+      rank is ``bf16``.
+    * DeepSpeed stage 3: ``zero_init`` — Hugging Face's ``from_pretrained`` builds under
+      ``deepspeed.zero.Init`` when ZeRO-3 is configured (``is_deepspeed_zero3_enabled``).
+    * DeepSpeed stages 0-2: ``fp32`` — every rank builds the whole ``nn.Module`` in fp32 before
+      ``deepspeed.initialize`` (the conservative case; ``from_pretrained(dtype=bfloat16)`` is ``bf16``).
+    """
+    if model.peft is not None and model.peft.base_quant != "none":
+        return "meta"
+    if engine == "fsdp":
+        return "rank0"
+    return "zero_init" if plan.stage == 3 else "fp32"
+
+
 def host_phases(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -220,7 +248,8 @@ def host_phases(
 
     * model_build: ``fp32`` 4Ψ, ``bf16`` 2Ψ per rank (plus, for tied embeddings, the output layer's
       own V·h matrix that exists until it is tied); ``zero_init`` 4·(largest layer) plus the
-      16-bit partition p·s when it lives on the host; ``meta`` 4·(largest layer).
+      16-bit partition p·s when it lives on the host; ``meta`` 4·(largest layer); ``rank0``
+      4·(largest layer) per rank plus p·Ψ on rank 0 (the loaded model before its broadcast).
     * engine_init: what ``deepspeed.initialize`` allocates on the host. Stages 1-2 with CPU offload:
       fp32 master 4s, 16-bit staging p·s, fp32 gradient partition 4s, gradient staging p·L.
       Stage 3 with CPU offload: fp32 master 4s, gradient partition p·s, one fp32 gradient buffer
@@ -247,11 +276,7 @@ def host_phases(
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device={device!r}: choose cuda or cpu")
     if build is None:
-        build = "zero_init" if plan.stage == 3 else "fp32"
-        if model.peft is not None and model.peft.base_quant != "none":
-            # A quantized base exists only through from_pretrained(quantization_config=...), which
-            # loads and quantizes the checkpoint tensor by tensor: never the whole model in fp32.
-            build = "meta"
+        build = default_build(model, plan)
     if build not in BUILDS:
         raise ValueError(f"build={build!r}: choose one of {', '.join(BUILDS)}")
     if build == "zero_init" and plan.stage != 3:
@@ -306,6 +331,9 @@ def host_phases(
             built["param_partition_16bit"] = p * s
     else:
         built = {"layer_being_loaded_fp32": 4 * model.largest_layer_params}
+    # rank0: the other ranks build on the meta device; rank 0 alone holds the loaded 16-bit model
+    # until it is broadcast (partitioned by the engine).
+    build_rank0 = {"model_16bit_on_rank0": p * psi} if build == "rank0" else {}
 
     # -- engine init: offload buffers --------------------------------------------------------
     init: dict[str, int] = {}
@@ -363,7 +391,7 @@ def host_phases(
     rank0 = {"gathered_16bit_model": p * psi} if (gather_16bit_on_save and plan.stage == 3) else {}
 
     phases = (
-        HostPhase("model_build", with_common("model_build", built), ranks=g),
+        HostPhase("model_build", with_common("model_build", built), rank0_only=build_rank0, ranks=g),
         HostPhase("engine_init", with_common("engine_init", {**init, **transient}), rank0_only=shared_libraries, ranks=g),
         HostPhase("step", with_common("step", step), rank0_only=shared_libraries, ranks=g),
         HostPhase("checkpoint_save", with_common("checkpoint_save", save), rank0_only={**shared_libraries, **rank0}, ranks=g),

@@ -10,12 +10,15 @@ from typing import Optional
 
 from zeroplan.spec import Plan, SpecError
 
-__all__ = ["OPTIMIZER_IMPLS", "ENGINE_OPTIMIZER_IMPLS", "default_optimizer_impl", "resolve_optimizer_impl", "optimizer_step_temporaries"]
+__all__ = ["OPTIMIZER_IMPLS", "TORCH_IMPLS", "ENGINE_OPTIMIZER_IMPLS", "default_optimizer_impl", "resolve_optimizer_impl", "optimizer_step_temporaries"]
 
-#: Optimizer implementations zeroplan models: torch.optim's foreach/for-loop (``torch``), its
-#: fused kernel (``torch-fused``), DeepSpeed's FusedAdam (``deepspeed-fused``) and CPU Adam
-#: (``deepspeed-cpu``).
-OPTIMIZER_IMPLS = ("torch", "torch-fused", "deepspeed-fused", "deepspeed-cpu")
+#: Optimizer implementations zeroplan models: torch.optim with its default choice (``torch``:
+#: foreach on CUDA, the for-loop on CPU), torch.optim forced to its for-loop (``torch-forloop``:
+#: ``foreach=False``, torch < 2.0's default, or a tensor learning rate), its fused kernel
+#: (``torch-fused``), DeepSpeed's FusedAdam (``deepspeed-fused``) and CPU Adam (``deepspeed-cpu``).
+OPTIMIZER_IMPLS = ("torch", "torch-forloop", "torch-fused", "deepspeed-fused", "deepspeed-cpu")
+#: The implementations that are torch.optim's Adam/AdamW (DeepSpeed's ``torch_adam`` path).
+TORCH_IMPLS = ("torch", "torch-forloop", "torch-fused")
 
 
 
@@ -25,15 +28,32 @@ def optimizer_step_temporaries(
     """Bytes an optimizer allocates only inside ``step()``, beyond its states, by item.
 
     ``partition_params``: parameters this rank updates; ``largest_param``: its largest tensor.
+    Under DeepSpeed ZeRO 1-2 a client optimizer's parameter group holds one tensor, the rank's
+    flat fp32 partition (stage_1_and_2.py ``single_partition_of_fp32_groups``; stage 3 one per
+    sub-group), so there the largest tensor *is* the partition.
 
-    * ``torch`` Adam/AdamW (torch/optim/adam.py, the AdamW subclass): the default is the foreach
-      implementation when every parameter is on CUDA (``_default_to_fused_or_foreach``), whose
-      ``_multi_tensor_adam`` does ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``
-      — one fp32 copy of the whole partition (then divided and added in place). On CPU the
-      for-loop ``_single_tensor_adam`` does ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``
-      per tensor: two fp32 temporaries of the largest tensor. Measured on 2 CPU ranks (FSDP2
-      shards, benchmarks/fsdp_memory_timeline.py): exactly 4·partition (foreach) and
-      2·4·largest shard (for-loop).
+    Which path torch's Adam/AdamW runs (torch 2.13, torch/optim/adam.py:933-948, ``adam()``):
+    with neither ``foreach`` nor ``fused`` given, ``_default_to_fused_or_foreach``
+    (torch/optim/optimizer.py:161-186) picks foreach when every parameter is a plain tensor on a
+    foreach device (CUDA), and the for-loop otherwise (CPU) — or when ``lr`` is a tensor and
+    ``capturable`` is off (adam.py:943-944). torch < 2.0 defaulted to the for-loop everywhere.
+    Hugging Face's Trainer (transformers 5.24, trainer_optimizer.py:200-208 ``_get_adamw_torch``)
+    builds ``torch.optim.AdamW`` with no ``foreach`` for ``adamw_torch`` (torch's choice above) and
+    ``fused=True`` for ``adamw_torch_fused``, the default ``optim`` from torch 2.8 on
+    (training_args.py:805-812).
+
+    * ``torch`` Adam/AdamW: on the GPU the foreach ``_multi_tensor_adam`` does
+      ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`` (adam.py:790) — one fp32
+      copy of the whole partition, then divided and added in place. On CPU it is the for-loop
+      (below). Measured on 2 CPU ranks (FSDP2 shards, benchmarks/fsdp_memory_timeline.py):
+      exactly 4·partition (foreach) and 2·4·largest shard (for-loop).
+    * ``torch-forloop`` (``_single_tensor_adam``, adam.py:544): ``denom = (exp_avg_sq.sqrt() /
+      bias_correction2_sqrt).add_(eps)``: ``sqrt()`` makes one fp32 temporary of the tensor and
+      the division a second while the first is alive — 2·4·largest, on the GPU as on CPU. Over
+      DeepSpeed's flat partition that is two partition-sized fp32 tensors (an out-of-memory
+      report naming this line is how the for-loop shows on a full GPU). Measured on 2 CPU ranks
+      under DeepSpeed ZeRO 1-2 (benchmarks/results/optimizer_step_memory.txt, ``torch-loop``):
+      the step allocates 26.3 MB predicted 26.4 MB.
     * ``torch-fused`` (``fused=True``, ``_fused_adam``), ``deepspeed-fused`` (FusedAdam's
       multi_tensor_adam kernel) and ``deepspeed-cpu`` (DeepSpeedCPUAdam, in place in C++):
       no tensor-sized temporaries.
@@ -44,10 +64,10 @@ def optimizer_step_temporaries(
     """
     if impl not in OPTIMIZER_IMPLS:
         raise SpecError(f"optimizer_impl={impl!r} is not valid; choose one of {', '.join(OPTIMIZER_IMPLS)}")
-    if impl != "torch":
+    if impl not in ("torch", "torch-forloop"):
         return {}
     if optimizer in ("adam", "adamw"):
-        if on_gpu:
+        if impl == "torch" and on_gpu:
             return {"adam_foreach_sqrt": state_bytes * partition_params}
         return {"adam_sqrt_and_denom": 2 * state_bytes * largest_param}
     if optimizer == "adafactor":
@@ -60,7 +80,7 @@ def optimizer_step_temporaries(
 #: Face's Trainer creates when the config has no ``optimizer`` block).
 ENGINE_OPTIMIZER_IMPLS = {
     "deepspeed": OPTIMIZER_IMPLS,
-    "fsdp": ("torch", "torch-fused"),
+    "fsdp": ("torch", "torch-forloop", "torch-fused"),
 }
 
 
@@ -85,7 +105,9 @@ def default_optimizer_impl(*, engine: str, plan: Plan, ds_config: Optional[dict]
     if isinstance(params, dict) and params.get("torch_adam") is True:
         # runtime/engine.py get_optimizer_configuration: torch_adam builds torch.optim.AdamW with
         # the block's other params (``fused: true`` included), before any CPU Adam choice.
-        return "torch-fused" if params.get("fused") is True else "torch"
+        if params.get("fused") is True:
+            return "torch-fused"
+        return "torch-forloop" if params.get("foreach") is False else "torch"
     return "deepspeed-cpu" if plan.offload_optimizer != "none" else "deepspeed-fused"
 
 

@@ -22,6 +22,7 @@ from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, de
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
+from zeroplan.estimator.verdict import PlanVerdict, judge_plan, tight_note, verdict_rank
 from zeroplan.spec import PURE_PRECISION_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = [
@@ -59,7 +60,9 @@ class GpuMemory:
     """``peak_allocated`` plus the caching allocator's reserve (:mod:`zeroplan.estimator.allocator`):
     what ``torch.cuda.max_memory_reserved`` should report (``total`` less the CUDA context)."""
     required: int = 0
-    """What the GPU must have for the step not to run out of memory, and what fits is decided on:
+    """The plan's GPU figure: what the table's GPU column shows, what the verdict compares
+    (:mod:`zeroplan.estimator.verdict`) and what pruning uses. What the GPU must have for the step
+    not to run out of memory:
     ``peak_allocated`` + the CUDA context + the reserve a failing malloc cannot release
     (:attr:`~zeroplan.estimator.allocator.AllocatorReserve.held`). Cached segments the allocator
     frees before raising an OOM are in ``total`` and ``peak_reserved`` only."""
@@ -106,6 +109,17 @@ class PlanEstimate:
     moments: tuple[Moment, ...] = ()
     """Every candidate peak moment of a DeepSpeed step (:func:`~zeroplan.estimator.moments.deepspeed_moments`);
     ``gpu.peak_allocated`` is the model states and always-resident extras plus the largest. Empty under fsdp."""
+    judgement: Optional[PlanVerdict] = None
+    """The verdict with its headroom on GPU and host (:mod:`zeroplan.estimator.verdict`)."""
+    model_build: str = ""
+    """How each rank builds or loads the model on the host (:data:`~zeroplan.estimator.host.BUILDS`)."""
+
+    @property
+    def verdict(self) -> str:
+        """``fits``, ``tight`` or ``oom`` (``fits`` is ``verdict != "oom"``)."""
+        if self.judgement is not None:
+            return self.judgement.verdict
+        return "fits" if self.fits else "oom"
 
     @property
     def cpu_per_node(self) -> int:
@@ -165,6 +179,9 @@ class PlanEstimate:
                 },
                 "tokens_per_second": self.tokens_per_second,
                 "fits": self.fits,
+                "verdict": self.verdict,
+                "headroom": self.judgement.as_dict() if self.judgement is not None else None,
+                "model_build": self.model_build,
                 "notes": list(self.notes),
             }
         )
@@ -220,8 +237,9 @@ def estimate_plan(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     expandable_segments: bool = False,
+    model_build: Optional[str] = None,
 ) -> PlanEstimate:
-    """Memory, traffic, time and fit of ``plan`` on ``cluster``.
+    """Memory, traffic, time and verdict of ``plan`` on ``cluster``.
 
     ``engine`` is ``deepspeed`` (ZeRO as DeepSpeed 0.19 runs it) or ``fsdp`` (PyTorch's engines:
     DDP, ZeroRedundancyOptimizer, FSDP2 ``fully_shard``; :mod:`zeroplan.estimator.fsdp`).
@@ -237,20 +255,34 @@ def estimate_plan(
     ``expandable_segments`` as with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
     ``device="cpu"`` leaves those out, for probes measured on CPU).
     ``activation_bytes`` replaces the Korthikanti formula with traced numbers
-    (``zeroplan estimate --trace``).
+    (``zeroplan estimate --trace``). ``model_build`` says how each rank builds or loads the model on
+    the host (:data:`~zeroplan.estimator.host.BUILDS`; None: the engine's default,
+    :func:`~zeroplan.estimator.host.default_build`).
+
+    The verdict (:mod:`zeroplan.estimator.verdict`) compares ``gpu.required`` with the GPU's memory
+    and host RAM per node with the node's: ``fits``, ``tight`` or ``oom``; ``fits`` (bool) is
+    ``verdict != "oom"``.
     """
     if device not in ("cuda", "cpu"):
         raise SpecError(f"device={device!r} is not valid; choose cuda or cpu")
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
     check_engine_precision(engine, training.precision)
+    if model_build is not None:
+        from zeroplan.estimator.host import BUILDS
+
+        if model_build not in BUILDS:
+            raise SpecError(f"model_build={model_build!r} is not valid; choose one of {', '.join(BUILDS)}")
+        if model_build == "zero_init" and (engine != "deepspeed" or plan.stage != 3):
+            raise SpecError(f"model_build='zero_init' is DeepSpeed's zero.Init, stage 3 only (here {engine}, stage {plan.stage}); "
+                            "choose fp32, bf16, meta or rank0")
     if engine == "fsdp":
         from zeroplan.estimator.plans_fsdp import estimate_fsdp
 
         return estimate_fsdp(
             model, cluster, training, plan, device=device, activation_bytes=activation_bytes,
             optimizer_impl=resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan),
-            expandable_segments=expandable_segments,
+            expandable_segments=expandable_segments, model_build=model_build,
         )
     notes: list[str] = []
     states = model_states(model, cluster, training, plan)
@@ -329,7 +361,7 @@ def estimate_plan(
             "with the transients freed there kept cached by the allocator"
         )
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
-    phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu)
+    phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build)
     worst = phases.worst
     comm = comm_volume(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
@@ -355,18 +387,27 @@ def estimate_plan(
             + (f" + {_gib(sum(worst.rank0_only.values()))} once per node" if worst.rank0_only else "")
             + ")",
         )
+    nvme_short = False
     if host.nvme_per_node:
         if cluster.nvme_per_node_bytes == 0:
-            fits = False
+            fits, nvme_short = False, True
             notes.insert(0, f"NVMe needs {_gib(host.nvme_per_node)}/node, none given (--nvme)")
         elif host.nvme_per_node > cluster.nvme_per_node_bytes:
-            fits = False
+            fits, nvme_short = False, True
             notes.insert(0, f"NVMe needs {_gib(host.nvme_per_node)}/node > {_gib(cluster.nvme_per_node_bytes)}")
     if worst.name == "model_build" and worst.per_node_bytes > 0.5 * cluster.cpu_memory_per_node_bytes > 0:
         notes.append(
             f"host peak is the model build ({phases.build}: {_gib(worst.per_node_bytes)}/node before ZeRO partitions it); "
-            f"zero.Init or a meta-device build avoids it"
+            f"zero.Init or a meta-device build avoids it (--model-build)"
         )
+    judgement = judge_plan(
+        gpu.required, worst.per_node_bytes, cluster, nvme_short=nvme_short, device=device, expandable_segments=expandable_segments,
+        stranded_bytes=allocator.stranded_transients if allocator is not None else 0,
+        optimizer_temporary_bytes=extra.during_step.get("optimizer_temporaries", 0), peak_phase="step" if on_step else "backward",
+        model_build=phases.build, build_defaulted=model_build is None,
+    )
+    if judgement.verdict == "tight":
+        notes.insert(0, tight_note(judgement))
     return PlanEstimate(
         plan=plan,
         gpu=gpu,
@@ -383,6 +424,8 @@ def estimate_plan(
         host_phases=phases,
         allocator=allocator,
         moments=tuple(moments),
+        judgement=judgement,
+        model_build=phases.build,
     )
 
 
@@ -402,13 +445,15 @@ def estimate_all(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     expandable_segments: bool = False,
+    model_build: Optional[str] = None,
 ) -> list[PlanEstimate]:
-    """Estimate ``plans`` and sort best-first: plans that fit, fastest first, then the rest by memory."""
+    """Estimate ``plans`` and sort best-first by verdict — plans that fit with margin, fastest
+    first; then tight plans, fastest first; then the rest by their GPU figure."""
     estimates = [
         estimate_plan(
             model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
-            expandable_segments=expandable_segments,
+            expandable_segments=expandable_segments, model_build=model_build,
         )
         for p in plans
     ]
-    return sorted(estimates, key=lambda e: (not e.fits, -e.tokens_per_second if e.fits else e.gpu.required))
+    return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))

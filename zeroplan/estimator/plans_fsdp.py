@@ -9,9 +9,11 @@ from zeroplan.estimator.activations import ActivationMemory, activation_memory, 
 from zeroplan.estimator.allocator import allocator_reserve
 from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.memory import CUDA_CONTEXT_BYTES, HostMemory
+from zeroplan.estimator.host import BUILDS, default_build
 from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib, gpu_fit_note, stranded_note
+from zeroplan.estimator.verdict import judge_plan, tight_note
 from zeroplan.estimator.timing import step_time
-from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
+from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 
 __all__ = ["estimate_fsdp"]
 
@@ -39,6 +41,7 @@ def estimate_fsdp(
     activation_bytes: Optional[Callable[[Plan], int]],
     optimizer_impl: str,
     expandable_segments: bool = False,
+    model_build: Optional[str] = None,
 ) -> PlanEstimate:
     """:func:`estimate_plan` for PyTorch's engines (memory from :func:`zeroplan.estimator.fsdp.fsdp_memory`).
 
@@ -89,16 +92,24 @@ def estimate_fsdp(
     )
     notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {_FSDP_KIND[plan.stage]})")
     g = cluster.gpus_in_node
+    build = model_build or default_build(model, plan, engine="fsdp")
     host = HostMemory(
         cpu_items={k: g * v for k, v in mem.host_items.items()},
         nvme_items={},
-        # Each rank builds the whole model in fp32 before fully_shard shards it (the runtime does).
-        startup_cpu=g * 4 * model.params,
+        startup_cpu=fsdp_build_bytes(model, training, build=build, ranks_in_node=g),
     )
     comm = comm_volume(model, cluster, training, plan, engine="fsdp")
     timing = step_time(model, cluster, training, plan, comm)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
     fits, reasons = _fit_notes(gpu, host, cluster)
+    judgement = judge_plan(
+        gpu.required, host.cpu_per_node, cluster, nvme_short=False, device=device, expandable_segments=expandable_segments,
+        stranded_bytes=allocator.stranded_transients if allocator is not None else 0,
+        optimizer_temporary_bytes=sum(v for k, v in mem.phases.get("optimizer_step", {}).items() if k.startswith("adam") or k.startswith("adafactor")),
+        peak_phase="step" if phase == "optimizer_step" else "backward", model_build=build, build_defaulted=model_build is None,
+    )
+    if judgement.verdict == "tight":
+        reasons.insert(0, tight_note(judgement))
     return PlanEstimate(
         plan=plan,
         gpu=gpu,
@@ -114,7 +125,32 @@ def estimate_fsdp(
         peak_phase="step" if phase == "optimizer_step" else "backward",
         engine="fsdp",
         allocator=allocator,
+        judgement=judgement,
+        model_build=build,
     )
+
+
+def fsdp_build_bytes(model: ModelSpec, training: TrainingSpec, *, build: str, ranks_in_node: int) -> int:
+    """Host RAM per node while the model is built or loaded, before ``fully_shard`` shards it.
+
+    ``fp32``: every rank builds the whole model in fp32 (4Ψ each; what zeroplan's CPU probe does);
+    ``bf16``: every rank loads it in 16 bit (``from_pretrained`` on every rank); ``meta``: each
+    rank materialises one layer at a time (4·largest layer); ``rank0``: the others on the meta
+    device, rank 0 with the whole 16-bit model until it is broadcast
+    (:func:`~zeroplan.estimator.host.default_build` names the frameworks that do each).
+    """
+    if build not in BUILDS or build == "zero_init":
+        valid = ", ".join(b for b in BUILDS if b != "zero_init")
+        raise SpecError(f"model_build={build!r} is not valid under engine fsdp (zero_init is DeepSpeed's); choose one of {valid}")
+    p = bytes_per_param(training.precision)
+    layer = 4 * model.largest_layer_params
+    if build == "fp32":
+        return ranks_in_node * 4 * model.total_params
+    if build == "bf16":
+        return ranks_in_node * p * model.total_params
+    if build == "meta":
+        return ranks_in_node * layer
+    return p * model.total_params + (ranks_in_node - 1) * layer
 
 
 def _fsdp_transients(phase: str, items: dict[str, int], acts: Optional[ActivationMemory]) -> dict[str, int]:

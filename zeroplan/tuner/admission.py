@@ -47,10 +47,10 @@ class Rejection:
 
 
 def memory_overshoot(cand: Candidate, gpu_memory_bytes: int, cpu_memory_bytes: int = 0) -> float:
-    """Predicted GPU memory at the peak (``gpu.total``) over the GPU's — or host RAM per node over
+    """The plan's GPU figure (``gpu.required``, the verdict's) over the GPU's memory — or host RAM per node over
     the node's, whichever is larger (``cpu_memory_bytes`` 0: not checked) — as a fraction (at least
     0.01 so it reads as violated)."""
-    over = cand.predicted_gpu_total_bytes / gpu_memory_bytes - 1.0
+    over = cand.predicted_gpu_bytes / gpu_memory_bytes - 1.0
     if cpu_memory_bytes > 0:
         over = max(over, cand.predicted_host_bytes_per_node / cpu_memory_bytes - 1.0)
     return max(over, 0.01)
@@ -138,6 +138,7 @@ def admit(
     knowledge: Optional[Knowledge] = None,
     regions: Optional[Sequence[Region]] = None,
     unsuspected_left: bool = False,
+    margin_left: bool = False,
 ) -> Optional[Rejection]:
     """None if ``cand`` may be probed, else the :class:`Rejection` to record.
 
@@ -146,6 +147,8 @@ def admit(
     ``knowledge``: the study's failed and working probes (its OOMs are added to ``ooms``);
     ``regions``: the regions it teaches, when the caller computed them already;
     ``unsuspected_left``: some plan left shares no factor with a failure, so a suspect one waits.
+    ``margin_left``: some plan left fits with the verdict's margin, so a tight one waits
+    (zeroplan.estimator.verdict: tight plans are probed only after those).
     """
     if not cand.fits:
         overshoot = memory_overshoot(cand, gpu_memory_bytes, cpu_memory_bytes)
@@ -165,6 +168,13 @@ def admit(
             return Rejection(state="PRUNED", status="pruned", reason=region.reason, constraint=("failure", 1.0))
     if holder is not None:
         return duplicate(f"plan already claimed by trial #{holder}")
+    if margin_left and cand.verdict == "tight":
+        return Rejection(
+            state="FAIL",
+            status="deferred",
+            reason="tight (within the verdict's margin of the GPU's or the node's memory); plans that fit with margin go first",
+            with_prediction=False,
+        )
     if unsuspected_left and suspect_rank(cand, knowledge.failures) > 0:
         return Rejection(
             state="FAIL",

@@ -154,7 +154,8 @@ class Tuner:
             for c in self.space.fitting
             if c.key not in claimed and admit(c, gpu_memory_bytes=gpu, cpu_memory_bytes=self.space.cluster.cpu_memory_per_node_bytes, knowledge=knowledge, regions=regions) is None
         ]
-        return sorted(left, key=lambda c: suspect_rank(c, knowledge.failures))  # stable: prediction order within
+        # Stable: prediction order within; tight plans after those that fit with margin.
+        return sorted(left, key=lambda c: (suspect_rank(c, knowledge.failures), c.verdict == "tight"))
 
     def best(self) -> Any:
         """The COMPLETE trial with the highest measured throughput, or None."""
@@ -318,6 +319,7 @@ class Tuner:
                     holder=self.ledger.holder_of(cand.key, trials),
                     knowledge=knowledge,
                     unsuspected_left=bool(remaining) and suspect_rank(remaining[0], knowledge.failures) == 0,
+                    margin_left=any(c.verdict == "fits" for c in remaining),
                 )
             if rejection is not None:
                 rejections += 1

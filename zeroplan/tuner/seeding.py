@@ -43,10 +43,14 @@ def initial_candidates(space: SearchSpace, n: int) -> list[Candidate]:
     of each other stage/offload choice (so early probes span the space) — the fastest predicted
     of that choice, or, while every pick so far shares one micro-batch, the fastest near-best one
     (≥ ``NEAR_BEST`` of it) with another micro-batch, so a failure tied to one micro-batch (a
-    hang, an OOM) cannot take out every opening probe — then the rest by prediction."""
-    fitting = space.fitting
-    if n <= 0 or not fitting:
+    hang, an OOM) cannot take out every opening probe — then the rest by prediction. Plans the
+    estimator calls tight (within the verdict's margin: zeroplan.estimator.verdict) come only after
+    every plan that fits with margin; the spread is over those when there are any."""
+    everything = space.fitting
+    if n <= 0 or not everything:
         return []
+    safe = [c for c in everything if c.verdict == "fits"]
+    fitting = safe or everything
     chosen: list[Candidate] = [fitting[0]]
     micro_batches = {fitting[0].plan.micro_batch}
     groups: dict[str, list[Candidate]] = {}
@@ -64,6 +68,8 @@ def initial_candidates(space: SearchSpace, n: int) -> list[Candidate]:
         micro_batches.add(pick.plan.micro_batch)
     keys = {c.key for c in chosen}
     chosen.extend(c for c in fitting if c.key not in keys)
+    if fitting is safe:
+        chosen.extend(c for c in everything if c.verdict != "fits")
     return chosen[:n]
 
 

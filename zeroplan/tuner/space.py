@@ -124,14 +124,19 @@ class Candidate:
     CPU, where an offload plan's host states are the rank's storage too:
     :func:`zeroplan.runtime.prediction.comparable_estimate`)."""
     predicted_gpu_total_bytes: int
-    """What the GPU must hold at the peak (``gpu.total``: allocated, allocator reserve and CUDA
-    context on CUDA), bytes: what fitting and memory margins are judged on."""
+    """The reserved peak with the CUDA context (``gpu.total``: allocated, allocator reserve and
+    context on CUDA), bytes: itemised beside the verdict's figure, not judged on."""
     predicted_step_time_s: float
     """Estimated time of one optimizer step, seconds."""
     predicted_host_bytes_per_node: int = 0
     """Estimated host RAM per node at the plan's worst host phase, bytes."""
     reason: str = ""
     """Why it was pruned (empty when it fits)."""
+    predicted_gpu_bytes: int = 0
+    """The plan's GPU figure (``gpu.required``), bytes: what its verdict, pruning and memory
+    margins are judged on (zeroplan.estimator.verdict)."""
+    verdict: str = "fits"
+    """The estimator's verdict: ``fits`` (with margin), ``tight`` (probed after those) or ``oom`` (pruned)."""
     rank: int = 0
     """Position in the estimator's ranking of fitting plans (0 = predicted fastest; -1 if pruned)."""
 
@@ -171,6 +176,11 @@ class SearchSpace:
     def fitting(self) -> list[Candidate]:
         """Candidates predicted to fit, fastest predicted first."""
         return [c for c in self.candidates if c.fits]
+
+    @property
+    def tight(self) -> list[Candidate]:
+        """Candidates predicted to fit within the verdict's margin only (probed after the others)."""
+        return [c for c in self.candidates if c.fits and c.verdict == "tight"]
 
     @property
     def pruned(self) -> list[Candidate]:
@@ -317,6 +327,8 @@ def build_space(
             predicted_samples_per_second=samples_per_s,
             predicted_peak_memory_bytes=comparable_estimate(est, on_cpu=device == "cpu", ranks_per_node=cluster.gpus_in_node),
             predicted_gpu_total_bytes=int(est.gpu.total),
+            predicted_gpu_bytes=int(est.gpu.required),
+            verdict=est.verdict,
             predicted_step_time_s=float(est.step_time),
             predicted_host_bytes_per_node=int(est.cpu_per_node),
         )
@@ -327,10 +339,12 @@ def build_space(
     if model.peft is not None:
         fitting, skipped = _skip_small_offloads(fitting, model)
         pruned = skipped + pruned
-    # Ties (a small model is latency-bound in the arithmetic) go to the larger micro-batch, the
-    # lower stage and less recomputation: fewer micro-steps, collectives and FLOPs in practice.
+    # Plans that fit with margin before tight ones (zeroplan.estimator.verdict). Ties (a small model
+    # is latency-bound in the arithmetic) go to the larger micro-batch, the lower stage and less
+    # recomputation: fewer micro-steps, collectives and FLOPs in practice.
     fitting.sort(
         key=lambda c: (
+            c.verdict != "fits",
             -float(f"{c.predicted_samples_per_second:.6g}"),
             -c.plan.micro_batch,
             c.plan.stage,
@@ -376,7 +390,7 @@ def _skip_small_offloads(fitting: list[Candidate], model: ModelSpec) -> tuple[li
                 twin = by_key.get(plan_key(replace(cand.plan, offload_optimizer="none")))
             except SpecError:
                 twin = None
-        saved = twin.predicted_gpu_total_bytes - cand.predicted_gpu_total_bytes if twin else None
+        saved = twin.predicted_gpu_bytes - cand.predicted_gpu_bytes if twin else None
         if twin is None or saved >= OFFLOAD_WORTH_BYTES:
             kept.append(cand)
             continue

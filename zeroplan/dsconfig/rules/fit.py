@@ -117,7 +117,14 @@ def _fits(ctx: Context) -> Iterator[Finding]:
     peak = f"predicted GPU peak {required / gib:.1f} of {capacity / gib:.1f} GiB"
     if est.gpu.total > required:
         peak += f" (reserved {est.gpu.total / gib:.1f} with the allocator's cache)"
-    if est.fits:
+    if est.verdict == "tight":
+        # Within the verdict's margin of the GPU or the node (zeroplan.estimator.verdict): what the
+        # estimate cannot know (padding, evaluation, the allocator, the optimizer's temporaries) can tip it.
+        tight = next((n for n in est.notes if "tight:" in n), "")
+        yield _f("ZP702", "", f"tight: {peak} for {where} ({plan.label}); {tight}",
+                 "probe it before a long run (`zeroplan probe`), set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, "
+                 "or take a plan with more headroom (`zeroplan estimate`)", severity="warning")
+    elif est.fits:
         yield _f("ZP702", "", f"fits: {peak} for {where} ({plan.label})", "nothing to do", severity="info")
     else:
         reasons = "; ".join(est.notes[:2]) if est.notes else "over capacity"
