@@ -199,3 +199,17 @@ def test_trainer_script_with_a_host_corpus_probes_within_15_percent(tmp_path):
     rank = json.loads((tmp_path / "w" / "rank-0.json").read_text())
     assert rank["host_tensors_set_aside"] >= 100_000 * 128 * 8  # the corpus
     assert abs(r["memory_error"]) <= 0.15, r["memory_error"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_discovery_run_traces_a_model_that_is_not_a_transformer(tmp_path):
+    from zeroplan.runtime.discover import discover_model, discovery_config
+    from zeroplan.spec import TrainingSpec
+
+    found = discover_model(ROOT / "examples" / "train_deepspeed_mlp.py", script_args=("--steps", "2"),
+                           ds_config=discovery_config(TrainingSpec()), workdir=tmp_path)
+    assert found.total_params == 8 * 1024 * 1024 and found.activations_source == "traced"
+    traced = found.traced_activations()
+    assert traced.micro_batch == 1 and traced.input_shapes == ((1, 1024),) and traced.peak_at_micro_batch > 0
+    assert found.model_spec().parameter_sizes == ((1024 * 1024, 8),)
