@@ -28,6 +28,15 @@ def _no_cuda() -> bool:
 if _no_cuda():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+# Every engine the tests start — a probe's ranks, a plain torchrun child, an engine built in this
+# process — loads DeepSpeed's JIT ops from the one folder zeroplan's probes use
+# (zeroplan.runtime.dsops.private_extensions_dir), so a fresh machine compiles each op once (about
+# four minutes of CPU for the two), not once for that folder and again for the default cache.
+if "TORCH_EXTENSIONS_DIR" not in os.environ:
+    from zeroplan.runtime.dsops import private_extensions_dir
+
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())
+
 # A shell starts background jobs (`cmd &`, as some CI runners and nohup wrappers do) with SIGINT
 # ignored, and an ignored signal stays ignored across exec: every zeroplan process the tests start
 # would then shrug off the Ctrl-C that the interrupt tests send. A handled signal is reset to its
@@ -36,23 +45,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: Builds DeepSpeed's CPU optimizer ops, lowest CPU priority, in its own session (a Ctrl-C to the
-#: tests never stops a compile half-way and leaves its lock behind): first in zeroplan's own
-#: extensions folder, where probe ranks load them (zeroplan.runtime.dsops.private_extensions_dir),
-#: then in the default cache the in-process engine tests use. One process per folder: torch
-#: loads an op once per process.
-_BUILD_ONE = """
+#: Builds DeepSpeed's CPU optimizer ops into the tests' extensions folder (above), lowest CPU
+#: priority, in its own session (a Ctrl-C to the tests never stops a compile half-way and leaves
+#: its lock behind).
+_BUILD_OPS = """
+import os
+os.nice(19)
 from deepspeed.accelerator import get_accelerator
 if get_accelerator()._name == "cpu":
     for name in ("FusedAdamBuilder", "CPUAdamBuilder"):
         get_accelerator().create_op_builder(name).load()
-"""
-_BUILD_OPS = f"""
-import os, subprocess, sys
-os.nice(19)
-from zeroplan.runtime.dsops import extensions_env
-for env in (extensions_env(), dict(os.environ)):
-    subprocess.run([sys.executable, "-c", {_BUILD_ONE!r}], env=env)
 """
 
 
