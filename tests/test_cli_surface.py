@@ -83,3 +83,13 @@ def test_no_command_argument_or_flag_disappears():
         assert now[name][0] == args, name
         assert flags - now[name][1] == set(), f"{name}: flags gone: {sorted(flags - now[name][1])}"
 
+
+
+def test_every_command_takes_h_for_help():
+    """``-h`` as well as ``--help`` on every command (only tune took ``-h`` before)."""
+    from typer import _click as click
+
+    group = typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        with click.Context(cmd, info_name=name, parent=click.Context(group, info_name="zeroplan", **app.info.context_settings)) as ctx:
+            assert sorted(cmd.get_help_option(ctx).opts) == ["--help", "-h"], name

@@ -33,7 +33,7 @@ def calibrate(
         Optional[Path],
         typer.Option("--output", "-o", help="Write the profile TOML here (atomically) [default: print it].", rich_help_panel="Output"),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (~35 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (about a minute on 2 shared CPU cores: 57 and 63 s at load 5-8; docs/calibrate.md).", rich_help_panel=_CAL)] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.", rich_help_panel=_CAL)] = "auto",
     precision: Annotated[str, typer.Option("--precision", help="bf16 | fp16 | fp32: the dtype of the efficiency workload.", rich_help_panel=_CAL)] = "bf16",
     task: Annotated[

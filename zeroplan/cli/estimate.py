@@ -51,11 +51,12 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_engine_options,
+    resolve_gpus,
     resolve_model,
     resolve_training,
     write_output,
 )
-from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError
+from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError, format_params
 
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
@@ -151,11 +152,11 @@ def _render_table(
     name = model.name if model.source != "derived" else "model"
     if model.peft is not None:
         counts = (
-            f"{model.total_params / 1e9:.3g}B params ({model.peft.label}: {model.trainable_params / 1e6:.4g}M trainable, "
-            f"{model.frozen_params / 1e9:.3g}B frozen)"
+            f"{format_params(model.total_params)} params ({model.peft.label}: {model.trainable_params / 1e6:.4g}M trainable, "
+            f"{format_params(model.frozen_params)} frozen)"
         )
     else:
-        counts = f"{model.params / 1e9:.3g}B params"
+        counts = f"{format_params(model.params)} params"
     title = (
         f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
         f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
@@ -172,7 +173,7 @@ def _render_table(
         rows.append((
             {
                 "#": str(i),
-                "stage": str(p.stage),
+                "stage": p.stage_name(est.engine),
                 "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
                 "ckpt": p.checkpointing,
                 "mb×ga": f"{p.micro_batch}×{p.gradient_accumulation_steps}",
@@ -237,7 +238,7 @@ def _plot(path: Path, estimates, cluster) -> None:
         raise SpecError("--plot needs matplotlib; install it with: pip install 'zeroplan[plot]'") from None
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise SpecError(f"--plot {path}: give a .png, .svg or .pdf file name")
-    labels = [e.plan.label for e in estimates]
+    labels = [e.plan.label_for(e.engine) for e in estimates]
     parts = ("params", "gradients", "optimizer_states", "activations", "overhead")
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(labels) + 2), 5))
     bottoms = [0.0] * len(estimates)
@@ -266,7 +267,7 @@ def _plot(path: Path, estimates, cluster) -> None:
 def estimate(
     params: ParamsOpt = None,
     model: ModelOpt = None,
-    gpus: GpusOpt = 8,
+    gpus: GpusOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
@@ -311,6 +312,7 @@ def estimate(
     Exit code 0 when at least one plan fits, 1 when none does, 2 on bad input.
     """
     check_choice_option("--format", fmt, ("table", "json", "csv"))
+    gpus = resolve_gpus(gpus, runs_here=False)
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     plan_buckets = resolve_engine_options(
         engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,

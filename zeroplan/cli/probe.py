@@ -28,11 +28,12 @@ from zeroplan.cli.common import (
     OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
+    resolve_gpus,
     AdapterOpt,
     BaseQuantOpt,
     CheckpointingOpt,
     FormatOpt,
-    GpusOpt,
+    RunGpusOpt,
     GpusPerNodeOpt,
     GradAccumOpt,
     LoraAlphaOpt,
@@ -91,7 +92,7 @@ def _mib(n: Optional[int]) -> str:
 def _render_table(result, plan, console) -> None:
     from rich.table import Table
 
-    title = f"probe: {result.status}  ({result.backend}, {result.world_size} ranks" + (f", plan {plan.label}" if plan else "") + ")"
+    title = f"probe: {result.status}  ({result.backend}, {result.world_size} ranks" + (f", plan {plan.label_for(result.backend)}" if plan else "") + ")"
     table = Table(title=title, title_justify="left")
     table.add_column("quantity")
     table.add_column("measured", justify="right")
@@ -138,12 +139,28 @@ def _render_table(result, plan, console) -> None:
     console.print(f"workdir: {result.workdir}")
 
 
+def _refuse_invalid_config(ds_config: dict, path: Path, *, world_size: int) -> None:
+    """SpecError (one line) when ``zeroplan validate`` finds an error in ``--config``: DeepSpeed
+    would refuse it too, after seconds of start-up per rank (bf16 and fp16 both on: an
+    AssertionError in deepspeed/runtime/config.py once the engine is being built)."""
+    from zeroplan.dsconfig import validate_config
+
+    errors = [f for f in validate_config(ds_config, world_size=world_size) if f.severity == "error"]
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise SpecError(
+            f"--config {path}: {first.rule_id} {first.message}; {first.fix}{more}; nothing launched "
+            f"(zeroplan validate {path} --gpus {world_size} lists every problem)"
+        )
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def probe(
     ctx: typer.Context,
     script: Annotated[Path, typer.Argument(help="DeepSpeed training script, or a zeroplan task (defines zeroplan_task()).")],
     config: ConfigOpt = None,
-    gpus: GpusOpt = 2,
+    gpus: RunGpusOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     backend: BackendOpt = "deepspeed",
     steps: StepsOpt = 5,
@@ -199,6 +216,7 @@ def probe(
     check_choice_option("--format", format, ("table", "json"))
     check_choice_option("--backend", backend, BACKENDS)
     require_runtime("probe")
+    gpus = resolve_gpus(gpus, runs_here=True)
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     bucket_flags = dict(reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size, prefetch_bucket_size=prefetch_bucket_size)
     plan_buckets = resolve_engine_options(
@@ -230,6 +248,8 @@ def probe(
         raise SpecError(f"script {script} does not exist or is not a file")
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
     ds_config = load_config(config).config if config is not None else None
+    if ds_config is not None:
+        _refuse_invalid_config(ds_config, config, world_size=gpus)
     from zeroplan.runtime.peft_source import PeftFlags
 
     # What needs no model is checked now; a layout that does not fit the model is an error now

@@ -20,6 +20,7 @@ from zeroplan.cli.common import (
     OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
+    resolve_gpus,
     BaseQuantOpt,
     LoraAlphaOpt,
     LoraRankOpt,
@@ -30,7 +31,7 @@ from zeroplan.cli.common import (
     GlobalBatchOpt,
     GpuMemoryOpt,
     GpuOpt,
-    GpusOpt,
+    RunGpusOpt,
     GpusPerNodeOpt,
     GradAccumOpt,
     MicroBatchOpt,
@@ -83,7 +84,7 @@ def _parse_bucket_sizes(text: Optional[str]) -> tuple[int, ...]:
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def tune(
     script: Annotated[Path, typer.Argument(help="Training script: a DeepSpeed script or a zeroplan task (zeroplan_task()).")],
-    gpus: GpusOpt,
+    gpus: RunGpusOpt = None,
     script_args: Annotated[Optional[List[str]], typer.Argument(help="Arguments for the script, after --.", show_default=False)] = None,
     gpus_per_node: GpusPerNodeOpt = None,
     gpu: GpuOpt = None,
@@ -161,6 +162,7 @@ def tune(
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     check_choice_option("--backend", backend, ("deepspeed", "fsdp"))
     check_tune_precision(precision)
+    gpus = resolve_gpus(gpus, runs_here=True)
     plan_buckets = resolve_engine_options(
         engine=backend, engine_flag="--backend", optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,

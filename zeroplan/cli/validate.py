@@ -163,7 +163,10 @@ def validate(
     else:
         from rich.console import Console
 
-        console = Console(width=None if sys.stdout.isatty() else 160)
+        import os
+
+        # The terminal's width, or COLUMNS; 160 only when piped with neither (as estimate does).
+        console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
         counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
         summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
         world = f"{gpus} GPUs" if gpus else "GPU count not given"
