@@ -73,6 +73,7 @@ __all__ = [
     "check_choice_option",
     "check_plan_options",
     "write_output",
+    "terminal_width",
 ]
 
 _MODEL = "Model"
@@ -337,6 +338,12 @@ def write_output(text: str, output: Optional[Path]) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise SpecError(f"--output {output}: cannot write ({exc.strerror})") from None
+
+
+def terminal_width(piped: int) -> Optional[int]:
+    """A rich Console's ``width``: None (the terminal's, or ``COLUMNS``) on a terminal or when
+    ``COLUMNS`` is set; ``piped`` columns when output goes to a pipe or file without it."""
+    return None if sys.stdout.isatty() or os.environ.get("COLUMNS") else piped
 
 
 def require_runtime(command: str) -> None:

@@ -53,6 +53,7 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_model,
     resolve_training,
+    terminal_width,
     write_output,
 )
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
@@ -339,7 +340,7 @@ def probe(
     if format == "json":
         write_output(json.dumps(result.as_dict(), indent=2), output)
     elif output is None:
-        _render_table(result, plan, Console(width=120))
+        _render_table(result, plan, Console(width=terminal_width(120)))
     else:
         console = Console(file=io.StringIO(), width=120)
         _render_table(result, plan, console)

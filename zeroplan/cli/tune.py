@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -50,6 +49,7 @@ from zeroplan.cli.common import (
     resolve_cluster,
     resolve_model,
     resolve_training,
+    terminal_width,
 )
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import best_text, print_summary
@@ -229,7 +229,7 @@ def tune(
     from rich.console import Console
     from rich.markup import escape
 
-    console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
+    console = Console(stderr=False, highlight=False, width=terminal_width(140))
 
     # A Trainer script (transformers/TRL) takes --deepspeed; every trial starts from the user's
     # config, else (Trainer) from the "auto" template, else from zeroplan's complete config.

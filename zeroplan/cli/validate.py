@@ -6,7 +6,6 @@ Exit 0 when there are no errors, 1 when there are, 2 when the config cannot be r
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated, Optional
 
 import typer
@@ -35,6 +34,7 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_model,
+    terminal_width,
     write_output,
 )
 from zeroplan.spec import SpecError
@@ -163,10 +163,7 @@ def validate(
     else:
         from rich.console import Console
 
-        import os
-
-        # The terminal's width, or COLUMNS; 160 only when piped with neither (as estimate does).
-        console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+        console = Console(width=terminal_width(160))
         counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
         summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
         world = f"{gpus} GPUs" if gpus else "GPU count not given"
