@@ -40,7 +40,7 @@ SURFACE = {
         "--node-rank", "--offload-optimizer", "--offload-param", "--optimizer", "--optimizer-impl", "--output",
         "--params", "--precision", "--prefetch-bucket-size", "--rdzv-endpoint", "--rdzv-timeout",
         "--reduce-bucket-size", "--seq-len", "--stage", "--steps", "--timeout", "--torchrun-arg",
-        "--trainable-params", "--verbose", "--warmup", "--workdir", "-o", "-v", "--overlap-comm",
+        "--trainable-params", "--verbose", "--warmup", "--workdir", "-o", "-v", "--overlap-comm", "--engine",
     }),
     "profiles": ((), {
         "--format", "--output", "-o",
@@ -52,7 +52,7 @@ SURFACE = {
         "--model", "--nnodes", "--node", "--node-rank", "--nvme", "--nvme-path", "--offload-optimizer",
         "--offload-param", "--optimizer", "--output", "--params", "--precision", "--rdzv-endpoint", "--rdzv-timeout",
         "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage", "--time-budget",
-        "--timeout", "--trainable-params", "--trials", "--warmup", "-o",
+        "--timeout", "--trainable-params", "--trials", "--warmup", "-o", "--engine",
         "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
         "--prefetch-bucket-size", "--overlap-comm",
     }),

@@ -32,7 +32,6 @@ from zeroplan.cli.common import (
     AdapterOpt,
     BaseQuantOpt,
     CheckpointingOpt,
-    FormatOpt,
     RunGpusOpt,
     GpusPerNodeOpt,
     GradAccumOpt,
@@ -66,7 +65,10 @@ ConfigOpt = Annotated[
     Optional[Path],
     typer.Option("--config", help="DeepSpeed JSON config (default for a zeroplan task: built from the plan flags).", rich_help_panel=_PROBE),
 ]
-BackendOpt = Annotated[str, typer.Option("--backend", help="deepspeed | fsdp (fsdp runs zeroplan tasks only).", rich_help_panel=_PROBE)]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", "--engine", help="deepspeed | fsdp (fsdp runs zeroplan tasks only); --engine as in estimate and export.", rich_help_panel=_PROBE)
+]
+ProbeFormatOpt = Annotated[str, typer.Option("--format", help="table | json.", rich_help_panel="Output")]
 StepsOpt = Annotated[int, typer.Option("--steps", help="Measured optimizer steps.", rich_help_panel=_PROBE)]
 WarmupOpt = Annotated[int, typer.Option("--warmup", help="Optimizer steps run before measuring.", rich_help_panel=_PROBE)]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before the whole job is killed.", rich_help_panel=_PROBE)]
@@ -194,7 +196,7 @@ def probe(
     adapter: AdapterOpt = None,
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
-    format: FormatOpt = "table",
+    format: ProbeFormatOpt = "table",
     output: OutputOpt = None,
     verbose: VerboseOpt = False,
     nnodes: NnodesOpt = 1,

@@ -113,7 +113,7 @@ def tune(
     trials: Annotated[int, typer.Option("--trials", help="Probes the study should hold (pruned plans do not count).", rich_help_panel=_TUNE)] = 8,
     time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Wall-clock seconds for the search: no probe starts that would end past it; at the end, the predicted gap to the best plan not probed.", rich_help_panel=_TUNE)] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per probe before it is killed (status timeout).", rich_help_panel=_TUNE)] = 300.0,
-    backend: Annotated[str, typer.Option("--backend", help="deepspeed | fsdp (fsdp runs zeroplan tasks only).", rich_help_panel=_TUNE)] = "deepspeed",
+    backend: Annotated[str, typer.Option("--backend", "--engine", help="deepspeed | fsdp (fsdp runs zeroplan tasks only); --engine as in estimate and export.", rich_help_panel=_TUNE)] = "deepspeed",
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for ds_config.json, trials.csv, report.md, throughput.png and study.db.", rich_help_panel=_TUNE)] = Path("zeroplan-out"),
     storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna RDB URL (sqlite:///x.db, postgresql://...) or a journal file path [default: OUTPUT/study.db].", rich_help_panel=_TUNE)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study in the storage (also: join it as another worker).", rich_help_panel=_TUNE)] = False,
