@@ -27,7 +27,7 @@ _CAL = "Calibrate"
 def calibrate(
     gpus: Annotated[
         Optional[int],
-        typer.Option("--gpus", help="Processes to measure with [default: CUDA devices, else 2 ranks on the CPU].", rich_help_panel=_CAL),
+        typer.Option("--gpus", help="Processes to measure with [default: this machine's GPUs; without one, 2 ranks on the CPU].", rich_help_panel=_CAL),
     ] = None,
     output: Annotated[
         Optional[Path],
