@@ -208,3 +208,36 @@ def test_console_shows_a_duplicate_proposal_as_the_csv_does():
     text = console.file.getvalue()
     assert "trial #5" in text and "duplicate: plan already claimed by trial #2" in text
     assert "could not write results: disk full" in text
+
+
+def _config(tmp_path, **zero_and_fp16):
+    fp16 = zero_and_fp16.pop("fp16", False)
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                                  "bf16": {"enabled": True}, "fp16": {"enabled": fp16}, "zero_optimization": zero_and_fp16}))
+    return config
+
+
+def test_probe_refuses_a_config_validate_rejects_before_launching(tmp_path, capsys):
+    """bf16 and fp16 both on: DeepSpeed's AssertionError after start-up before; now ZP301 at once."""
+    config = _config(tmp_path, stage=2, fp16=True)
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('launched')\n")
+    code, out, err = run(["probe", str(script), "--config", str(config), "--gpus", "2", "--workdir", str(tmp_path / "w")], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"zeroplan: error: --config {config}: ZP301 ") and err.count("\n") == 1, err
+    assert f"zeroplan validate {config} --gpus 2" in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_probe_says_why_an_nvme_config_reads_as_cpu_offload(tmp_path):
+    """Stage 2 with offload_optimizer nvme runs as a CPU offload (DeepSpeed's stage_1_and_2.py), so
+    its plan reads z2+opt:cpu; probe says so in a note (ZP204) instead of leaving the label unexplained."""
+    from zeroplan.cli.probe import check_probe_config
+    from zeroplan.dsconfig import load_config, plan_from_config
+
+    config = _config(tmp_path, stage=2, offload_optimizer={"device": "nvme", "nvme_path": "/tmp"})
+    ds = load_config(config).config
+    assert plan_from_config(ds, 2).label == "z2+opt:cpu/ckpt:none/mb2/ga2"
+    notes = check_probe_config(ds, config, world_size=2)
+    assert [n.split(":")[0] for n in notes] == ["ZP204"] and "keep optimizer states in CPU RAM" in notes[0]

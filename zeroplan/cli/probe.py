@@ -142,13 +142,20 @@ def _render_table(result, plan, console) -> None:
     console.print(f"workdir: {result.workdir}")
 
 
-def _refuse_invalid_config(ds_config: dict, path: Path, *, world_size: int) -> None:
-    """SpecError (one line) when ``zeroplan validate`` finds an error in ``--config``: DeepSpeed
-    would refuse it too, after seconds of start-up per rank (bf16 and fp16 both on: an
-    AssertionError in deepspeed/runtime/config.py once the engine is being built)."""
+def check_probe_config(ds_config: dict, path: Path, *, world_size: int) -> list[str]:
+    """Run ``zeroplan validate``'s rules on ``--config`` before anything is launched.
+
+    An error is a SpecError (one line): DeepSpeed would refuse the config too, after seconds of
+    start-up per rank (bf16 and fp16 both on: an AssertionError in deepspeed/runtime/config.py
+    once the engine is being built). Returns notes for the warnings about what the engine will
+    run instead of what the config says (ZP2xx: an NVMe optimizer offload at stage 1-2 runs as a
+    CPU offload, deepspeed/runtime/zero/stage_1_and_2.py ``cpu_offload`` for any device but none,
+    which is why the plan reads ``z2+opt:cpu``).
+    """
     from zeroplan.dsconfig import validate_config
 
-    errors = [f for f in validate_config(ds_config, world_size=world_size) if f.severity == "error"]
+    findings = validate_config(ds_config, world_size=world_size)
+    errors = [f for f in findings if f.severity == "error"]
     if errors:
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -156,6 +163,7 @@ def _refuse_invalid_config(ds_config: dict, path: Path, *, world_size: int) -> N
             f"--config {path}: {first.rule_id} {first.message}; {first.fix}{more}; nothing launched "
             f"(zeroplan validate {path} --gpus {world_size} lists every problem)"
         )
+    return [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "warning" and f.rule_id.startswith("ZP2")]
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -252,7 +260,8 @@ def probe(
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
     ds_config = load_config(config).config if config is not None else None
     if ds_config is not None:
-        _refuse_invalid_config(ds_config, config, world_size=gpus)
+        for note in check_probe_config(ds_config, config, world_size=gpus):
+            print(f"zeroplan: note: {note}", file=sys.stderr)
     from zeroplan.runtime.peft_source import PeftFlags
 
     # What needs no model is checked now; a layout that does not fit the model is an error now
