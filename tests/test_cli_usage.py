@@ -122,7 +122,12 @@ def test_validate_follows_columns(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     code, out, _ = run(["validate", str(config), "--gpus", "2"], capsys)
     assert code == 1
-    assert max(len(ln) for ln in out.splitlines()) <= 80
+    assert max(len(ln) for ln in out.splitlines()) <= 80  # it printed 160 wide
+    # below 110 columns one block per finding instead of a five-column table broken mid-word
+    assert "┃" not in out and any(ln.startswith("error ZP301 ") for ln in out.splitlines())
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(["validate", str(config), "--gpus", "2"], capsys)
+    assert "┃ severity ┃ rule" in out and max(len(ln) for ln in out.splitlines()) <= 200
 
 
 # ---------------------------------------------------------------------------------------------
