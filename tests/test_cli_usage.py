@@ -53,7 +53,8 @@ BAD_USAGE = {
     ("estimate", "--gpus"): "zeroplan: error: --gpus needs a value",
     ("estimat",): "zeroplan: error: no such command 'estimat'; did you mean estimate? "
                   "(commands: calibrate, estimate, export, probe, profiles, tune, validate)",
-    # the project's own checks keep their one line
+    # the project's own checks keep their one line, naming the flag (calibrate said device='xyz')
+    ("calibrate", "--device", "gpu"): "zeroplan: error: --device 'gpu' is not valid; choose one of auto, cuda, cpu",
     ("estimate", "--params", "7e9", "--global-batch", "12", "--gpus", "8"):
         "zeroplan: error: --global-batch 12 is not a multiple of --gpus 8 (each GPU takes whole samples); use 8 or 16",
 }

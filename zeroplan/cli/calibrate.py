@@ -61,6 +61,9 @@ def calibrate(
     from zeroplan.calibrate import calibrate as run_calibration
     from zeroplan.spec import SpecError
 
+    from zeroplan.cli.common import check_choice_option
+
+    check_choice_option("--device", device, ("auto", "cuda", "cpu"))
     if output is not None:
         if output.is_dir():
             raise SpecError(f"--output {output} is a directory; give a file path such as profile.toml")
