@@ -68,6 +68,14 @@ def test_bad_usage_is_one_line_on_stderr_with_exit_2(argv, capsys):
     assert err == BAD_USAGE[argv] + "\n"
 
 
+def test_no_command_lists_the_commands_and_version_exits_0(capsys):
+    code, out, err = run([], capsys)
+    assert code == 2 and out == "" and err.startswith("Usage: zeroplan [OPTIONS] COMMAND [ARGS]...")
+    assert all(f"  {c}" in err for c in COMMANDS)
+    code, out, err = run(["--version"], capsys)
+    assert code == 0 and out.startswith("zeroplan ") and err == ""
+
+
 def test_global_batch_the_gpus_divide_is_accepted(capsys):
     code, out, err = run(["estimate", "--params", "7e9", "--global-batch", "16", "--gpus", "8", "--format", "json"], capsys)
     assert code == 0, err

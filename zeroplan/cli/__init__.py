@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from zeroplan.cli.surface import HELP_OPTION_NAMES, ZeroplanCommand, is_usage_error, usage_error_line
+from zeroplan.cli.surface import HELP_OPTION_NAMES, ZeroplanCommand, is_no_args, is_usage_error, usage_error_line
 from zeroplan.spec.errors import SpecError
 
 
@@ -79,15 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if not is_usage_error(exc):
             raise
-        if type(exc).__name__ == "NoArgsIsHelpError":
+        if is_no_args(exc):
             # `zeroplan` alone: the list of commands, as click shows it.
             print(exc.format_message(), file=sys.stderr)
             sys.exit(2)
         print(f"zeroplan: error: {usage_error_line(exc)}", file=sys.stderr)
         sys.exit(2)
-    except BaseException as exc:
-        # typer's Abort (EOF on a prompt) and click's exit: their own codes.
-        raise exc
     sys.exit(code if isinstance(code, int) else 0)
 
 

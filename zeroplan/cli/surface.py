@@ -17,7 +17,7 @@ from typing import Any
 from typer import _click as click
 from typer.core import TyperCommand
 
-__all__ = ["ZeroplanCommand", "usage_error_line", "HELP_OPTION_NAMES"]
+__all__ = ["ZeroplanCommand", "usage_error_line", "is_usage_error", "is_no_args", "HELP_OPTION_NAMES"]
 
 #: ``-h`` and ``--help`` on every command.
 HELP_OPTION_NAMES = ["-h", "--help"]
@@ -64,7 +64,7 @@ class ZeroplanCommand(TyperCommand):
     def format_options(self, ctx: Any, formatter: Any) -> None:
         arguments, groups = [], {}
         for param in self.get_params(ctx):
-            if param.hidden if hasattr(param, "hidden") else False:
+            if getattr(param, "hidden", False):
                 continue
             if param.param_type_name == "argument":
                 arguments.append((_usage_name(param), param.help or ""))
@@ -157,4 +157,9 @@ def usage_error_line(exc: click.ClickException) -> str:
 def is_usage_error(exc: BaseException) -> bool:
     """Whether ``exc`` is one of click's command-line errors (exit 2)."""
     return isinstance(exc, click.exceptions.UsageError)
+
+
+def is_no_args(exc: BaseException) -> bool:
+    """Whether ``exc`` is click's "no arguments: show the help" (``zeroplan`` alone)."""
+    return isinstance(exc, click.exceptions.NoArgsIsHelpError)
 
