@@ -114,7 +114,10 @@ def test_filters_and_nothing_fits_exit_1():
         (["--params", "7e9", "--precision", "fp8"], "--precision"),
         (["--params", "7e9", "--seq-len", "0"], "--seq-len"),
         (["--params", "7e9", "--gpu-memory", "-3"], "--gpu-memory"),
-        (["--params", "7e9", "--global-batch", "100", "--micro-batch", "3", "--gpus", "8"], "global_batch"),
+        (["--params", "7e9", "--global-batch", "100", "--micro-batch", "3", "--gpus", "8"], "--global-batch 100 is not a multiple of --gpus 8"),
+        (["--params", "7e9", "--global-batch", "96", "--micro-batch", "5", "--gpus", "8"], "micro_batch×gpus=5×8=40; use 80 or 120"),
+        (["--params", "abc"], "--params 'abc' is not valid"),
+        (["--parms", "7e9"], "did you mean --params?"),
         (["--params", "7e9", "--stage", "2", "--offload-param", "cpu"], "stage 3"),
         ([], "no model"),
     ],
@@ -124,6 +127,7 @@ def test_bad_input_one_line_exit_2(args, fragment):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     assert fragment in r.stderr
+    assert r.stderr.startswith("zeroplan: error: ") and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_bad_config_json(tmp_path):

@@ -44,7 +44,7 @@ SURFACE = {
         "--node-rank", "--offload-optimizer", "--offload-param", "--optimizer", "--optimizer-impl", "--output",
         "--params", "--precision", "--prefetch-bucket-size", "--rdzv-endpoint", "--rdzv-timeout",
         "--reduce-bucket-size", "--seq-len", "--stage", "--steps", "--timeout", "--torchrun-arg",
-        "--trainable-params", "--verbose", "--warmup", "--workdir", "-o", "-v", "--overlap-comm",
+        "--trainable-params", "--verbose", "--warmup", "--workdir", "-o", "-v", "--overlap-comm", "--engine",
     }),
     "profiles": ((), {
         "--format", "--output", "-o",
@@ -56,7 +56,7 @@ SURFACE = {
         "--model", "--nnodes", "--node", "--node-rank", "--nvme", "--nvme-path", "--offload-optimizer",
         "--offload-param", "--optimizer", "--output", "--params", "--precision", "--rdzv-endpoint", "--rdzv-timeout",
         "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage", "--time-budget",
-        "--timeout", "--trainable-params", "--trials", "--warmup", "-o",
+        "--timeout", "--trainable-params", "--trials", "--warmup", "-o", "--engine",
         "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
         "--prefetch-bucket-size", "--overlap-comm",
     }),
@@ -87,3 +87,13 @@ def test_no_command_argument_or_flag_disappears():
         assert now[name][0] == args, name
         assert flags - now[name][1] == set(), f"{name}: flags gone: {sorted(flags - now[name][1])}"
 
+
+
+def test_every_command_takes_h_for_help():
+    """``-h`` as well as ``--help`` on every command (only tune took ``-h`` before)."""
+    from typer import _click as click
+
+    group = typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        with click.Context(cmd, info_name=name, parent=click.Context(group, info_name="zeroplan", **app.info.context_settings)) as ctx:
+            assert sorted(cmd.get_help_option(ctx).opts) == ["--help", "-h"], name

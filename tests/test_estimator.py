@@ -223,8 +223,16 @@ def test_enumerate_keeps_global_batch_exact():
     plans = enumerate_plans(model, cluster(8), t)
     assert plans and all(p.micro_batch * p.gradient_accumulation_steps * 8 == 96 for p in plans)
     assert {p.micro_batch for p in plans} == {1, 2, 4}
-    with pytest.raises(SpecError, match="global_batch=100"):
+    # No micro-batch reaches a global batch the GPUs do not divide: the error is about the GPUs
+    # (it named the last micro-batch tried, "use 512 or 1024" for 12 on 8 GPUs, while 16 works).
+    with pytest.raises(SpecError, match=r"^--global-batch 12 is not a multiple of --gpus 8 .*; use 8 or 16$"):
+        enumerate_plans(model, cluster(8), TrainingSpec(global_batch=12))
+    with pytest.raises(SpecError, match=r"^--global-batch 100 is not a multiple of --gpus 8 .*; use 96 or 104$"):
         enumerate_plans(model, cluster(8), TrainingSpec(global_batch=100, micro_batch=4))
+    assert {p.micro_batch for p in enumerate_plans(model, cluster(8), TrainingSpec(global_batch=16))} == {1, 2}
+    # A global batch the GPUs divide but a given micro-batch does not: named with that micro-batch.
+    with pytest.raises(SpecError, match=r"global_batch=96 is not a multiple of micro_batch×gpus=5×8=40; use 80 or 120"):
+        enumerate_plans(model, cluster(8), TrainingSpec(global_batch=96, micro_batch=5))
 
 
 def test_ranking_puts_fitting_fastest_first():
@@ -303,6 +311,22 @@ def test_bigger_micro_batch_never_lowers_activations(params, mb, seq, ckpt, flas
     small = activation_memory(model, t, Plan(stage=0, micro_batch=mb, checkpointing=ckpt)).total
     big = activation_memory(model, t, Plan(stage=0, micro_batch=mb + 1, checkpointing=ckpt)).total
     assert big >= small
+
+
+def test_derived_shape_heads_divide_hidden_as_in_real_models():
+    """--params 7e9 derived 33 heads (h = 4224); a 7B model has h = 4096 and 32 heads of 128
+    (LLaMA-2-7B, the shipped preset from its config.json), and 13B h = 5120 with 40 heads."""
+    from zeroplan.profiles import load_model_preset
+
+    for params, preset in ((7e9, "llama-2-7b"), (13e9, "llama-2-13b")):
+        derived, real = ModelSpec.from_params(params), load_model_preset(preset)
+        assert (derived.hidden_size, derived.num_heads) == (real.hidden_size, real.num_heads)
+    for params in (1e8, 3.5e8, 1e9, 1.3e9, 2.7e9, 7e9, 13e9, 30e9, 70e9, 175e9, 1e12, 2e12):
+        m = ModelSpec.from_params(params)
+        assert m.hidden_size % m.num_heads == 0
+        assert m.head_dim in (64, 128)
+        if m.hidden_size >= 2048:
+            assert m.num_heads % 4 == 0, (params, m.num_heads)
 
 
 def test_derived_shape_reproduces_gpt3():

@@ -182,7 +182,12 @@ def test_default_gpu_without_nvml_here():
         pass
     spec, note = default_gpu()
     assert spec == load_gpu("a100-80gb")
-    assert "a100-80gb assumed" in note and "--gpu" in note
+    # default_gpu's note (zeroplan profiles, which has no --gpu) names no option; the commands
+    # that take --gpu get detect_gpu's, which says to set it.
+    assert "a100-80gb assumed" in note and "--gpu" not in note
+    from zeroplan.profiles import detect_gpu
+
+    assert detect_gpu()[1] == note + "; set --gpu"
 
 
 class _NVMLError(Exception):
@@ -239,6 +244,23 @@ def test_default_gpu_without_nvidia_ml_py(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     spec, note = default_gpu()
     assert spec == load_gpu("a100-80gb") and "nvidia-ml-py not installed" in note
+
+
+def test_gpus_default_is_this_machines_gpus_else_8_to_plan_and_2_to_run(monkeypatch):
+    """--gpus not given: NVML's count (narrowed by CUDA_VISIBLE_DEVICES, as CUDA narrows it);
+    without a GPU, 8 for estimate/export and 2 CPU ranks for probe/tune."""
+    from zeroplan.cli.common import resolve_gpus
+    from zeroplan.profiles import local_gpu_count
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(name="NVIDIA H100 80GB HBM3", count=8))
+    assert local_gpu_count() == 8
+    assert resolve_gpus(None, runs_here=False) == resolve_gpus(None, runs_here=True) == 8
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert resolve_gpus(None, runs_here=True) == 2 and resolve_gpus(4, runs_here=True) == 4
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(init_error=True))
+    assert local_gpu_count() is None
+    assert (resolve_gpus(None, runs_here=False), resolve_gpus(None, runs_here=True)) == (8, 2)
 
 
 # ---------------------------------------------------------------------------------------------

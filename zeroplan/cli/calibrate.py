@@ -27,13 +27,13 @@ _CAL = "Calibrate"
 def calibrate(
     gpus: Annotated[
         Optional[int],
-        typer.Option("--gpus", help="Processes to measure with [default: CUDA devices, else 2 ranks on the CPU].", rich_help_panel=_CAL),
+        typer.Option("--gpus", help="Processes to measure with [default: this machine's GPUs; without one, 2 ranks on the CPU].", rich_help_panel=_CAL),
     ] = None,
     output: Annotated[
         Optional[Path],
         typer.Option("--output", "-o", help="Write the profile TOML here (atomically) [default: print it].", rich_help_panel="Output"),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (~35 s on 2 CPU cores).", rich_help_panel=_CAL)] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes and short timings, engine at stage 2 only (about a minute on 2 shared CPU cores: 57 and 63 s at load 5-8; docs/calibrate.md).", rich_help_panel=_CAL)] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cuda | cpu.", rich_help_panel=_CAL)] = "auto",
     precision: Annotated[str, typer.Option("--precision", help="bf16 | fp16 | fp32: the dtype of the efficiency workload.", rich_help_panel=_CAL)] = "bf16",
     task: Annotated[
@@ -61,6 +61,9 @@ def calibrate(
     from zeroplan.calibrate import calibrate as run_calibration
     from zeroplan.spec import SpecError
 
+    from zeroplan.cli.common import check_choice_option
+
+    check_choice_option("--device", device, ("auto", "cuda", "cpu"))
     if output is not None:
         if output.is_dir():
             raise SpecError(f"--output {output} is a directory; give a file path such as profile.toml")

@@ -31,6 +31,8 @@ __all__ = [
     "ParamsOpt",
     "ModelOpt",
     "GpusOpt",
+    "RunGpusOpt",
+    "resolve_gpus",
     "GpusPerNodeOpt",
     "GpuOpt",
     "GpuMemoryOpt",
@@ -71,6 +73,7 @@ __all__ = [
     "check_choice_option",
     "check_plan_options",
     "write_output",
+    "terminal_width",
 ]
 
 _MODEL = "Model"
@@ -88,7 +91,19 @@ ModelOpt = Annotated[
     Optional[str],
     typer.Option("--model", help="Preset name (see `zeroplan profiles`) or path to a Hugging Face config.json.", rich_help_panel=_MODEL),
 ]
-GpusOpt = Annotated[int, typer.Option("--gpus", help="Total GPUs (data-parallel world size).", rich_help_panel=_CLUSTER)]
+#: ``--gpus`` when not given: this machine's GPUs when it has some (as ``--gpu`` is detected);
+#: else a typical 8-GPU node for the commands that only plan, and 2 CPU ranks for the ones that
+#: run engines here (8 ranks would share a few cores). :func:`resolve_gpus` applies it.
+PLAN_GPUS_WITHOUT_GPU = 8
+RUN_GPUS_WITHOUT_GPU = 2
+GpusOpt = Annotated[
+    Optional[int],
+    typer.Option("--gpus", help="Total GPUs (data-parallel world size) [default: this machine's GPUs; without one, 8, a typical node].", rich_help_panel=_CLUSTER),
+]
+RunGpusOpt = Annotated[
+    Optional[int],
+    typer.Option("--gpus", help="Total GPUs (processes) of the job [default: this machine's GPUs; without one, 2 ranks on the CPU].", rich_help_panel=_CLUSTER),
+]
 GpusPerNodeOpt = Annotated[
     Optional[int], typer.Option("--gpus-per-node", help="GPUs per node [default: min(gpus, 8)].", rich_help_panel=_CLUSTER)
 ]
@@ -245,6 +260,18 @@ def resolve_engine_options(
 OVERLAP_COMM_CHOICES = ("on", "off")
 
 
+def resolve_gpus(gpus: Optional[int], *, runs_here: bool) -> int:
+    """``--gpus`` as given, else this machine's GPU count (NVML), else
+    :data:`RUN_GPUS_WITHOUT_GPU` (probe, tune) or :data:`PLAN_GPUS_WITHOUT_GPU` (estimate, export)."""
+    if gpus is not None:
+        if gpus < 1:
+            raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
+        return gpus
+    from zeroplan.profiles import local_gpu_count
+
+    return local_gpu_count() or (RUN_GPUS_WITHOUT_GPU if runs_here else PLAN_GPUS_WITHOUT_GPU)
+
+
 def with_peft(model_spec: ModelSpec, model_arg: Optional[str], *, precision: str, **options) -> ModelSpec:
     """``PeftOptions(**options).apply(model_spec, model_arg, precision=precision)``."""
     return PeftOptions(**options).apply(model_spec, model_arg, precision=precision)
@@ -311,6 +338,12 @@ def write_output(text: str, output: Optional[Path]) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise SpecError(f"--output {output}: cannot write ({exc.strerror})") from None
+
+
+def terminal_width(piped: int) -> Optional[int]:
+    """A rich Console's ``width``: None (the terminal's, or ``COLUMNS``) on a terminal or when
+    ``COLUMNS`` is set; ``piped`` columns when output goes to a pipe or file without it."""
+    return None if sys.stdout.isatty() or os.environ.get("COLUMNS") else piped
 
 
 def require_runtime(command: str) -> None:

@@ -51,11 +51,12 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_engine_options,
+    resolve_gpus,
     resolve_model,
     resolve_training,
     write_output,
 )
-from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError
+from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError, format_params
 
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
@@ -220,14 +221,14 @@ def _render_table(
     name = model.name if model.source != "derived" else "model"
     if model.peft is not None:
         counts = (
-            f"{model.total_params / 1e9:.3g}B params ({model.peft.label}: {model.trainable_params / 1e6:.4g}M trainable, "
-            f"{model.frozen_params / 1e9:.3g}B frozen)"
+            f"{format_params(model.total_params)} params ({model.peft.label}: {model.trainable_params / 1e6:.4g}M trainable, "
+            f"{format_params(model.frozen_params)} frozen)"
         )
     else:
-        counts = f"{model.params / 1e9:.3g}B params"
+        counts = f"{format_params(model.params)} params"
     if model.moe is not None:
         # Memory holds every expert; FLOPs and time count what one token touches.
-        counts += f", {model.active_params / 1e9:.3g}B active ({model.moe.experts_per_token} of {model.moe.num_experts} experts)"
+        counts += f", {format_params(model.active_params)} active ({model.moe.experts_per_token} of {model.moe.num_experts} experts)"
     title = (
         f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
         f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
@@ -244,7 +245,7 @@ def _render_table(
         rows.append((
             {
                 "#": str(i),
-                "stage": str(p.stage),
+                "stage": p.stage_name(est.engine),
                 "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
                 "ckpt": p.checkpointing,
                 "mb×ga": f"{p.micro_batch}×{p.gradient_accumulation_steps}",
@@ -310,7 +311,7 @@ def _render_table(
 def estimate(
     params: ParamsOpt = None,
     model: ModelOpt = None,
-    gpus: GpusOpt = 8,
+    gpus: GpusOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
@@ -356,6 +357,7 @@ def estimate(
     Exit code 0 when at least one plan fits, 1 when none does, 2 on bad input.
     """
     check_choice_option("--format", fmt, ("table", "json", "csv"))
+    gpus = resolve_gpus(gpus, runs_here=False)
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     plan_buckets = resolve_engine_options(
         engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,

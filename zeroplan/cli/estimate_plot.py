@@ -22,7 +22,7 @@ def plot_plans(path: Path, estimates, cluster) -> None:
         raise SpecError("--plot needs matplotlib; install it with: pip install 'zeroplan[plot]'") from None
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise SpecError(f"--plot {path}: give a .png, .svg or .pdf file name")
-    labels = [e.plan.label for e in estimates]
+    labels = [e.plan.label_for(e.engine) for e in estimates]
     parts = ("params", "gradients", "optimizer_states", "activations")
     fig, (ax, host_ax) = plt.subplots(2, 1, figsize=(max(6, 0.45 * len(labels) + 2), 8), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})

@@ -25,6 +25,7 @@ from zeroplan.cli.common import (
     OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
+    resolve_gpus,
     BaseQuantOpt,
     LoraAlphaOpt,
     LoraRankOpt,
@@ -86,7 +87,7 @@ def _note(text: str) -> None:
 def export(
     params: ParamsOpt = None,
     model: ModelOpt = None,
-    gpus: GpusOpt = 8,
+    gpus: GpusOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     gpu: GpuOpt = None,
     gpu_memory: GpuMemoryOpt = None,
@@ -154,8 +155,7 @@ def export(
     )
     if accelerate_config is not None and output is None:
         raise SpecError("--accelerate-config points accelerate at the exported file: also give --output ds.json")
-    if gpus < 1:
-        raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
+    gpus = resolve_gpus(gpus, runs_here=False)
     training = resolve_training(
         precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch,
         global_batch=global_batch, grad_accum=grad_accum,
@@ -215,7 +215,7 @@ def export(
 
             plan = replace(plan, cpu_checkpointing=True)
         _note(
-            f"chose {plan.label}: predicted {best.gpu.required / 1024**3:.1f} GiB per GPU, "
+            f"chose {plan.label_for(engine)}: predicted {best.gpu.required / 1024**3:.1f} GiB per GPU, "
             f"{best.tokens_per_second:,.0f} tokens/s ({choice.fitting} of {choice.considered} plans fit)"
         )
 

@@ -28,11 +28,11 @@ from zeroplan.cli.common import (
     OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
+    resolve_gpus,
     AdapterOpt,
     BaseQuantOpt,
     CheckpointingOpt,
-    FormatOpt,
-    GpusOpt,
+    RunGpusOpt,
     GpusPerNodeOpt,
     GradAccumOpt,
     LoraAlphaOpt,
@@ -52,6 +52,7 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_model,
     resolve_training,
+    terminal_width,
     write_output,
 )
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
@@ -64,7 +65,10 @@ ConfigOpt = Annotated[
     Optional[Path],
     typer.Option("--config", help="DeepSpeed JSON config (default for a zeroplan task: built from the plan flags).", rich_help_panel=_PROBE),
 ]
-BackendOpt = Annotated[str, typer.Option("--backend", help="deepspeed | fsdp (fsdp runs zeroplan tasks only).", rich_help_panel=_PROBE)]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", "--engine", help="deepspeed | fsdp (fsdp runs zeroplan tasks only); --engine as in estimate and export.", rich_help_panel=_PROBE)
+]
+ProbeFormatOpt = Annotated[str, typer.Option("--format", help="table | json.", rich_help_panel="Output")]
 StepsOpt = Annotated[int, typer.Option("--steps", help="Measured optimizer steps.", rich_help_panel=_PROBE)]
 WarmupOpt = Annotated[int, typer.Option("--warmup", help="Optimizer steps run before measuring.", rich_help_panel=_PROBE)]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before the whole job is killed.", rich_help_panel=_PROBE)]
@@ -91,7 +95,7 @@ def _mib(n: Optional[int]) -> str:
 def _render_table(result, plan, console) -> None:
     from rich.table import Table
 
-    title = f"probe: {result.status}  ({result.backend}, {result.world_size} ranks" + (f", plan {plan.label}" if plan else "") + ")"
+    title = f"probe: {result.status}  ({result.backend}, {result.world_size} ranks" + (f", plan {plan.label_for(result.backend)}" if plan else "") + ")"
     table = Table(title=title, title_justify="left")
     table.add_column("quantity")
     table.add_column("measured", justify="right")
@@ -143,12 +147,36 @@ def _render_table(result, plan, console) -> None:
     console.print(f"workdir: {result.workdir}")
 
 
+def check_probe_config(ds_config: dict, path: Path, *, world_size: int) -> list[str]:
+    """Run ``zeroplan validate``'s rules on ``--config`` before anything is launched.
+
+    An error is a SpecError (one line): DeepSpeed would refuse the config too, after seconds of
+    start-up per rank (bf16 and fp16 both on: an AssertionError in deepspeed/runtime/config.py
+    once the engine is being built). Returns notes for the warnings about what the engine will
+    run instead of what the config says (ZP2xx: an NVMe optimizer offload at stage 1-2 runs as a
+    CPU offload, deepspeed/runtime/zero/stage_1_and_2.py ``cpu_offload`` for any device but none,
+    which is why the plan reads ``z2+opt:cpu``).
+    """
+    from zeroplan.dsconfig import validate_config
+
+    findings = validate_config(ds_config, world_size=world_size)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise SpecError(
+            f"--config {path}: {first.rule_id} {first.message}; {first.fix}{more}; nothing launched "
+            f"(zeroplan validate {path} --gpus {world_size} lists every problem)"
+        )
+    return [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "warning" and f.rule_id.startswith("ZP2")]
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def probe(
     ctx: typer.Context,
     script: Annotated[Path, typer.Argument(help="DeepSpeed training script, or a zeroplan task (defines zeroplan_task()).")],
     config: ConfigOpt = None,
-    gpus: GpusOpt = 2,
+    gpus: RunGpusOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     backend: BackendOpt = "deepspeed",
     steps: StepsOpt = 5,
@@ -181,7 +209,7 @@ def probe(
     adapter: AdapterOpt = None,
     trainable_params: TrainableParamsOpt = None,
     base_quant: BaseQuantOpt = None,
-    format: FormatOpt = "table",
+    format: ProbeFormatOpt = "table",
     output: OutputOpt = None,
     verbose: VerboseOpt = False,
     nnodes: NnodesOpt = 1,
@@ -204,6 +232,7 @@ def probe(
     check_choice_option("--format", format, ("table", "json"))
     check_choice_option("--backend", backend, BACKENDS)
     require_runtime("probe")
+    gpus = resolve_gpus(gpus, runs_here=True)
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     bucket_flags = dict(reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size, prefetch_bucket_size=prefetch_bucket_size)
     plan_buckets = resolve_engine_options(
@@ -235,6 +264,9 @@ def probe(
         raise SpecError(f"script {script} does not exist or is not a file")
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
     ds_config = load_config(config).config if config is not None else None
+    if ds_config is not None:
+        for note in check_probe_config(ds_config, config, world_size=gpus):
+            print(f"zeroplan: note: {note}", file=sys.stderr)
     from zeroplan.runtime.peft_source import PeftFlags
 
     # What needs no model is checked now; a layout that does not fit the model is an error now
@@ -328,7 +360,7 @@ def probe(
     if format == "json":
         write_output(json.dumps(result.as_dict(), indent=2), output)
     elif output is None:
-        _render_table(result, plan, Console(width=120))
+        _render_table(result, plan, Console(width=terminal_width(120)))
     else:
         console = Console(file=io.StringIO(), width=120)
         _render_table(result, plan, console)

@@ -115,7 +115,7 @@ def _render_tables(doc: dict, console) -> None:
     console.print(
         "* stands for its GPU when that GPU is not on this machine (docs/host-memory.md). NICs and vendor pages: --format json."
     )
-    console.print(doc["detected_gpu"]["note"])
+    console.print(f"{doc['detected_gpu']['note']}: the GPU that estimate, export, validate and tune take without --gpu")
 
 
 @app.command()

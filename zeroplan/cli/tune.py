@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -20,6 +19,7 @@ from zeroplan.cli.common import (
     OverlapCommOpt,
     ReduceBucketOpt,
     resolve_engine_options,
+    resolve_gpus,
     BaseQuantOpt,
     LoraAlphaOpt,
     LoraRankOpt,
@@ -30,7 +30,7 @@ from zeroplan.cli.common import (
     GlobalBatchOpt,
     GpuMemoryOpt,
     GpuOpt,
-    GpusOpt,
+    RunGpusOpt,
     GpusPerNodeOpt,
     GradAccumOpt,
     MicroBatchOpt,
@@ -49,6 +49,7 @@ from zeroplan.cli.common import (
     resolve_cluster,
     resolve_model,
     resolve_training,
+    terminal_width,
 )
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import best_text, print_summary
@@ -83,7 +84,7 @@ def _parse_bucket_sizes(text: Optional[str]) -> tuple[int, ...]:
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def tune(
     script: Annotated[Path, typer.Argument(help="Training script: a DeepSpeed script or a zeroplan task (zeroplan_task()).")],
-    gpus: GpusOpt,
+    gpus: RunGpusOpt = None,
     script_args: Annotated[Optional[List[str]], typer.Argument(help="Arguments for the script, after --.", show_default=False)] = None,
     gpus_per_node: GpusPerNodeOpt = None,
     gpu: GpuOpt = None,
@@ -112,7 +113,7 @@ def tune(
     trials: Annotated[int, typer.Option("--trials", help="Probes the study should hold (pruned plans do not count).", rich_help_panel=_TUNE)] = 8,
     time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Wall-clock seconds for the search: no probe starts that would end past it; at the end, the predicted gap to the best plan not probed.", rich_help_panel=_TUNE)] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per probe before it is killed (status timeout).", rich_help_panel=_TUNE)] = 300.0,
-    backend: Annotated[str, typer.Option("--backend", help="deepspeed | fsdp (fsdp runs zeroplan tasks only).", rich_help_panel=_TUNE)] = "deepspeed",
+    backend: Annotated[str, typer.Option("--backend", "--engine", help="deepspeed | fsdp (fsdp runs zeroplan tasks only); --engine as in estimate and export.", rich_help_panel=_TUNE)] = "deepspeed",
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for ds_config.json, trials.csv, report.md, throughput.png and study.db.", rich_help_panel=_TUNE)] = Path("zeroplan-out"),
     storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna RDB URL (sqlite:///x.db, postgresql://...) or a journal file path [default: OUTPUT/study.db].", rich_help_panel=_TUNE)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study in the storage (also: join it as another worker).", rich_help_panel=_TUNE)] = False,
@@ -161,6 +162,7 @@ def tune(
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     check_choice_option("--backend", backend, ("deepspeed", "fsdp"))
     check_tune_precision(precision)
+    gpus = resolve_gpus(gpus, runs_here=True)
     plan_buckets = resolve_engine_options(
         engine=backend, engine_flag="--backend", optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
@@ -227,7 +229,7 @@ def tune(
     from rich.console import Console
     from rich.markup import escape
 
-    console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
+    console = Console(stderr=False, highlight=False, width=terminal_width(140))
 
     # A Trainer script (transformers/TRL) takes --deepspeed; every trial starts from the user's
     # config, else (Trainer) from the "auto" template, else from zeroplan's complete config.

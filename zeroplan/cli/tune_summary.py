@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import typer
 
-__all__ = ["best_text", "print_summary"]
+from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
+
+__all__ = ["best_text", "gap_sentence", "print_summary"]
 
 
 def best_text(tuner: Any) -> str:
@@ -18,6 +21,30 @@ def best_text(tuner: Any) -> str:
     if best is None:
         return "–"
     return f"{best.user_attrs.get('plan_key', '?')}  {best.value:.2f} samples/s (trial #{best.number})"
+
+
+def gap_sentence(gap: Any) -> str:
+    """What the plans not probed promise (:class:`zeroplan.tuner.probetime.Gap`), in whole percent.
+
+    A gap that rounds to 0% in either direction is "as fast as the best found": a plan predicted
+    equal to the best (stages 1 and 2 often are) read "at -0% below" before.
+    """
+    if gap is None:
+        return ""
+    if gap.plan_key is None:
+        return "every admissible plan was probed: this is the best of the space as measured"
+    percent = round(gap.fraction * 100) if math.isfinite(gap.fraction) else None
+    if percent is None:
+        return (f"{gap.unprobed} admissible plans were not probed; the most promising, {gap.plan_key}, is predicted "
+                "faster (no probe measured a throughput to scale by): more probes may pay")
+    if percent > 0:
+        return (f"{gap.unprobed} admissible plans were not probed; the most promising, {gap.plan_key}, is predicted "
+                f"{percent}% faster (predictions scaled to the measurements): more probes may pay")
+    if percent == 0:
+        return (f"{gap.unprobed} admissible plans were not probed; none is predicted faster (the most promising, "
+                f"{gap.plan_key}, is predicted as fast as the best found, predictions scaled to the measurements)")
+    return (f"{gap.unprobed} admissible plans were not probed; none is predicted faster (the most promising, "
+            f"{gap.plan_key}, at {-percent}% below the best found, predictions scaled to the measurements)")
 
 
 def _mib(value: Any) -> str:
@@ -30,9 +57,9 @@ def _mib(value: Any) -> str:
 def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_size: int, *, trainer: bool = False) -> None:
     """The probes that worked (best first), the failures, the winner proved by validation, the gap
     to the plans not probed and the files written; exit 1 when nothing worked or the winner fails."""
+    import pandas as pd
     from rich.table import Table
 
-    from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
     from zeroplan.tuner import prove_winner
     from zeroplan.tuner.results import best_row
 
@@ -51,7 +78,7 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
             f"{r['measured_tokens_per_second']:.0f}" if r["measured_tokens_per_second"] else "–",
             f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
             _mib(r["predicted_peak_memory_bytes"]),
-            "–" if rank is None or rank != rank or rank < 0 else str(int(rank) + 1),
+            "–" if rank is None or pd.isna(rank) else str(int(rank)),
         )
     if not ok.empty:
         console.print(table)
@@ -92,20 +119,9 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
         f"[bold green]best[/]: {best['plan']} — {best['measured_samples_per_second']:.2f} samples/s "
         f"(trial #{best['trial']}); {validated}"
     )
-    gap = summary.gap
-    if gap is not None:
-        if gap.plan_key is None:
-            console.print("every admissible plan was probed: this is the best of the space as measured")
-        elif gap.fraction > 0:
-            console.print(
-                f"{gap.unprobed} admissible plans were not probed; the most promising, {gap.plan_key}, is predicted "
-                f"{gap.fraction:.0%} faster (predictions scaled to the measurements): more probes may pay"
-            )
-        else:
-            console.print(
-                f"{gap.unprobed} admissible plans were not probed; none is predicted faster (the most promising, "
-                f"{gap.plan_key}, at {-gap.fraction:.0%} below the best found, predictions scaled to the measurements)"
-            )
+    gap_line = gap_sentence(summary.gap)
+    if gap_line:
+        console.print(gap_line)
     for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
         if (output / name).exists():
             console.print(f"  wrote {output / name}")

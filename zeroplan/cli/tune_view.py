@@ -82,6 +82,15 @@ class LiveView:
         elif kind == "recovered":
             self.console.print(f"[yellow]{data['message']}[/]")
         elif kind == "skip":
-            if data.get("status") == "pruned" and data.get("key"):
-                self.console.print(f"[dim]trial #{data['number']:<3} {data['key']:<34} pruned: {data['reason']}[/]")
+            # Every trial recorded without a probe gets its line, as in trials.csv: pruned plans and
+            # duplicate proposals (a plan already probed or claimed; --trials reached by other workers).
+            if data.get("key") or data.get("status") == "duplicate":
+                from rich.markup import escape
+
+                self.console.print(f"[dim]trial #{data['number']:<3} {escape(str(data.get('key') or '–')):<34} "
+                                   f"{data.get('status', 'skipped')}: {escape(str(data.get('reason', '')))}[/]")
+        elif kind == "warning":
+            from rich.markup import escape
+
+            self.console.print(f"[yellow]warning[/]: {escape(str(data.get('text', '')))}")
         self._refresh()

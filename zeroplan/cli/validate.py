@@ -36,11 +36,12 @@ from zeroplan.cli.common import (
     check_plan_options,
     resolve_cluster,
     resolve_model,
+    terminal_width,
     write_output,
 )
 from zeroplan.spec import SpecError
 
-__all__ = ["validate", "findings_table"]
+__all__ = ["validate", "findings_table", "print_findings_narrow"]
 
 ValidateGpusOpt = Annotated[
     Optional[int],
@@ -70,6 +71,21 @@ def findings_table(findings, *, title: str):
     for f in findings:
         table.add_row(f.severity, f.rule_id, f.path or "(config)", f.message, f.fix, style=_STYLE[f.severity])
     return table
+
+
+#: Below this width the five-column table breaks paths and fixes mid-word: one block per finding.
+NARROW_COLUMNS = 110
+
+
+def print_findings_narrow(console, findings) -> None:
+    """Each finding as ``severity rule path`` then its problem and fix, indented (narrow terminals)."""
+    from rich.padding import Padding
+    from rich.text import Text
+
+    for f in findings:
+        console.print(Text.assemble((f"{f.severity} {f.rule_id}", _STYLE[f.severity]), f" {f.path or '(config)'}"))
+        console.print(Padding(Text(f.message), (0, 0, 0, 2)))
+        console.print(Padding(Text(f"fix: {f.fix}", style="dim"), (0, 0, 0, 2)))
 
 
 @app.command()
@@ -166,11 +182,14 @@ def validate(
     else:
         from rich.console import Console
 
-        console = Console(width=None if sys.stdout.isatty() else 160)
+        console = Console(width=terminal_width(160))
         counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
         summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
         world = f"{gpus} GPUs" if gpus else "GPU count not given"
-        if findings:
+        if findings and console.width < NARROW_COLUMNS:
+            console.print(f"{parsed.source} ({world}): {summary}", markup=False, highlight=False)
+            print_findings_narrow(console, findings)
+        elif findings:
             console.print(findings_table(findings, title=f"{parsed.source} ({world}): {summary}"))
         else:
             console.print(f"{parsed.source} ({world}): no problems found")

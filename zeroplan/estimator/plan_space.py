@@ -98,6 +98,9 @@ def enumerate_plans(
     global batch, micro-batches that cannot reach it exactly on ``cluster.gpus`` are skipped;
     if none can, SpecError says which global batches would work.
     """
+    # A global batch the GPUs cannot split fails for every micro-batch: say so about the GPUs, not
+    # about whichever micro-batch was tried last.
+    training.check_divides(cluster.gpus)
     if micro_batches is None:
         micro_batches = (training.micro_batch,) if training.micro_batch else DEFAULT_MICRO_BATCHES
     valid_mbs: list[tuple[int, int]] = []

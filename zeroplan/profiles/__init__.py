@@ -10,7 +10,7 @@ Standard library only (``tomllib``, ``json``): ``zeroplan estimate`` imports thi
 
 from __future__ import annotations
 
-from zeroplan.profiles.detect import default_gpu, detect_gpu, gpu_is_here
+from zeroplan.profiles.detect import default_gpu, detect_gpu, gpu_is_here, local_gpu_count
 from zeroplan.profiles.gpu_presets import (
     DEFAULT_GPU,
     GPU_DIR,
@@ -35,6 +35,7 @@ __all__ = [
     "default_gpu",
     "default_node",
     "detect_gpu",
+    "local_gpu_count",
     "gpu_is_here",
     "gpu_for_device_name",
     "gpu_from_toml",

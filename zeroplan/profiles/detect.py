@@ -8,7 +8,7 @@ from dataclasses import replace
 from zeroplan.profiles.gpu_presets import DEFAULT_GPU, gpu_for_device_name, load_gpu
 from zeroplan.spec import GiB, GpuSpec
 
-__all__ = ["detect_gpu", "default_gpu", "gpu_is_here"]
+__all__ = ["detect_gpu", "default_gpu", "gpu_is_here", "local_gpu_count"]
 
 
 def _nvml_device() -> tuple[str, int, int] | str:
@@ -40,32 +40,40 @@ def _nvml_device() -> tuple[str, int, int] | str:
     return device_name, memory, count
 
 
-def detect_gpu() -> tuple[GpuSpec, str, bool]:
-    """:func:`default_gpu` plus whether NVML found a GPU on this machine (True) or one was assumed."""
+def _detection() -> tuple[GpuSpec, str, str, bool]:
+    """(profile, what was found, what to do about it, whether NVML found a GPU here)."""
     fallback = load_gpu(DEFAULT_GPU)
     found = _nvml_device()
     if isinstance(found, str):
-        return fallback, f"GPU: {DEFAULT_GPU} assumed ({found}); set --gpu", False
+        return fallback, f"GPU: {DEFAULT_GPU} assumed ({found})", "set --gpu", False
     device_name, memory, count = found
     profile = gpu_for_device_name(device_name)
     if profile is None:
         spec = replace(fallback, memory_bytes=memory, display_name=device_name)
         return spec, (
             f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count}, no matching profile: "
-            f"{DEFAULT_GPU}'s speeds with the detected memory; set --gpu or run zeroplan calibrate"
-        ), True
+            f"{DEFAULT_GPU}'s speeds with the detected memory"
+        ), "set --gpu or run zeroplan calibrate", True
     spec = replace(load_gpu(profile), memory_bytes=memory)
-    return spec, f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count} via NVML: profile {profile}", True
+    return spec, f"GPU: detected {device_name} ({memory / GiB:.1f} GiB) ×{count} via NVML: profile {profile}", "", True
+
+
+def detect_gpu() -> tuple[GpuSpec, str, bool]:
+    """:func:`default_gpu` plus whether NVML found a GPU on this machine (True) or one was assumed;
+    the note ends with what to do (``set --gpu``) for the commands that take ``--gpu``."""
+    spec, fact, hint, here = _detection()
+    return spec, f"{fact}; {hint}" if hint else fact, here
 
 
 def default_gpu() -> tuple[GpuSpec, str]:
     """The GPU of this machine (NVML, device 0) as a profile with its real memory, and a note.
 
     Falls back to :data:`DEFAULT_GPU` with a note saying so when nvidia-ml-py is missing, NVML
-    cannot start (no driver) or no device is present; never raises for those.
+    cannot start (no driver) or no device is present; never raises for those. The note names
+    no option (``zeroplan profiles``, which shows it, has no ``--gpu``).
     """
-    spec, note, _ = detect_gpu()
-    return spec, note
+    spec, fact, _, _ = _detection()
+    return spec, fact
 
 
 def gpu_is_here(spec: GpuSpec) -> bool:
@@ -74,3 +82,18 @@ def gpu_is_here(spec: GpuSpec) -> bool:
     if isinstance(found, str):
         return False
     return gpu_for_device_name(found[0]) == spec.name or (bool(spec.display_name) and spec.display_name == found[0])
+
+
+def local_gpu_count() -> int | None:
+    """GPUs a job on this machine can use: NVML's device count, narrowed by ``CUDA_VISIBLE_DEVICES``
+    when it is set (as CUDA narrows it); None when there is none (no driver, no device)."""
+    import os
+
+    found = _nvml_device()
+    if isinstance(found, str):
+        return None
+    count = found[2]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([d for d in visible.split(",") if d.strip()]))
+    return count or None

@@ -9,7 +9,7 @@ from zeroplan.spec.errors import SpecError, check_positive_int
 from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.peft import PeftSpec
 
-__all__ = ["ModelSpec", "MAX_PARAMS", "derive_shape_from_params"]
+__all__ = ["ModelSpec", "MAX_PARAMS", "derive_shape_from_params", "format_params"]
 
 #: Largest model zeroplan accepts (100 trillion parameters); anything above is a typo.
 MAX_PARAMS = 10**14
@@ -214,10 +214,20 @@ class ModelSpec:
 
         Rule (documented in the output): GPT-3's family (Brown et al. 2020, Table 2.1) keeps
         head_dim = 128 and h ≈ 128·L at scale, with Ψ ≈ 12·L·h² + V·h. We solve
-        12·(h/128)·h² + V·h = Ψ for h, round h to a multiple of 128 (at least 256), then pick L so
-        that 12·L·h² + V·h is closest to Ψ. For 175e9 this gives h = 12288, L = 96 — GPT-3 itself.
+        12·(h/128)·h² + V·h = Ψ for h, round h to a multiple of 512 from 2048 up (heads of 128, a
+        multiple of 4 of them) and of 128 below (at least 256; heads of 64), then pick L so that
+        12·L·h² + V·h is closest to Ψ. For 175e9 this gives h = 12288, L = 96, 96 heads — GPT-3
+        itself; for 7e9 h = 4096 and 32 heads, as LLaMA-7B.
         """
         return derive_shape_from_params(params, vocab_size=vocab_size)
+
+
+def format_params(n: float) -> str:
+    """A parameter count as people write it: ``8.03B``, ``2T``, ``125M`` (3 significant digits)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.0f}"
 
 
 def derive_shape_from_params(params: float, *, vocab_size: int = 50257) -> ModelSpec:
@@ -237,16 +247,27 @@ def derive_shape_from_params(params: float, *, vocab_size: int = 50257) -> Model
             lo = mid
         else:
             hi = mid
-    h = max(256, int(round(lo / 128)) * 128)
+    # Head count: h rounded to a multiple of 512 from h = 2048 up, so that heads = h/128 is a
+    # multiple of 4 as in the published models of those sizes (GPT-3 XL 2048/16 heads of 128,
+    # 6.7B 4096/32, 13B 5120/40, 175B 12288/96; LLaMA 7B 4096/32, 13B 5120/40, 33B 6656/52,
+    # 65B 8192/64 — Touvron et al. 2023, arXiv 2302.13971, Table 2) and tensor-parallel layouts
+    # need (heads divisible by 2, 4 or 8); plain multiples of 128 gave 33 heads for 7e9. Below,
+    # a multiple of 128 with 64-wide heads, as GPT-2 and GPT-3's small models use (768/12, 1024/16).
+    if lo >= 2048:
+        h = int(round(lo / 512)) * 512
+        head_dim = 128
+    else:
+        h = max(256, int(round(lo / 128)) * 128)
+        head_dim = 64
     # Small models: the embedding may already exceed N; keep at least one block.
     layers = max(1, int(round((n - vocab_size * h) / (12 * h * h))))
-    heads = h // 128
+    heads = h // head_dim
     note = (
-        f"shape derived from --params {params:.3g}: h={h}, L={layers}, heads={heads}, V={vocab_size} "
-        "(GPT-3 rule: head_dim 128, h≈128·L, Ψ≈12·L·h²+V·h)"
+        f"shape derived from --params {format_params(params)}: h={h}, L={layers}, heads={heads}, V={vocab_size} "
+        f"(GPT-3 rule: h≈128·L, Ψ≈12·L·h²+V·h; head_dim {head_dim})"
     )
     return ModelSpec(
-        name=f"{params:.3g} params",
+        name=f"{format_params(params)} params",
         params=n,
         hidden_size=h,
         num_layers=layers,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
-__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "resolve_engine_knobs"]
+__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "FSDP_STAGE_NAMES", "resolve_engine_knobs"]
 
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")
@@ -142,6 +142,20 @@ class Plan:
         gradient-accumulation steps. Bucket sizes are not part of it."""
         return f"{self.zero_label}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
 
+    def stage_name(self, engine: str = "deepspeed") -> str:
+        """The stage as ``engine`` names it: ``2`` under DeepSpeed, ``shard-grad-op`` under fsdp
+        (:data:`FSDP_STAGE_NAMES`)."""
+        return FSDP_STAGE_NAMES[self.stage] if engine == "fsdp" else str(self.stage)
+
+    def label_for(self, engine: str = "deepspeed") -> str:
+        """:attr:`label` in ``engine``'s own words: under fsdp the PyTorch wrapper
+        (``full-shard+offload:cpu/ckpt:none/mb4/ga1``), FSDP2's CPUOffloadPolicy moving
+        parameters, gradients and the optimizer step together; under DeepSpeed :attr:`label`."""
+        if engine != "fsdp":
+            return self.label
+        offload = "+offload:cpu" if "cpu" in (self.offload_optimizer, self.offload_param) else ""
+        return f"{FSDP_STAGE_NAMES[self.stage]}{offload}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
+
     def as_dict(self) -> dict:
         d = {
             "stage": self.stage,
@@ -162,6 +176,12 @@ class Plan:
             d["overlap_comm"] = False
         return d
 
+
+#: What each stage is under ``--engine fsdp`` (zeroplan/fsdpconfig.py, runtime/backends/fsdp.py):
+#: DistributedDataParallel; DDP with torch.distributed.optim.ZeroRedundancyOptimizer; FSDP2
+#: ``fully_shard(reshard_after_forward=False)`` and ``=True``, which FSDP1 calls the
+#: SHARD_GRAD_OP and FULL_SHARD sharding strategies (torch.distributed.fsdp.ShardingStrategy).
+FSDP_STAGE_NAMES = {0: "ddp", 1: "ddp+zero-opt", 2: "shard-grad-op", 3: "full-shard"}
 
 #: DeepSpeed's defaults (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig fields), in elements.
 DEEPSPEED_DEFAULT_KNOBS = {

@@ -120,6 +120,21 @@ class TrainingSpec:
         if self.grad_accum is not None:
             check_positive_int("grad_accum", self.grad_accum, maximum=1_000_000)
 
+    def check_divides(self, world_size: int) -> None:
+        """SpecError unless the global batch splits into whole samples per GPU.
+
+        DeepSpeed needs train_batch_size == micro_batch × accumulation × world_size
+        (deepspeed/runtime/config.py, ``_batch_assertion``), so no micro-batch reaches a global
+        batch that ``world_size`` does not divide; the message names the nearest that work.
+        """
+        if self.global_batch is None or self.global_batch % world_size == 0:
+            return
+        lower = max(world_size, self.global_batch // world_size * world_size)
+        raise SpecError(
+            f"--global-batch {self.global_batch} is not a multiple of --gpus {world_size} (each GPU takes whole samples); "
+            f"use {lower} or {lower + world_size}"
+        )
+
     def accumulation_for(self, micro_batch: int, world_size: int) -> int:
         """Gradient-accumulation steps for ``micro_batch`` on ``world_size`` data-parallel ranks.
 

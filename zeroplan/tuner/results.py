@@ -104,6 +104,7 @@ def trials_frame(trials: list[Any]) -> Any:
         attrs = t.user_attrs
         plan = attrs.get("plan") or {}
         status = trial_status(t)
+        rank = attrs.get("predicted_rank")
         rows.append(
             {
                 "trial": t.number,
@@ -117,7 +118,9 @@ def trials_frame(trials: list[Any]) -> Any:
                 "checkpointing": plan.get("checkpointing"),
                 "micro_batch": plan.get("micro_batch"),
                 "gradient_accumulation_steps": plan.get("gradient_accumulation_steps"),
-                "predicted_rank": attrs.get("predicted_rank"),
+                # 1 = predicted fastest, as the console table and report.md number plans; a pruned
+                # plan (stored -1) has none.
+                "predicted_rank": rank + 1 if rank is not None and rank >= 0 else None,
                 "predicted_samples_per_second": attrs.get("predicted_samples_per_second"),
                 "measured_samples_per_second": attrs.get("measured_samples_per_second") if status == "ok" else None,
                 "measured_tokens_per_second": attrs.get("measured_tokens_per_second") if status == "ok" else None,
@@ -154,6 +157,13 @@ def best_row(frame: Any) -> Optional[Any]:
     return ok.loc[ok["measured_samples_per_second"].astype(float).idxmax()]
 
 
+def _rank(value: Any) -> str:
+    """A predicted rank (1-based) as text, "" when missing (None or pandas' NA)."""
+    import pandas as pd
+
+    return "" if value is None or pd.isna(value) else str(int(value))
+
+
 def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
     try:
         if value is None or value != value:  # None or NaN
@@ -187,7 +197,7 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
             f"**Best plan: `{best['plan']}`** — {_fmt(best['measured_samples_per_second'], '.2f')} samples/s"
             + (f", {_fmt(best['measured_tokens_per_second'], '.0f')} tokens/s" if best["measured_tokens_per_second"] else "")
             + f", peak {_fmt(best['measured_peak_memory_bytes'], '.1f', MiB)} MiB per rank"
-            + f" (estimator's rank #{best['predicted_rank'] + 1 if best['predicted_rank'] is not None and best['predicted_rank'] >= 0 else '?'}"
+            + f" (estimator's rank #{_rank(best['predicted_rank']) or '?'}"
             + f", trial #{best['trial']}). Its DeepSpeed config is `ds_config.json`.",
             "",
         ]
@@ -207,7 +217,7 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
             rank = r["predicted_rank"]
             lines.append(
                 f"| {i} | `{r['plan']}` | {_fmt(r['measured_samples_per_second'], '.2f')} | "
-                f"{_fmt(r['predicted_samples_per_second'], '.3g')} | {'' if rank is None or rank != rank else int(rank) + 1} | "
+                f"{_fmt(r['predicted_samples_per_second'], '.3g')} | {_rank(rank)} | "
                 f"{_fmt(r['measured_peak_memory_bytes'], '.1f', MiB)} | {_fmt(r['predicted_peak_memory_bytes'], '.1f', MiB)} | {r['trial']} |"
             )
         lines.append("")

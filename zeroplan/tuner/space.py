@@ -91,12 +91,7 @@ def micro_batch_choices(training: TrainingSpec, world_size: int, *, max_micro_ba
         training.accumulation_for(training.micro_batch, world_size)  # raises if B does not divide
         return [training.micro_batch]
     if training.global_batch is not None:
-        if training.global_batch % world_size:
-            raise SpecError(
-                f"--global-batch {training.global_batch} is not a multiple of --gpus {world_size}; "
-                f"use {max(world_size, training.global_batch // world_size * world_size)} or "
-                f"{(training.global_batch // world_size + 1) * world_size}"
-            )
+        training.check_divides(world_size)
         per_rank = training.global_batch // world_size
         return [d for d in range(1, min(per_rank, max_micro_batch) + 1) if per_rank % d == 0]
     out, mb = [], 1

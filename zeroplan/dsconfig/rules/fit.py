@@ -31,9 +31,13 @@ def _bucket_sizes(ctx: Context) -> Iterator[Finding]:
     stage = ctx.stage
     if stage in (0, None):
         return
+    # allgather_bucket_size is not checked: DeepSpeed allocates no buffer of that size. Stages 1-2
+    # gather the updated partitions with all_gather_into_tensor whenever torch has it
+    # (deepspeed/runtime/utils.py, all_gather_dp_groups; deepspeed/comm/torch.py,
+    # get_all_gather_function: torch >= 1.13), and the older path only divides the partition
+    # into max(1, numel·dp / size) shards, so 5e8 (DeepSpeed's default, which export writes) on
+    # a smaller model costs nothing.
     candidates = [("reduce_bucket_size",)]
-    if stage in (1, 2):
-        candidates.append(("allgather_bucket_size",))
     if stage == 3:
         candidates.append(("stage3_prefetch_bucket_size", "prefetch_bucket_size"))
     model = ctx.model
