@@ -38,7 +38,8 @@ def _usage_name(param: Any) -> str:
     """A positional argument on the usage line and in the help: ``SCRIPT``; ``[-- ARGS]...`` for
     the arguments passed on to a script."""
     if param.nargs == -1:
-        return "[-- ARGS]..."
+        # tune's script arguments (after `--`); any other variadic argument by its own name (doctor's LOGS...)
+        return "[-- ARGS]..." if param.name.endswith("args") else f"{param.name.upper()}..."
     return param.name.upper() if param.required else f"[{param.name.upper()}]"
 
 
