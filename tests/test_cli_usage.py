@@ -52,7 +52,7 @@ BAD_USAGE = {
     # an option without its value, a command misspelt
     ("estimate", "--gpus"): "zeroplan: error: --gpus needs a value",
     ("estimat",): "zeroplan: error: no such command 'estimat'; did you mean estimate? "
-                  "(commands: calibrate, estimate, export, probe, profiles, tune, validate)",
+                  "(commands: calibrate, doctor, estimate, export, probe, profiles, tune, validate)",
     # the project's own checks keep their one line, naming the flag (calibrate said device='xyz')
     ("calibrate", "--device", "gpu"): "zeroplan: error: --device 'gpu' is not valid; choose one of auto, cuda, cpu",
     ("estimate", "--params", "7e9", "--global-batch", "12", "--gpus", "8"):

@@ -28,5 +28,5 @@ def test_a_stale_block_is_caught(tmp_path):
     """The check can fail: one changed figure in a copy of the README's block is reported."""
     doc = tmp_path / "README.md"
     text = (ROOT / "README.md").read_text()
-    doc.write_text(text.replace("plans fit;", "plans fit (edited);", 1))
+    doc.write_text(text.replace("plans fit,", "plans fit (edited),", 1))
     assert len(readme_examples.check([doc])) == 1

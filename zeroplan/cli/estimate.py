@@ -181,7 +181,7 @@ def export_command(est: "PlanEstimate", options: dict, *, output: str = "ds_conf
         if value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        args += [flag] if value is True else [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        args += [flag] if value is True else [flag, f"{value:g}".replace("e+", "e") if isinstance(value, float) else str(value)]
     args += ["--stage", str(p.stage), "--offload-optimizer", p.offload_optimizer, "--offload-param", p.offload_param,
              "--checkpointing", p.checkpointing, "--micro-batch", str(p.micro_batch)]
     if "global_batch" not in options or options.get("global_batch") is None:
@@ -207,7 +207,7 @@ def recommendation(estimates: "list[PlanEstimate]", options: dict) -> str:
         why = (f"no plan fits with the {_margin() * 100:.0f} % margin; this is the fastest tight one ({room}): "
                "probe it before a long run")
     return (
-        f"Use {best.plan.label}: {why}, {best.tokens_per_second:,.0f} tokens/s predicted.\n"
+        f"Use {best.plan.label_for(best.engine)}: {why}, {best.tokens_per_second:,.0f} tokens/s predicted.\n"
         f"Write it: {export_command(best, options)}"
     )
 
