@@ -10,14 +10,13 @@ The allocator-reserve model (zeroplan.estimator.allocator) is checked as a pure 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.allocator import ROUND_LARGE_BYTES, allocator_reserve
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def _bench():

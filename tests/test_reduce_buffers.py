@@ -15,7 +15,6 @@ import json
 import os
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import psutil
 import pytest
@@ -25,7 +24,7 @@ from zeroplan.estimator.memory import engine_overhead, first_flush_blocks, model
 from zeroplan.profiles import default_gpu
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 DOC = json.loads((ROOT / "benchmarks" / "results" / "probe_memory_buckets.json").read_text())
 PLANS = {"z0": dict(stage=0), "z1": dict(stage=1), "z2": dict(stage=2), "z3": dict(stage=3),
          "z2+opt:cpu": dict(stage=2, offload_optimizer="cpu")}
