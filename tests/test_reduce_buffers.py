@@ -270,7 +270,7 @@ def test_overlap_comm_flag_sets_the_plan_and_the_exported_config(tmp_path):
     """``--overlap-comm off`` halves the stage-2 reduce buffers in the estimate and is written into
     the exported config, where DeepSpeed's own parser reads it back; ``on`` (the default) keeps two."""
     ds_config = pytest.importorskip("deepspeed.runtime.zero.config")
-    from test_engine_options import _run_cli
+    from helpers import run_mains as _run_cli
 
     flags = ["--params", "1e9", "--gpus", "8", "--stage", "2", "--offload-optimizer", "none", "--micro-batch", "1", "--checkpointing", "full"]
     on_json, off_json = tmp_path / "on.json", tmp_path / "off.json"
