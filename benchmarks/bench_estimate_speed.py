@@ -1,7 +1,13 @@
-"""Wall time of `zeroplan estimate --params 175e9 --gpus 64` vs DeepSpeed's estimator functions.
+"""`zeroplan estimate --params 175e9 --gpus 64` vs DeepSpeed's estimator functions, and a sweep.
 
-Both run as whole processes (interpreter start and imports included), several times each, in
-the same run; the table shows medians and the ratio. Goal: zeroplan at least 6× faster.
+1. Both run as whole processes (interpreter start and imports included), several times each,
+   interleaved in the same run; the table shows the median process time (user + system CPU of
+   the child, what machine load inflates least), its spread, the median wall time and the ratio.
+   Goal: zeroplan at least 10× faster in process time.
+2. A sweep through the Python API: 7 model sizes (1.3B–530B, shapes derived from the count) ×
+   6 clusters (8–4,096 A100-80GB, 8 per node), every plan `zeroplan estimate` enumerates for
+   each, estimated and ranked with :func:`zeroplan.estimator.estimate_all`; process time of the
+   whole sweep in a fresh process, several runs. Goal: under a second.
 
     python benchmarks/bench_estimate_speed.py [--repeats 7]
 """
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,14 +36,44 @@ estimate_zero3_model_states_mem_needs_all_cold(total_params=175e9, largest_layer
 """
 
 
-def timed(cmd: list[str]) -> float:
+SWEEP_SNIPPET = """
+import time
+t0 = time.process_time()
+from zeroplan.estimator import enumerate_plans, estimate_all
+from zeroplan.profiles import load_gpu
+from zeroplan.spec import ClusterSpec, TrainingSpec, derive_shape_from_params
+gpu = load_gpu("a100-80gb")
+training = TrainingSpec()
+plans = 0
+t1 = time.process_time()
+for params in (1.3e9, 7e9, 13e9, 30e9, 70e9, 175e9, 530e9):
+    model = derive_shape_from_params(params)
+    for gpus in (8, 32, 128, 512, 1024, 4096):
+        cluster = ClusterSpec(gpus=gpus, gpus_per_node=8, gpu=gpu, gpu_memory_bytes=80 * 2**30, cpu_memory_per_node_bytes=1024 * 2**30)
+        plans += len(estimate_all(model, cluster, training, enumerate_plans(model, cluster, training)))
+print(plans, time.process_time() - t1, t1 - t0)
+"""
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str]) -> tuple[float, float, str]:
+    """(wall s, process CPU s, stdout) of ``cmd`` run as a child process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cpu0 = _children_cpu_s()
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     dt = time.perf_counter() - t0
     if r.returncode not in (0, 1):
         raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
-    return dt
+    return dt, _children_cpu_s() - cpu0, r.stdout
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.3f}–{max(values):.3f}"
 
 
 def main() -> None:
@@ -48,27 +85,47 @@ def main() -> None:
         "zeroplan estimate --format json": [sys.executable, "-m", "zeroplan", "estimate", "--params", "175e9", "--gpus", "64", "--cpu-memory", "1024", "--format", "json"],
         "DeepSpeed estimate_zero2/3_..._all_cold": [sys.executable, "-c", DEEPSPEED_SNIPPET],
     }
-    times: dict[str, list[float]] = {name: [] for name in runs}
+    load_before = os.getloadavg()
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    cpus: dict[str, list[float]] = {name: [] for name in runs}
     for name, cmd in runs.items():
         timed(cmd)  # warm the file cache
     for _ in range(args.repeats):
         for name, cmd in runs.items():  # interleaved, so machine noise hits both alike
-            times[name].append(timed(cmd))
+            wall, cpu, _ = timed(cmd)
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+    sweep_runs: list[tuple[int, float, float]] = []
+    for _ in range(args.repeats):
+        _, _, out = timed([sys.executable, "-c", SWEEP_SNIPPET])
+        plans, sweep_s, import_s = out.split()
+        sweep_runs.append((int(plans), float(sweep_s), float(import_s)))
+    load_after = os.getloadavg()
 
     from rich.console import Console
     from rich.table import Table
 
-    peer = statistics.median(times["DeepSpeed estimate_zero2/3_..._all_cold"])
-    table = Table(title=f"175B on 64 GPUs: whole-process wall time, median of {args.repeats} (lower is better)")
+    peer = statistics.median(cpus["DeepSpeed estimate_zero2/3_..._all_cold"])
+    table = Table(title=f"175B on 64 GPUs: whole process, median of {args.repeats} (lower is better)")
     table.add_column("command")
-    table.add_column("median s", justify="right")
-    table.add_column("min s", justify="right")
-    table.add_column("DeepSpeed / this", justify="right")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        table.add_row(name, f"{med:.3f}", f"{min(ts):.3f}", f"{peer / med:.1f}×")
-    Console(width=120).print(table)
+    table.add_column("process s", justify="right")
+    table.add_column("min–max", justify="right")
+    table.add_column("wall s", justify="right")
+    table.add_column("DeepSpeed / this (process)", justify="right")
+    for name in runs:
+        med = statistics.median(cpus[name])
+        table.add_row(name, f"{med:.3f}", spread(cpus[name]), f"{statistics.median(walls[name]):.3f}", f"{peer / med:.1f}×")
+    console = Console(width=120)
+    console.print(table)
     print("DeepSpeed's functions give model states only (no activations, traffic or time); zeroplan covers every plan.")
+    sweep = [s for _, s, _ in sweep_runs]
+    print(
+        f"\nSweep, 7 model sizes × 6 clusters (8–4,096 GPUs), {sweep_runs[0][0]} plans estimated and ranked through the Python API: "
+        f"median {statistics.median(sweep):.3f} s process time (min–max {spread(sweep)}, {len(sweep)} runs; "
+        f"imports before it {statistics.median(i for _, _, i in sweep_runs):.3f} s, not counted)."
+    )
+    print(f"Load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}; after: {' '.join(f'{x:.2f}' for x in load_after)}; "
+          f"{os.cpu_count()} CPUs.")
 
 
 if __name__ == "__main__":

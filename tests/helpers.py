@@ -11,6 +11,7 @@ another test module.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -19,8 +20,8 @@ from types import ModuleType
 from typing import Optional
 
 __all__ = [
-    "BASE", "BENCHMARKS", "CASES", "H", "SMALL", "WORLD", "make", "run_case", "EXAMPLES", "GPT_TASK", "ROOT", "Replay", "benchmark", "example", "make_space", "run_main", "run_zeroplan",
-    "zeroplan_env",
+    "BASE", "benchmark", "BENCHMARKS", "CASES", "example", "EXAMPLES", "GPT_TASK", "H", "make", "make_space",
+    "Replay", "ROOT", "run_case", "run_main", "run_mains", "run_zeroplan", "SMALL", "WORLD", "zeroplan_env",
 ]  # and _DELETE, make()'s marker for a removed key
 
 #: The repository root (the folder holding pyproject.toml).
@@ -65,6 +66,31 @@ def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
         sys.argv = old
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_mains(cases: list[list[str]]) -> list[tuple[int, str, str]]:
+    """Each argv through zeroplan's entry point in one child process (one interpreter start for
+    all): (exit code, stdout, stderr) per argv."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from zeroplan.cli import main\n"
+        "out = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    sys.argv = ['zeroplan', *argv]\n"
+        "    o, e = io.StringIO(), io.StringIO()\n"
+        "    rc = 0\n"
+        "    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):\n"
+        "        try:\n"
+        "            main()\n"
+        "        except SystemExit as exc:\n"
+        "            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)\n"
+        "    out.append([rc, o.getvalue(), e.getvalue()])\n"
+        "print(json.dumps(out))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True, cwd=ROOT,
+                       env=zeroplan_env(COLUMNS="200"), timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [tuple(x) for x in json.loads(r.stdout.splitlines()[-1])]
 
 
 def _load(path: Path) -> ModuleType:

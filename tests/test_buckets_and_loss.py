@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +12,7 @@ from zeroplan.estimator.activations import loss_activation_bytes
 from zeroplan.estimator.plans import bucket_sizes
 from zeroplan.spec import ModelSpec, SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_deepspeed_convention_is_deepspeeds_own_defaults():

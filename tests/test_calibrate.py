@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,7 @@ from zeroplan.calibrate import CalibrationOptions, fit_latency_bandwidth, planne
 from zeroplan.calibrate.fit import fixed_and_per_sample
 from zeroplan.spec import SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 DESIGN = (ROOT / "docs" / "design.md").read_text()
 
 #: docs/design.md "Layers": a package may import only packages of a lower rank (and itself).

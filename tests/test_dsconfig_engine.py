@@ -20,7 +20,7 @@ from zeroplan.spec import Plan, TrainingSpec
 
 pytest.importorskip("deepspeed")
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 BLOG = Path(__file__).resolve().parent / "data" / "configs" / "blog_zero2_offload.json"
 
 _WORKER = r"""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ from zeroplan.dsconfig import load_config, parse_config_text
 from zeroplan.dsconfig.parse import MAX_CONFIG_BYTES, MAX_NESTING
 from zeroplan.spec import SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_plain_json_round_trips():

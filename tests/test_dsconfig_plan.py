@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from zeroplan.dsconfig import build_config, load_config, plan_from_config, resolve_buckets, training_from_config
 from zeroplan.spec import BUCKET_KEYS, DEEPSPEED_DEFAULT_KNOBS, CHECKPOINTING, OFFLOADS, ModelSpec, Plan, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 CONFIGS = Path(__file__).parent / "data" / "configs"
 
 

@@ -12,9 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +24,7 @@ from zeroplan.estimator.optimizer import default_optimizer_impl
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
 from zeroplan.profiles import default_gpu
 
-from helpers import ROOT, benchmark
+from helpers import ROOT, benchmark, run_mains
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -85,28 +82,7 @@ def test_deepspeed_fp32_stage_1_keeps_a_master_copy():
     assert states.optimizer_states == 12 * -(-model.params // 4)  # master 4 + Adam's moments 8, per element of the partition
 
 
-def _run_cli(cases: list[list[str]]) -> list[tuple[int, str, str]]:
-    """Each argv through zeroplan's entry point in one process (exit code, stdout, stderr)."""
-    code = (
-        "import contextlib, io, json, sys\n"
-        "from zeroplan.cli import main\n"
-        "out = []\n"
-        "for argv in json.loads(sys.argv[1]):\n"
-        "    sys.argv = ['zeroplan', *argv]\n"
-        "    o, e = io.StringIO(), io.StringIO()\n"
-        "    rc = 0\n"
-        "    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):\n"
-        "        try:\n"
-        "            main()\n"
-        "        except SystemExit as exc:\n"
-        "            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)\n"
-        "    out.append([rc, o.getvalue(), e.getvalue()])\n"
-        "print(json.dumps(out))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return [tuple(x) for x in json.loads(r.stdout.splitlines()[-1])]
+_run_cli = run_mains
 
 
 def test_export_writes_the_block_that_runs_the_implementation(tmp_path):

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ from zeroplan.estimator import estimate_plan, host_phases, pinned_bytes
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
 from zeroplan import profiles
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 A100 = profiles.load_gpu("a100-80gb")
 
 # The engine-side model: Embedding(V, H) → Linear(H, F) → Linear(F, H), no biases.

@@ -20,7 +20,7 @@ from zeroplan.runtime import ProbeRequest, run_probe, uses_warm_launcher
 from zeroplan.runtime.multinode import NodeLaunch
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 SCRIPT = ROOT / "examples" / "train_deepspeed.py"
 
 

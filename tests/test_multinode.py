@@ -20,7 +20,7 @@ import pytest
 from zeroplan.runtime.multinode import NodeLaunch, check_node_layout, expand_hostlist
 from zeroplan.spec import SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 FAKE_SLURM = ROOT / "tests" / "fake_slurm"
 TASK = ROOT / "examples" / "gpt_task.py"
 

@@ -11,14 +11,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from zeroplan.tuner.results import PLOT_MISSING, write_results
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
 
 #: ``python -c BLOCKED_MAIN MODULES zeroplan-args...``: zeroplan's console entry with MODULES

@@ -15,7 +15,6 @@ import json
 import os
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import psutil
 import pytest
@@ -25,7 +24,7 @@ from zeroplan.estimator.memory import engine_overhead, first_flush_blocks, model
 from zeroplan.profiles import default_gpu
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 DOC = json.loads((ROOT / "benchmarks" / "results" / "probe_memory_buckets.json").read_text())
 PLANS = {"z0": dict(stage=0), "z1": dict(stage=1), "z2": dict(stage=2), "z3": dict(stage=3),
          "z2+opt:cpu": dict(stage=2, offload_optimizer="cpu")}
@@ -271,7 +270,7 @@ def test_overlap_comm_flag_sets_the_plan_and_the_exported_config(tmp_path):
     """``--overlap-comm off`` halves the stage-2 reduce buffers in the estimate and is written into
     the exported config, where DeepSpeed's own parser reads it back; ``on`` (the default) keeps two."""
     ds_config = pytest.importorskip("deepspeed.runtime.zero.config")
-    from test_engine_options import _run_cli
+    from helpers import run_mains as _run_cli
 
     flags = ["--params", "1e9", "--gpus", "8", "--stage", "2", "--offload-optimizer", "none", "--micro-batch", "1", "--checkpointing", "full"]
     on_json, off_json = tmp_path / "on.json", tmp_path / "off.json"

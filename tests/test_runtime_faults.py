@@ -19,7 +19,7 @@ from zeroplan.runtime import ProbeRequest, run_probe
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 0}}
 
 # Writes "<worker pid> <grandchild pid>" so the test can check that both are gone.

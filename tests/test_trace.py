@@ -22,7 +22,7 @@ from zeroplan.spec import Plan, SpecError, TrainingSpec  # noqa: E402
 from zeroplan.trace import Tracer, activation_override, fit_activation_model, trace_activations  # noqa: E402
 from zeroplan.trace.measure import measure_retained_bytes  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 # A few hundred thousand parameters each: GPT-2 (learned positions, GELU, dropout 0.1),
 # Llama (RMSNorm, rotary, SwiGLU, GQA) and Qwen2 (Llama plus q/k/v biases).

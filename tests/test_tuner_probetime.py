@@ -132,7 +132,7 @@ def test_predicted_gap_scales_predictions_to_the_measurements():
 
 
 def test_time_budget_starts_no_probe_that_would_end_past_it(tmp_path):
-    from test_tuner_search import Replay, make_space
+    from helpers import Replay, make_space
     from zeroplan.tuner import TuneSettings, Tuner, make_sampler, open_study, storage_url
 
     class Slow(Replay):

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from zeroplan.estimator.zeropp import hpz_secondary_bytes, zeropp_cross_node_tra
 from zeroplan.profiles.resolve import resolve_cluster
 from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_paper_three_m_becomes_three_quarters_m():
