@@ -39,6 +39,9 @@ __all__ = ["NEAR_BEST", "SAMPLERS", "TuneSettings", "TuneSummary", "Tuner", "ini
 
 _LOG_TAIL_CHARS = 2000
 
+#: The error recorded for a probe that ended ``ok`` without a step time.
+NO_THROUGHPUT = "the probe ran but measured no step time, so it has no throughput to rank"
+
 
 @dataclass(frozen=True)
 class TuneSettings:
@@ -270,7 +273,9 @@ class Tuner:
                 return "time budget"
         if self.script_failure(trials, knowledge) is not None:
             return "every plan fails"
-        if not remaining:
+        if not remaining and not any(t.state.name == "WAITING" for t in trials):
+            # An enqueued pick is released, not left waiting: the loop asks it and admission
+            # records why it is not probed (an OOM's rule, a claim), as for any proposal.
             return "space exhausted"
         return None
 
@@ -387,8 +392,14 @@ class Tuner:
 
     def _finish(self, trial: Any, cand: Candidate, outcome: ProbeOutcome) -> None:
         """Record the outcome in the trial and tell the study; then write the results."""
+        from dataclasses import replace
+
         from optuna.trial import TrialState
 
+        if outcome.ok and not outcome.samples_per_second > 0:
+            # A probe that ran but timed nothing has no throughput to rank, report or export: it is
+            # a failed measurement, never a plan at 0 samples/s.
+            outcome = replace(outcome, status="error", error=NO_THROUGHPUT)
         measured = {
             "status": outcome.status,
             "probed": outcome.status in PROBED_STATUSES,
@@ -407,8 +418,6 @@ class Tuner:
         }
         if outcome.ds_config:
             measured["ds_config"] = outcome.ds_config
-        if outcome.ok and outcome.samples_per_second <= 0:
-            measured["reason"] = "probe reported no throughput"
         failure = classify_failure(
             outcome.status, outcome.error, engine_ready=outcome.engine_ready, optimizer_steps=outcome.optimizer_steps, cut_short=outcome.timeout_derived
         )
@@ -421,9 +430,9 @@ class Tuner:
         if outcome.timeout_s:
             measured["timeout_s"] = round(outcome.timeout_s, 1)
         self.ledger.set_attrs(trial, measured)
-        if outcome.ok and outcome.samples_per_second > 0:
+        if outcome.ok:
             self.ledger.tell(trial, outcome.samples_per_second)
-        elif outcome.status in PROBED_STATUSES:  # ok without throughput, oom, error, timeout
+        elif outcome.status in PROBED_STATUSES:  # oom, error (a measurement without throughput too), timeout
             # TPE learns only from COMPLETE and PRUNED trials (a FAIL one is invisible to it): a
             # probe that failed is PRUNED with a violated constraint, so TPE counts its plan among
             # the infeasible ones (samplers/_tpe/sampler.py _split_trials), as the memory rule's.
