@@ -379,3 +379,41 @@ def test_a_probe_without_throughput_is_never_ranked(tmp_path):
     ok = frame[frame["status"] == "ok"]
     assert (ok["measured_samples_per_second"].astype(float) > 0).all()
     assert tuner.best().user_attrs["plan"]["gradient_accumulation_steps"] == 1
+
+
+def test_top_plans_are_measured_again_before_the_best_is_named(tmp_path):
+    """Two plans; the first measured 10 then 6 samples/s (a load spike on its first probe), the
+    second 9 and 9: the best is the second (median 9 > 8), and the ranking is said not to hold
+    (the gap, 12%, is within one plan's repeat spread, 50%)."""
+    space = make_space(global_batch=2)
+    series = [[10.0, 6.0], [9.0, 9.0]]  # the first plan probed, the second
+    values: dict[str, list[float]] = {}
+    calls: list[str] = []
+
+    def runner(plan, *, trial_number, on_line=None):
+        from zeroplan.tuner import plan_key
+
+        key = plan_key(plan)
+        calls.append(key)
+        if key not in values:
+            values[key] = series[len(values)]
+        measured = values[key]
+        return ProbeOutcome(status="ok", samples_per_second=measured.pop(0), peak_memory_bytes=1, ds_config={"k": key})
+
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("tpe", seed=1))
+    tuner = Tuner(study, space, runner, TuneSettings(trials=2, n_initial=2))
+    tuner.prepare(resume=False)
+    summary = tuner.run()
+    first, second = calls[:2]
+    assert calls == [first, second, second, first]  # re-measured in reverse order
+    assert summary.best_plan_key == second and summary.best_value == 9.0
+    trust = summary.trust
+    assert (trust.best_key, trust.runner_up_key) == (second, first)
+    assert trust.gap == pytest.approx(9 / 8 - 1) and trust.repeat_spread == pytest.approx(0.5) and not trust.firm
+    assert "not told apart at this load" in trust.text
+    from zeroplan.tuner.search import REMEASURED_ATTR
+
+    frame = write_results(study.get_trials(), tmp_path, {"script": "x.py", "plans": 18, "pruned": 0}, remeasured=study.user_attrs[REMEASURED_ATTR])
+    assert json.loads((tmp_path / "ds_config.json").read_text()) == {"k": second}
+    ranked = dict(zip(frame["plan"], frame["ranked_samples_per_second"]))
+    assert ranked[first] == 8.0 and ranked[second] == 9.0
