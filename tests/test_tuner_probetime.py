@@ -188,22 +188,26 @@ def test_a_plan_of_another_start_up_class_never_gets_a_faster_plans_timeout():
 
 
 def test_a_wait_that_is_not_the_jobs_moves_its_deadline(tmp_path):
-    """Job.wait with ``not_charged``: a 3 s job under a 1 s timeout finishes when the first ~2.5 s
-    are someone else's (an op build), and times out when they are not."""
+    """Job.wait with ``not_charged``: a job that spends 4 s waiting on someone else's work (until a
+    file says the build is done) and then 0.2 s on its own finishes under a 3 s timeout; the same
+    job with every second charged times out."""
     import sys
 
     from zeroplan.runtime.job import Job
 
-    def job():
-        return Job([sys.executable, "-c", "import time; time.sleep(3)"], None, tmp_path, tmp_path / "log.txt", None)
+    built = tmp_path / "built"
+    code = f"import pathlib, time; time.sleep(4); pathlib.Path({str(built)!r}).touch(); time.sleep(0.2)"
 
-    start = time.monotonic()
+    def job():
+        built.unlink(missing_ok=True)
+        return Job([sys.executable, "-c", code], None, tmp_path, tmp_path / "log.txt", None)
+
     waiting = job()
-    code, timed_out = waiting.wait(1.0, not_charged=lambda: time.monotonic() - start < 2.5)
+    returncode, timed_out = waiting.wait(3.0, not_charged=lambda: not built.exists())
     waiting.close()
-    assert (code, timed_out) == (0, False) and waiting.not_charged_s >= 1.5
+    assert (returncode, timed_out) == (0, False) and waiting.not_charged_s >= 3.0
     charged = job()
-    code, timed_out = charged.wait(1.0)
+    returncode, timed_out = charged.wait(3.0)
     charged.kill_all()
     charged.close()
     assert timed_out and charged.not_charged_s == 0.0

@@ -49,7 +49,9 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
             str(i),
             str(r["plan"]),
             f"{r['ranked_samples_per_second']:.2f}",
-            f"{r['measured_tokens_per_second']:.0f}" if r["measured_tokens_per_second"] else "–",
+            # Tokens per sample are the plan's: the ranked figure's tokens/s at the first probe's ratio.
+            f"{r['measured_tokens_per_second'] * r['ranked_samples_per_second'] / r['measured_samples_per_second']:.0f}"
+            if r["measured_tokens_per_second"] else "–",
             f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
             _mib(r["predicted_peak_memory_bytes"]),
             "–" if rank is None or rank != rank or rank < 0 else str(int(rank) + 1),
