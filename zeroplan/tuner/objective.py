@@ -248,6 +248,10 @@ class ProbeRunner:
             return ProbeOutcome(status="invalid", error="; ".join(errors), ds_config=cfg)
         timeout_s, derived = self.timeout_for(plan)
         trial_dir = self.workdir / f"trial-{trial_number:04d}"
+        run = 1
+        while (trial_dir / "result.json").exists():  # the plan measured again: keep the first run's files
+            run += 1
+            trial_dir = self.workdir / f"trial-{trial_number:04d}-run{run}"
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "ds_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         request = self._request(
