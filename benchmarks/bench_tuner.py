@@ -337,15 +337,17 @@ def part2(args, tmp: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         if args.repeat > 1:
             console.print(f"===== part 2, run {i + 1} of {args.repeat} =====")
-        runs.append(part2_once(args, run_dir, model, training))
+        # Alternate which tool runs first, so a load that falls (or rises) during a run does not
+        # favour one of them every time.
+        runs.append(part2_once(args, run_dir, model, training, deepspeed_first=not (args.alternate and i % 2)))
     if len(runs) > 1:
         import statistics
 
         table = Table(title=f"Part 2 over {len(runs)} runs: DeepSpeed's autotuner vs zeroplan tune (wall time)", title_justify="left")
-        for col in ("run", "load start", "load end", "DeepSpeed s", "zeroplan s", "ratio", "zeroplan timeouts", "retried", "not charged s", "zeroplan best"):
+        for col in ("run", "first", "load start", "load end", "DeepSpeed s", "zeroplan s", "ratio", "zeroplan timeouts", "retried", "not charged s", "zeroplan best"):
             table.add_column(col, justify="left" if col == "zeroplan best" else "right")
         for i, r in enumerate(runs, start=1):
-            table.add_row(str(i), f"{r['load_start']:.1f}", f"{r['load_end']:.1f}", f"{r['ds_wall_s']:.0f}", f"{r['z_wall_s']:.0f}", f"{r['ratio']:.1f}x",
+            table.add_row(str(i), r["first"], f"{r['load_start']:.1f}", f"{r['load_end']:.1f}", f"{r['ds_wall_s']:.0f}", f"{r['z_wall_s']:.0f}", f"{r['ratio']:.1f}x",
                           str(r["timeouts"]), str(r["retried"]), f"{r['not_charged_s']:.0f}", f"{r['best']} {r['best_value']:.1f}")
         console.print(table)
         ratios = [r["ratio"] for r in runs]
@@ -353,11 +355,11 @@ def part2(args, tmp: Path) -> None:
                       f"zeroplan timeouts {sum(r['timeouts'] for r in runs)} in all; {os.cpu_count()} cores")
 
 
-def part2_once(args, tmp: Path, model, training) -> dict:
+def part2_once(args, tmp: Path, model, training, *, deepspeed_first: bool = True) -> dict:
     from zeroplan.runtime import ProbeRequest, run_probe
 
     load_start = os.getloadavg()[0]
-    ds = deepspeed_autotuner(args, tmp)
+    ds = deepspeed_autotuner(args, tmp) if deepspeed_first else None
     # As `zeroplan tune` runs on CPU (zeroplan/cli/tune.py): the warm server starts while this
     # process imports torch for the quick time model, micro-step probes stop at ±10%, derived
     # timeouts, 5 measured steps at most. Everything from here is part of zeroplan's wall time.
@@ -390,6 +392,8 @@ def part2_once(args, tmp: Path, model, training) -> dict:
     console.print(f"  building the space and the study: {z['wall_s'] - search_s - before_s:.1f} s; zeroplan's total {z['wall_s']:.1f} s"
                   + (" (a probe's 'server' phase: waiting for the warm server's preloads)" if args.launcher == "warm" else ""))
 
+    if ds is None:
+        ds = deepspeed_autotuner(args, tmp)
     remeasured = None
     if ds["optimal"]:
         cfg = {k: v for k, v in ds["optimal"].items() if k != "autotuning"}
@@ -421,6 +425,7 @@ def part2_once(args, tmp: Path, model, training) -> dict:
         console.print(f"zeroplan {z['trust']}")
     outcomes = [o for _, o in z["outcomes"]]
     return {
+        "first": "DeepSpeed" if deepspeed_first else "zeroplan",
         "load_start": load_start,
         "load_end": os.getloadavg()[0],
         "ds_wall_s": ds["wall_s"],
@@ -448,6 +453,7 @@ def main() -> None:
     p.add_argument("--tuner-trials", type=int, default=0, help="part 1: probes the tuner may spend (default 25%% of the grid)")
     p.add_argument("--grid-only", action="store_true", help="part 1: probe the grid, save it, stop (reuse it with --reuse-grid)")
     p.add_argument("--repeat", type=int, default=1, help="part 2: runs of the comparison (median ratio and spread when > 1)")
+    p.add_argument("--alternate", action="store_true", help="part 2 with --repeat: zeroplan runs first in every second run")
     p.add_argument("--launcher", choices=("warm", "torchrun"), default="warm", help="how the tuner's probes start their ranks")
     p.add_argument("--compare-launchers", type=int, default=0, metavar="ROUNDS",
                    help="part 2: before the search, probe three plans ROUNDS times under each launcher, interleaved (step time, memory)")
