@@ -18,6 +18,7 @@ Part 2 — one process, the plain DeepSpeed script examples/train_deepspeed.py:
 
     PYTHONPATH=. python benchmarks/bench_tuner.py              # everything (~40 min on 2 CPU cores)
     PYTHONPATH=. python benchmarks/bench_tuner.py --skip-deepspeed --global-batch 8
+    PYTHONPATH=. python benchmarks/bench_tuner.py --skip-grid --trials-1 3 --repeat 3   # median ratio over 3 runs
 
 Prints one table per part; save it with ``| tee benchmarks/results/tuner.txt``. Part 2 needs
 ``pip install tabulate``: DeepSpeed's autotuner refuses to start without it.
@@ -131,7 +132,8 @@ def zeroplan_search(space, runner, *, trials: int, workdir: Path, seed: int, gri
         "probes": summary.probes_in_study,
         "wall_s": wall,
         "best": best.user_attrs["plan_key"] if best else None,
-        "best_value": best.value if best else 0.0,
+        "best_value": summary.best_value or 0.0,
+        "trust": summary.trust.text if summary.trust else "",
         "order": [k for k, _ in done],
         "reached": reached,
         "outcomes": done,
@@ -322,14 +324,42 @@ def compare_launchers(args, tmp: Path, model, training) -> None:
 
 
 def part2(args, tmp: Path) -> None:
-    from zeroplan.runtime import ProbeRequest, run_probe
-
+    """Part 2, ``--repeat`` times (each run in its own folder, the load recorded at its start and
+    end); with several runs, the median wall-time ratio and its spread."""
     declared = task_declaration(TASK)
     model, seq_len = declared.model_spec, declared.seq_len
     training = TrainingSpec(seq_len=seq_len)
     if args.compare_launchers:
         compare_launchers(args, tmp, model, training)
-    ds = deepspeed_autotuner(args, tmp)
+    runs = []
+    for i in range(args.repeat):
+        run_dir = tmp / f"run-{i + 1}" if args.repeat > 1 else tmp
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if args.repeat > 1:
+            console.print(f"===== part 2, run {i + 1} of {args.repeat} =====")
+        # Alternate which tool runs first, so a load that falls (or rises) during a run does not
+        # favour one of them every time.
+        runs.append(part2_once(args, run_dir, model, training, deepspeed_first=not (args.alternate and i % 2)))
+    if len(runs) > 1:
+        import statistics
+
+        table = Table(title=f"Part 2 over {len(runs)} runs: DeepSpeed's autotuner vs zeroplan tune (wall time)", title_justify="left")
+        for col in ("run", "first", "load start", "load end", "DeepSpeed s", "zeroplan s", "ratio", "zeroplan timeouts", "retried", "not charged s", "zeroplan best"):
+            table.add_column(col, justify="left" if col == "zeroplan best" else "right")
+        for i, r in enumerate(runs, start=1):
+            table.add_row(str(i), r["first"], f"{r['load_start']:.1f}", f"{r['load_end']:.1f}", f"{r['ds_wall_s']:.0f}", f"{r['z_wall_s']:.0f}", f"{r['ratio']:.1f}x",
+                          str(r["timeouts"]), str(r["retried"]), f"{r['not_charged_s']:.0f}", f"{r['best']} {r['best_value']:.1f}")
+        console.print(table)
+        ratios = [r["ratio"] for r in runs]
+        console.print(f"median ratio {statistics.median(ratios):.1f}x (min {min(ratios):.1f}x, max {max(ratios):.1f}x) over {len(runs)} runs; "
+                      f"zeroplan timeouts {sum(r['timeouts'] for r in runs)} in all; {os.cpu_count()} cores")
+
+
+def part2_once(args, tmp: Path, model, training, *, deepspeed_first: bool = True) -> dict:
+    from zeroplan.runtime import ProbeRequest, run_probe
+
+    load_start = os.getloadavg()[0]
+    ds = deepspeed_autotuner(args, tmp) if deepspeed_first else None
     # As `zeroplan tune` runs on CPU (zeroplan/cli/tune.py): the warm server starts while this
     # process imports torch for the quick time model, micro-step probes stop at ±10%, derived
     # timeouts, 5 measured steps at most. Everything from here is part of zeroplan's wall time.
@@ -362,6 +392,8 @@ def part2(args, tmp: Path) -> None:
     console.print(f"  building the space and the study: {z['wall_s'] - search_s - before_s:.1f} s; zeroplan's total {z['wall_s']:.1f} s"
                   + (" (a probe's 'server' phase: waiting for the warm server's preloads)" if args.launcher == "warm" else ""))
 
+    if ds is None:
+        ds = deepspeed_autotuner(args, tmp)
     remeasured = None
     if ds["optimal"]:
         cfg = {k: v for k, v in ds["optimal"].items() if k != "autotuning"}
@@ -389,6 +421,22 @@ def part2(args, tmp: Path) -> None:
     console.print(f"wall time: DeepSpeed's autotuner / zeroplan tune = {ds['wall_s'] / max(z['wall_s'], 1e-9):.1f}x (goal >= 5x); "
                   f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     console.print(f"deepspeed autotuner exit code {ds['returncode']}; zeroplan searched {len(space.fitting)} plans (stages 0–3, offload none/cpu, micro-batch ≤ {args.max_micro_batch})")
+    if z.get("trust"):
+        console.print(f"zeroplan {z['trust']}")
+    outcomes = [o for _, o in z["outcomes"]]
+    return {
+        "first": "DeepSpeed" if deepspeed_first else "zeroplan",
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0],
+        "ds_wall_s": ds["wall_s"],
+        "z_wall_s": z["wall_s"],
+        "ratio": ds["wall_s"] / max(z["wall_s"], 1e-9),
+        "timeouts": sum(o.status == "timeout" for o in outcomes),
+        "retried": sum(bool(o.retried) for o in outcomes),
+        "not_charged_s": sum(sum(o.waits_s.values()) for o in outcomes),
+        "best": z["best"],
+        "best_value": z["best_value"],
+    }
 
 
 def main() -> None:
@@ -404,6 +452,8 @@ def main() -> None:
     p.add_argument("--skip-deepspeed", action="store_true", help="skip part 2")
     p.add_argument("--tuner-trials", type=int, default=0, help="part 1: probes the tuner may spend (default 25%% of the grid)")
     p.add_argument("--grid-only", action="store_true", help="part 1: probe the grid, save it, stop (reuse it with --reuse-grid)")
+    p.add_argument("--repeat", type=int, default=1, help="part 2: runs of the comparison (median ratio and spread when > 1)")
+    p.add_argument("--alternate", action="store_true", help="part 2 with --repeat: zeroplan runs first in every second run")
     p.add_argument("--launcher", choices=("warm", "torchrun"), default="warm", help="how the tuner's probes start their ranks")
     p.add_argument("--compare-launchers", type=int, default=0, metavar="ROUNDS",
                    help="part 2: before the search, probe three plans ROUNDS times under each launcher, interleaved (step time, memory)")

@@ -8,7 +8,9 @@ The example GPT (examples/gpt_task.py), trained like examples/train_deepspeed.py
   before the first optimizer step); 0: never;
 * ``--slow-accumulation G --slow-micro-step-s T``: at gradient accumulation >= G every
   micro-step takes T seconds longer (a slow plan that works, but whose probe is long);
-* ``--crash-always``: raises the same error at start-up whatever the plan.
+* ``--crash-always``: raises the same error at start-up whatever the plan;
+* ``--oom-stage S --oom-micro-batch K``: under ZeRO stage S at micro-batch >= K the first forward
+  raises torch's out-of-memory error (what a device that is too small says), every other plan works.
 
     zeroplan tune benchmarks/faulty_train.py --gpus 2 --params 137e3 --global-batch 32 -- --crash-stage 3
 """
@@ -37,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-accumulation", type=int, default=0)
     p.add_argument("--slow-micro-step-s", type=float, default=0.0)
     p.add_argument("--crash-always", action="store_true")
+    p.add_argument("--oom-stage", type=int, default=-1)
+    p.add_argument("--oom-micro-batch", type=int, default=0)
     p.add_argument("--local_rank", type=int, default=-1)
     p = deepspeed.add_config_arguments(p)
     return p.parse_args()
@@ -62,6 +66,10 @@ def main() -> None:
         for _ in range(accumulation):
             if args.hang_micro_batch and micro_batch >= args.hang_micro_batch:
                 time.sleep(10**6)
+            if stage == args.oom_stage and args.oom_micro_batch and micro_batch >= args.oom_micro_batch:
+                raise torch.OutOfMemoryError(
+                    f"CUDA out of memory. Tried to allocate {micro_batch * 8} MiB (micro-batch {micro_batch} at ZeRO-{stage})"
+                )
             if args.slow_accumulation and accumulation >= args.slow_accumulation:
                 time.sleep(args.slow_micro_step_s)
             x, y = make_batch(cfg, micro_batch, micro, rank)

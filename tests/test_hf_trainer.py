@@ -174,3 +174,26 @@ def test_probe_runner_builds_each_trial_from_the_base_config(tmp_path):
     assert cfg["zero_optimization"] == {"stage": 2, "overlap_comm": False}
     for key in ("optimizer", "scheduler", "bf16", "gradient_clipping"):
         assert cfg[key] == base[key], key
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_tune_trainer_accumulation_plan_measures_under_the_default_early_stop(tmp_path):
+    """The README's Trainer tune with a gradient-accumulation plan (micro-batch 2 × 2 ranks × 2 = 8)
+    under the default --ci: accelerate calls engine.step only at the accumulation boundary, and the
+    probe still times the non-boundary micro-steps, so the plan reports its throughput."""
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "zeroplan", "tune", str(EXAMPLE), "--gpus", "2", "--global-batch", "8", "--trials", "1",
+         "--stage", "1", "--offload-optimizer", "none", "--micro-batch", "2", "--output", str(out), "--", "--use_cpu", "--report_to", "none"],
+        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=380,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = pd.read_csv(out / "trials.csv")
+    ok = rows[rows["status"] == "ok"]
+    assert len(ok) == 1 and ok.iloc[0]["gradient_accumulation_steps"] == 2, rows[["plan", "status", "reason"]]
+    row = ok.iloc[0]
+    # Timed micro-steps (the --ci estimate), and the throughput is the global batch over that step time.
+    assert row["measured_step_time_s"] > 0 and row["measured_step_time_ci_s"] > 0
+    assert row["measured_samples_per_second"] == pytest.approx(8 / row["measured_step_time_s"], rel=1e-6)
+    assert "0.00 samples/s" not in r.stdout

@@ -1,5 +1,6 @@
-"""The tuner's admission on host memory: plans over --cpu-memory and plans that need at least the
-host RAM of a probe killed for it are pruned with the reason recorded, and never probed."""
+"""The tuner's admission on host memory: plans over --cpu-memory and plans at the same stage/offload
+that need more host RAM than a probe killed for it are pruned with the reason recorded, and never
+probed; other stages and offloads are not."""
 
 from __future__ import annotations
 
@@ -23,15 +24,29 @@ def _space(cpu_memory_gib):
     return build_space(GPT_TASK, cluster, TrainingSpec(seq_len=64, global_batch=16), device="cpu")
 
 
-def test_admit_prunes_what_needs_the_host_ram_of_a_host_oom():
+def test_admit_prunes_what_needs_more_host_ram_than_a_host_oom_at_its_stage():
     space = _space(64)
     by_host = sorted(space.fitting, key=lambda c: c.predicted_host_bytes_per_node)
     small, big = by_host[0], by_host[-1]
     assert small.predicted_host_bytes_per_node < big.predicted_host_bytes_per_node
+    assert small.plan.zero_label != big.plan.zero_label
+    # The same stage and offload as the OOM'd plan, predicted to need more host RAM (the host
+    # estimate of one stage/offload does not vary with micro-batch here, so the figure is raised).
+    smaller_mb = next(c for c in space.fitting if c.plan.zero_label == small.plan.zero_label and c.plan.micro_batch < small.plan.micro_batch)
+    bigger_same = replace(smaller_mb, predicted_host_bytes_per_node=small.predicted_host_bytes_per_node + GiB)
     host_oom = Knowledge(ooms=((3, small),), host_ooms=((3, small),))
-    rejection = admit(big, gpu_memory_bytes=space.cluster.gpu_memory_bytes, knowledge=host_oom)
+    rejection = admit(bigger_same, gpu_memory_bytes=space.cluster.gpu_memory_bytes, knowledge=host_oom)
     assert rejection is not None and rejection.status == "pruned" and rejection.constraint == ("oom", 1.0)
-    assert rejection.reason == f"needs at least the host memory of a host-OOM'd plan (trial #3: {small.plan.label})"
+    assert rejection.reason == f"needs more host memory than a host-OOM'd plan (trial #3: {small.plan.label})"
+    # Another stage or offload needing more host RAM is probed: one OOM never prunes the whole space.
+    assert admit(big, gpu_memory_bytes=space.cluster.gpu_memory_bytes, knowledge=host_oom) is None
+    # Plans predicted equal at the same stage/offload (they differ in micro-batch): only the OOM
+    # rule's, a micro-batch no smaller, are pruned.
+    same = [c for c in space.fitting if c.plan.zero_label == small.plan.zero_label and c.key != small.key]
+    assert same and all(c.predicted_host_bytes_per_node == small.predicted_host_bytes_per_node for c in same)
+    for c in same:
+        pruned = admit(c, gpu_memory_bytes=space.cluster.gpu_memory_bytes, knowledge=host_oom) is not None
+        assert pruned == (c.plan.micro_batch >= small.plan.micro_batch and c.plan.checkpointing == "none" or c.plan.checkpointing == small.plan.checkpointing and c.plan.micro_batch >= small.plan.micro_batch)
     # The same probe out of *device* memory says nothing about host RAM.
     device_oom = Knowledge(ooms=((3, small),))
     other_zero = next(c for c in reversed(by_host) if c.plan.stage != small.plan.stage or c.plan.offload_optimizer != small.plan.offload_optimizer)
@@ -66,7 +81,7 @@ class HostOomWithOffload:
         return ProbeOutcome(status="ok", samples_per_second=float(plan.micro_batch), peak_memory_bytes=1000, ds_config={})
 
 
-def test_search_never_probes_a_plan_needing_more_host_ram_than_a_host_oom(tmp_path):
+def test_a_host_oom_prunes_at_its_stage_and_offload_only(tmp_path):
     # 50M parameters: offloading plans need more host RAM per node than the others.
     cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
     space = build_space(ModelSpec.from_params(5e7), cluster, TrainingSpec(seq_len=64, global_batch=16), device="cpu", micro_batches=[1, 2])
@@ -81,13 +96,17 @@ def test_search_never_probes_a_plan_needing_more_host_ram_than_a_host_oom(tmp_pa
     knowledge = knowledge_from_trials(trials, space)
     assert knowledge.host_ooms, "no probe ran out of host memory"
     first = min(n for n, _ in knowledge.host_ooms)
-    bound = next(c for n, c in knowledge.host_ooms if n == first).predicted_host_bytes_per_node
+    oomed = next(c for n, c in knowledge.host_ooms if n == first)
     assert first == 0 and (runner.calls[0].stage, runner.calls[0].offload_optimizer) == (2, "cpu")
     later = [space.get(plan_key(p)) for p in runner.calls[1:]]
-    assert later and all(c.predicted_host_bytes_per_node < bound for c in later)  # the search went on, below the bound
-    skipped = [c for c in space.fitting if c.predicted_host_bytes_per_node >= bound and c.key != plan_key(runner.calls[0])]
-    assert skipped  # z3 with offload needs more: never probed
-    pruned = [t for t in trials if t.user_attrs.get("reason", "").startswith("needs at least the host memory")]
+    assert later  # the search went on
+    # Nothing at the OOM'd stage/offload needing at least its memory was probed after it.
+    assert not any(c.plan.zero_label == oomed.plan.zero_label and c.plan.micro_batch >= oomed.plan.micro_batch
+                   and c.plan.checkpointing == oomed.plan.checkpointing for c in later)
+    # Plans of other stages that need more host RAM stay admissible (an OOM never prunes the space).
+    more = [c for c in space.fitting if c.plan.zero_label != oomed.plan.zero_label and c.predicted_host_bytes_per_node > oomed.predicted_host_bytes_per_node]
+    assert more and all(admit(c, gpu_memory_bytes=cluster.gpu_memory_bytes, knowledge=knowledge) is None for c in more if c.key not in {plan_key(p) for p in runner.calls})
+    pruned = [t for t in trials if t.user_attrs.get("reason", "").startswith("larger than an OOM'd micro-batch")]
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in pruned)
 
 

@@ -137,7 +137,7 @@ def test_tuner_host_rules():
     assert reason == f"predicted {est.cpu_per_node / GiB:.2f} GiB host memory per node at model build > 256.00 GiB"
     roomy = ClusterSpec(gpus=8, gpus_per_node=8, gpu=cl.gpu, cpu_memory_per_node_bytes=4096 * GiB)
     assert host_fit_reason(est, roomy) is None
-    assert host_oom_rule(10 * GiB, [(3, "z2+opt:cpu mb1", 8 * GiB)]).startswith("needs at least the host memory")
+    assert host_oom_rule(10 * GiB, [(3, "z2+opt:cpu mb1", 8 * GiB)]).startswith("needs more host memory than")
     assert host_oom_rule(7 * GiB, [(3, "z2+opt:cpu mb1", 8 * GiB)]) is None
 
 

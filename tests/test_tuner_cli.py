@@ -252,3 +252,28 @@ def test_time_budget_too_small_for_one_probe_exits_2_saying_how_long_one_takes(t
     assert r.returncode == 2, r.stdout + r.stderr
     line = r.stderr.strip()
     assert "\n" not in line and "--time-budget 0.5 s is too small for one probe: one takes at least" in line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_script_that_ooms_only_at_large_micro_batches_exports_a_working_plan(tmp_path):
+    """faulty_train.py runs out of memory at ZeRO-0 with micro-batch >= 8 and nowhere else: the
+    estimator's first pick (z0/mb8) OOMs, the search goes on to the plans that need less, and the
+    best working plan is exported."""
+    out = tmp_path / "out"
+    r = run_tune(
+        "benchmarks/faulty_train.py", "--gpus", "2", "--model", "benchmarks/faulty_gpt_config.json", "--seq-len", "64",
+        "--global-batch", "16", "--trials", "3", "--output", str(out),
+        "--", "--crash-stage", "-1", "--hang-micro-batch", "0", "--oom-stage", "0", "--oom-micro-batch", "8",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = probed(out)
+    assert len(rows) == 3
+    ooms = rows[rows["status"] == "oom"]
+    assert len(ooms) >= 1 and ((ooms["stage"] == 0) & (ooms["micro_batch"] >= 8)).all()
+    ok = rows[rows["status"] == "ok"]
+    assert len(ok) >= 1 and (ok["measured_samples_per_second"] > 0).all()
+    best = ok.loc[ok["measured_samples_per_second"].idxmax()]
+    cfg = json.loads((out / "ds_config.json").read_text())
+    assert (cfg["zero_optimization"]["stage"], cfg["train_micro_batch_size_per_gpu"]) == (best["stage"], best["micro_batch"])
+    assert not (cfg["zero_optimization"]["stage"] == 0 and cfg["train_micro_batch_size_per_gpu"] >= 8)

@@ -166,3 +166,62 @@ def test_fsdp_probe_times_micro_steps(tmp_path):
     outcome = runner(Plan(stage=3, micro_batch=2, gradient_accumulation_steps=4), trial_number=0)
     assert outcome.ok, outcome.error
     assert outcome.micro_steps >= 4 and outcome.step_time_ci_s is not None and outcome.step_time_ci_s > 0
+
+
+def test_a_plan_of_another_start_up_class_never_gets_a_faster_plans_timeout():
+    """The issue's case: a fast ZeRO-0 probe (3.0 s wall, 7 steps of 0.05 s) must not set the
+    timeout of a ZeRO-3 + CPU offload plan, whose start-up loads cpu_adam and partitions every
+    parameter: that plan gets the first-probe rule, its start-up at least the machine's floor."""
+    from zeroplan.tuner.probetime import first_probe_timeout
+
+    fast = ProbeTiming(predicted_step_time_s=0.1, step_time_s=0.05, wall_s=3.0, optimizer_steps=7, startup_class="z0")
+    same, _ = probe_timeout(0.1, [fast], ceiling_s=300, optimizer_steps=7, startup_s=5.0, startup_class="z0")
+    # Same class: derived from its own fixed part (3.0 − 0.35 = 2.65 s).
+    assert same == pytest.approx(TIMEOUT_MARGIN * (2.65 + 7 * 0.05) + TIMEOUT_SLACK_S)
+    other = probe_timeout(0.1, [fast], ceiling_s=300, optimizer_steps=7, startup_s=5.0, startup_class="z3+opt:cpu+param:cpu")
+    # Another class: start-up max(floor 5.0, slowest fixed part 2.65), steps at the measured scale (≥ 1).
+    assert other == first_probe_timeout(0.1, startup_s=5.0, optimizer_steps=7, ceiling_s=300)
+    assert other[0] > 2 * same
+    # Once a probe of that class worked, its own start-up is what counts, however slow.
+    slow = ProbeTiming(predicted_step_time_s=0.1, step_time_s=0.05, wall_s=40.0, optimizer_steps=7, startup_class="z3+opt:cpu+param:cpu")
+    derived, ok = probe_timeout(0.1, [fast, slow], ceiling_s=300, optimizer_steps=7, startup_s=5.0, startup_class="z3+opt:cpu+param:cpu")
+    assert ok and derived == pytest.approx(TIMEOUT_MARGIN * (40.0 - 0.35 + 0.35) + TIMEOUT_SLACK_S)
+
+
+def test_a_wait_that_is_not_the_jobs_moves_its_deadline(tmp_path):
+    """Job.wait with ``not_charged``: a job that spends 4 s waiting on someone else's work (until a
+    file says the build is done) and then 0.2 s on its own finishes under a 3 s timeout; the same
+    job with every second charged times out."""
+    import sys
+
+    from zeroplan.runtime.job import Job
+
+    built = tmp_path / "built"
+    code = f"import pathlib, time; time.sleep(4); pathlib.Path({str(built)!r}).touch(); time.sleep(0.2)"
+
+    def job():
+        built.unlink(missing_ok=True)
+        return Job([sys.executable, "-c", code], None, tmp_path, tmp_path / "log.txt", None)
+
+    waiting = job()
+    returncode, timed_out = waiting.wait(3.0, not_charged=lambda: not built.exists())
+    waiting.close()
+    assert (returncode, timed_out) == (0, False) and waiting.not_charged_s >= 3.0
+    charged = job()
+    returncode, timed_out = charged.wait(3.0)
+    charged.kill_all()
+    charged.close()
+    assert timed_out and charged.not_charged_s == 0.0
+
+
+def test_failures_outside_the_plan_are_told_apart():
+    from zeroplan.tuner.failures import outside_plan
+
+    assert outside_plan("timeout", "", waits_s={"op build": 42.0}).startswith("timed out after waiting 42 s on a DeepSpeed op build")
+    assert outside_plan("error", "rank 0: DistNetworkError: The server socket has failed to listen on any local network address. "
+                                 "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use") is not None
+    assert outside_plan("error", "rank 1: RuntimeError: Error building extension 'cpu_adam'") is not None
+    # The plan's own failures are not: an OOM, a crash in the script, a plain timeout.
+    assert outside_plan("oom", "CUDA out of memory", waits_s={"op build": 3.0}) is None
+    assert outside_plan("error", "rank 0: RuntimeError: shapes (4x8 and 16x8) cannot be multiplied") is None
+    assert outside_plan("timeout", "", waits_s={"launcher": 20.0}) is None

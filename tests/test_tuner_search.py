@@ -278,3 +278,109 @@ def test_time_budget_stops_new_probes(tmp_path):
     assert summary.stopped_because == "time budget"
     # Probes start only while the budget lasts: at most ceil(3.0 / 1.2) of them.
     assert 1 <= summary.probes_this_run <= 3
+
+
+class OomAtStageZero:
+    """What a CPU probe of benchmarks/faulty_train.py --oom-stage 0 --oom-micro-batch 8 reports: an
+    OOM at stage 0 with micro-batch >= 8 (labelled ``host``: CPU ranks have no device allocator),
+    every other plan works."""
+
+    def __init__(self, oom_from: int = 8):
+        self.calls: list[Plan] = []
+        self.oom_from = oom_from
+
+    def __call__(self, plan: Plan, *, trial_number: int, on_line=None) -> ProbeOutcome:
+        self.calls.append(plan)
+        if plan.stage == 0 and plan.micro_batch >= self.oom_from:
+            return ProbeOutcome(status="oom", error="OutOfMemoryError: CUDA out of memory", memory_limit="host")
+        return ProbeOutcome(status="ok", samples_per_second=float(plan.micro_batch) + plan.stage, peak_memory_bytes=1000, ds_config={"s": plan.stage})
+
+
+def test_first_probe_oom_goes_on_to_plans_that_need_less(tmp_path):
+    space = make_space(global_batch=16)
+    # The opening probe is the OOM'ing plan, as in the tune that stopped after it.
+    space.candidates[:] = sorted(space.candidates, key=lambda c: (not c.fits, (c.plan.stage, c.plan.micro_batch) != (0, 8)))
+    runner = OomAtStageZero()
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("tpe", seed=1))
+    tuner = Tuner(study, space, runner, TuneSettings(trials=8, n_initial=4))
+    tuner.prepare(resume=False)
+    summary = tuner.run()
+    assert (runner.calls[0].stage, runner.calls[0].micro_batch) == (0, 8)
+    assert summary.stopped_because == "trials reached" and summary.probes_this_run == 8
+    assert summary.best_value is not None and summary.best_value > 0
+    # Nothing at stage 0 needing at least the OOM'd plan's memory was probed after it; other stages were.
+    later = runner.calls[1:]
+    assert not any(p.stage == 0 and p.micro_batch >= 8 and p.checkpointing == "none" for p in later)
+    assert {p.stage for p in later} - {0}
+    # The estimator's enqueued picks were probed or released with a reason: none left waiting.
+    assert not [t for t in study.get_trials() if t.state.name == "WAITING"]
+
+
+def test_space_exhausted_releases_enqueued_picks(tmp_path):
+    space = make_space(global_batch=4)  # micro-batches 1 and 2: 36 plans
+    space.candidates[:] = sorted(space.candidates, key=lambda c: (not c.fits, (c.plan.stage, c.plan.micro_batch) != (0, 2)))
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("random", seed=1))
+    tuner = Tuner(study, space, OomAtStageZero(oom_from=2), TuneSettings(trials=200, n_initial=4))
+    tuner.prepare(resume=False)
+    summary = tuner.run()
+    assert summary.stopped_because == "space exhausted"
+    assert not [t for t in study.get_trials() if t.state.name == "WAITING"]
+    # Every plan that does not need the OOM'd plan's memory was probed.
+    probed = set(probed_keys(tuner))
+    assert all(c.key in probed for c in space.fitting if not (c.plan.stage == 0 and c.plan.micro_batch >= 2))
+
+
+def test_a_probe_without_throughput_is_never_ranked(tmp_path):
+    class NoStepTime(Replay):
+        def __call__(self, plan, **kw):
+            out = super().__call__(plan, **kw)
+            return ProbeOutcome(status="ok", samples_per_second=0.0, ds_config={}) if plan.gradient_accumulation_steps > 1 else out
+
+    tuner = new_tuner(tmp_path, NoStepTime(oom_from=None), trials=12)
+    tuner.run()
+    trials = tuner.study.get_trials()
+    unmeasured = [t for t in trials if t.user_attrs.get("plan", {}).get("gradient_accumulation_steps", 1) > 1 and t.user_attrs.get("probed")]
+    assert unmeasured, "no accumulation plan was probed"
+    assert all(t.user_attrs["status"] == "error" and t.value is None and "measured no step time" in t.user_attrs["reason"] for t in unmeasured)
+    frame = write_results(trials, tmp_path, {"script": "x.py", "plans": 72, "pruned": 0})
+    ok = frame[frame["status"] == "ok"]
+    assert (ok["measured_samples_per_second"].astype(float) > 0).all()
+    assert tuner.best().user_attrs["plan"]["gradient_accumulation_steps"] == 1
+
+
+def test_top_plans_are_measured_again_before_the_best_is_named(tmp_path):
+    """Two plans; the first measured 10 then 6 samples/s (a load spike on its first probe), the
+    second 9 and 9: the best is the second (median 9 > 8), and the ranking is said not to hold
+    (the gap, 12%, is within one plan's repeat spread, 50%)."""
+    space = make_space(global_batch=2)
+    series = [[10.0, 6.0], [9.0, 9.0]]  # the first plan probed, the second
+    values: dict[str, list[float]] = {}
+    calls: list[str] = []
+
+    def runner(plan, *, trial_number, on_line=None):
+        from zeroplan.tuner import plan_key
+
+        key = plan_key(plan)
+        calls.append(key)
+        if key not in values:
+            values[key] = series[len(values)]
+        measured = values[key]
+        return ProbeOutcome(status="ok", samples_per_second=measured.pop(0), peak_memory_bytes=1, ds_config={"k": key})
+
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("tpe", seed=1))
+    tuner = Tuner(study, space, runner, TuneSettings(trials=2, n_initial=2))
+    tuner.prepare(resume=False)
+    summary = tuner.run()
+    first, second = calls[:2]
+    assert calls == [first, second, second, first]  # re-measured in reverse order
+    assert summary.best_plan_key == second and summary.best_value == 9.0
+    trust = summary.trust
+    assert (trust.best_key, trust.runner_up_key) == (second, first)
+    assert trust.gap == pytest.approx(9 / 8 - 1) and trust.repeat_spread == pytest.approx(0.5) and not trust.firm
+    assert "not told apart at this load" in trust.text
+    from zeroplan.tuner.search import REMEASURED_ATTR
+
+    frame = write_results(study.get_trials(), tmp_path, {"script": "x.py", "plans": 18, "pruned": 0}, remeasured=study.user_attrs[REMEASURED_ATTR])
+    assert json.loads((tmp_path / "ds_config.json").read_text()) == {"k": second}
+    ranked = dict(zip(frame["plan"], frame["ranked_samples_per_second"]))
+    assert ranked[first] == 8.0 and ranked[second] == 9.0

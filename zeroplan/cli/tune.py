@@ -437,7 +437,9 @@ def tune(
 
             (output / "probes").mkdir(parents=True, exist_ok=True)
             (output / "probes" / FOLLOW_DONE).touch()  # the other nodes' followers stop
-    frame = write_results(study.get_trials(deepcopy=False), output, meta)
+    from zeroplan.tuner.search import REMEASURED_ATTR
+
+    frame = write_results(study.get_trials(deepcopy=False), output, meta, remeasured=study.user_attrs.get(REMEASURED_ATTR))
     print_summary(console, frame, summary, output, cluster.gpus, trainer=trainer)
 
 

@@ -64,7 +64,7 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
     from zeroplan.tuner.results import best_row
 
     probed = frame[frame["status"].isin(PROBED_STATUSES)]
-    ok = frame[frame["status"] == "ok"].sort_values("measured_samples_per_second", ascending=False)
+    ok = frame[frame["status"] == "ok"].sort_values("ranked_samples_per_second", ascending=False)
     table = Table(title=f"zeroplan tune: {len(probed)} probes ({summary.stopped_because})", title_justify="left")
     # Measured peak beside the estimator's figure for the same quantity (allocated bytes, not gpu.total).
     for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. MiB", "pred. rank"):
@@ -74,8 +74,10 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
         table.add_row(
             str(i),
             str(r["plan"]),
-            f"{r['measured_samples_per_second']:.2f}",
-            f"{r['measured_tokens_per_second']:.0f}" if r["measured_tokens_per_second"] else "–",
+            f"{r['ranked_samples_per_second']:.2f}",
+            # Tokens per sample are the plan's: the ranked figure's tokens/s at the first probe's ratio.
+            f"{r['measured_tokens_per_second'] * r['ranked_samples_per_second'] / r['measured_samples_per_second']:.0f}"
+            if r["measured_tokens_per_second"] else "–",
             f"{(r['measured_peak_memory_bytes'] or 0) / 2**20:.1f}",
             _mib(r["predicted_peak_memory_bytes"]),
             "–" if rank is None or pd.isna(rank) else str(int(rank)),
@@ -116,9 +118,11 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
         else "config validated by zeroplan (DeepSpeed is not installed, so its parser did not check it)"
     )
     console.print(
-        f"[bold green]best[/]: {best['plan']} — {best['measured_samples_per_second']:.2f} samples/s "
+        f"[bold green]best[/]: {best['plan']} — {best['ranked_samples_per_second']:.2f} samples/s "
         f"(trial #{best['trial']}); {validated}"
     )
+    if summary.trust is not None:
+        console.print(summary.trust.text)
     gap_line = gap_sentence(summary.gap)
     if gap_line:
         console.print(gap_line)

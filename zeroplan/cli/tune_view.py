@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich.markup import escape
+
 __all__ = ["LiveView"]
 
 
@@ -72,25 +74,34 @@ class LiveView:
                     self.best_value = outcome.samples_per_second
                     self.best = f"{cand.key}  {outcome.samples_per_second:.2f} samples/s (trial #{data['number']})"
             else:
-                msg = f"[red]{outcome.status}[/] {outcome.error[:120]}"
+                msg = f"[red]{outcome.status}[/] {escape(outcome.error[:120])}"
+            names = {"launcher": "the warm server", "op build": "a DeepSpeed op build"}
+            waits = [f"{seconds:.0f} s on {names.get(what, what)}" for what, seconds in outcome.waits_s.items() if seconds >= 1.0]
+            if waits:
+                msg += f" [dim](waited {', '.join(waits)}: not the plan's, not charged)[/]"
+            if outcome.retried:
+                msg += f" [dim](run twice: {escape(outcome.retried)})[/]"
             self.console.print(f"trial #{data['number']:<3} {cand.key:<34} {msg}")
             if outcome.status in PROBED_STATUSES:
                 self.done += 1
                 if self._progress is not None:
                     self._progress.update(self._task, completed=min(self.done, self.total))
             self.current = "–"
+        elif kind == "remeasure":
+            self.current = f"trial #{data['number']} {data['candidate'].key} [measured again]"
+            self.started = time.monotonic()
+            self.last_line = ""
+        elif kind == "remeasured":
+            self.console.print(f"trial #{data['number']:<3} {data['candidate'].key:<34} {data['samples_per_second']:.2f} samples/s measured again")
+            self.current = "–"
+        elif kind == "warning":
+            self.console.print(f"[yellow]note[/]: {escape(str(data.get('text', '')))}")
         elif kind == "recovered":
             self.console.print(f"[yellow]{data['message']}[/]")
         elif kind == "skip":
             # Every trial recorded without a probe gets its line, as in trials.csv: pruned plans and
             # duplicate proposals (a plan already probed or claimed; --trials reached by other workers).
             if data.get("key") or data.get("status") == "duplicate":
-                from rich.markup import escape
-
                 self.console.print(f"[dim]trial #{data['number']:<3} {escape(str(data.get('key') or '–')):<34} "
                                    f"{data.get('status', 'skipped')}: {escape(str(data.get('reason', '')))}[/]")
-        elif kind == "warning":
-            from rich.markup import escape
-
-            self.console.print(f"[yellow]warning[/]: {escape(str(data.get('text', '')))}")
         self._refresh()

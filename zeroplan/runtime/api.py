@@ -194,6 +194,10 @@ class ProbeResult:
     """Wall seconds of each phase the probe reached, as the launcher saw them
     (zeroplan.runtime.phases.PHASES: server, launch, imports, script, engine, warmup, measure,
     teardown, report)."""
+    waits_s: dict[str, float] = field(default_factory=dict)
+    """Seconds the probe waited on something that is not its plan, not charged to its timeout:
+    ``launcher`` (the warm server's start and its answer), ``op build`` (a DeepSpeed op being
+    compiled while the ranks waited to load it)."""
 
     @property
     def host_worst_phase(self) -> str | None:
@@ -266,4 +270,5 @@ class ProbeResult:
             "launcher": self.launcher,
             "launcher_note": self.launcher_note,
             "phases_s": dict(self.phases_s),
+            "waits_s": dict(self.waits_s),
         }

@@ -153,6 +153,14 @@ def held_locks(names=tuple(OPTIMIZER_OPS.values()), *, env=None) -> list[str]:
     return [lock.parent.name for lock in _lock_files(names, env) if lock.exists()]
 
 
+def op_build_in_progress(names=tuple(OPTIMIZER_OPS.values()), *, env=None) -> bool:
+    """Whether one of DeepSpeed's ops ``names`` is being compiled now: its build directory holds a
+    lock (:func:`held_locks`) and a compiler or ninja runs. A rank loading the op meanwhile waits
+    for that build (torch.utils.cpp_extension ``_jit_compile``'s ``FileBaton``): time that is not
+    its plan's (the launcher does not charge it to the probe's timeout)."""
+    return bool(held_locks(names, env=env)) and _build_tools_running()
+
+
 def _build_tools_running() -> bool:
     """Whether a compiler or ninja runs on this machine now (another build may hold a lock)."""
     import psutil

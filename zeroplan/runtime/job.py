@@ -140,14 +140,22 @@ class Job:
         except subprocess.TimeoutExpired:
             pass
 
-    def wait(self, timeout_s: float, watch: Callable[[], str | None] | None = None) -> tuple[int | None, bool]:
+    def wait(
+        self, timeout_s: float, watch: Callable[[], str | None] | None = None, *, not_charged: Callable[[], bool] | None = None,
+        max_not_charged_s: float = 1800.0,
+    ) -> tuple[int | None, bool]:
         """(return code, timed out); polls so descendants are remembered while they live.
 
         ``watch`` (multi-node heartbeats) is called each round; a reason it returns stops the
-        wait early and is kept in :attr:`aborted`.
+        wait early and is kept in :attr:`aborted`. ``not_charged`` (checked about once a second)
+        says the job is waiting on something that is not its own (a DeepSpeed op being compiled):
+        that time moves the deadline, up to ``max_not_charged_s`` in all, and is counted in
+        :attr:`not_charged_s`, so a timeout never kills such a wait half-way.
         """
         deadline = time.monotonic() + timeout_s
         self.aborted: str | None = None
+        self.not_charged_s = 0.0
+        last_check = time.monotonic()
         while True:
             self.remember_descendants()
             try:
@@ -157,7 +165,13 @@ class Job:
                     self.aborted = watch()
                     if self.aborted:
                         return None, False
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if not_charged is not None and now - last_check >= 1.0:
+                    if self.not_charged_s < max_not_charged_s and not_charged():
+                        self.not_charged_s += now - last_check
+                        deadline += now - last_check
+                    last_check = now
+                if now >= deadline:
                     return None, True
 
     def pids(self) -> list[int]:

@@ -37,6 +37,10 @@ __all__ = [
     "config_for_plan",
 ]
 
+#: Seconds a probe may wait for the warm server to be ready and answer, apart from its own timeout
+#: (the server's imports are not the plan's; past this the probe runs under torchrun).
+WARM_READY_WAIT_S = 300.0
+
 #: Multi-node: seconds to wait after the local job ended for other nodes' rank results to
 #: appear in the shared probe folder (network file systems show new files late).
 RESULTS_GRACE_S = 15.0
@@ -234,13 +238,20 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
 
         try:
             job = start_warm_job(spec_path=spec_path, nproc=request.nproc, env=env, cwd=Path.cwd(), log_path=workdir / f"probe{tag}.log",
-                                 on_line=progress, ready_timeout_s=request.timeout_s)
+                                 on_line=progress, ready_timeout_s=max(request.timeout_s, WARM_READY_WAIT_S))
             launcher = "warm"
             (workdir / f"command{tag}.txt").write_text(f"zeroplan warm launcher: {request.nproc} ranks forked from a server that imported torch; "
                                                        f"each runs zeroplan.runtime.worker {spec_path}\n")
         except WarmUnavailable as exc:
             launcher_note = str(exc)
     clock.mark("launch")
+    # The plan's clock starts once something runs its ranks: waiting for the warm server (its
+    # imports, its answer) is not the plan's, whichever launcher ends up running it.
+    waits_s: dict[str, float] = {}
+    launcher_wait_s = time.monotonic() - started
+    if launcher_wait_s >= 0.05:
+        waits_s["launcher"] = round(launcher_wait_s, 3)
+    plan_started = time.monotonic()
     if job is None:
         (workdir / f"command{tag}.txt").write_text(" ".join(cmd) + "\n")
         log_name = multinode.job_log_name(launch.node_rank if launch is not None and launch.launcher == "torchrun" else None)
@@ -256,9 +267,16 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     watch = multinode.NodeWatch(workdir, launch, progress=progress) if launch is not None and launch.launcher == "torchrun" else None
     sampler = NodeRssSampler(job.pids).start()
     try:
-        # The timeout covers the whole job, the warm server's start (imports) included, as it
-        # covers torchrun's and the workers' imports.
-        returncode, timed_out = job.wait(max(request.timeout_s - (time.monotonic() - started), 0.1), watch)
+        # The timeout covers the job from its launch (torchrun's and the workers' imports
+        # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
+        # ranks wait to load it: a timeout must never kill that build half-way (the next probe
+        # would start it over).
+        from zeroplan.runtime.dsops import op_build_in_progress
+
+        returncode, timed_out = job.wait(max(request.timeout_s - (time.monotonic() - plan_started), 0.1), watch,
+                                         not_charged=lambda: op_build_in_progress(env=env))
+        if getattr(job, "not_charged_s", 0.0) > 0:
+            waits_s["op build"] = round(job.not_charged_s, 3)
         sampler.stop()
         if watch is not None:
             # This node's job is over: its peers must not read it as lost. Said before the clean-up
@@ -348,7 +366,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         **host,
     )
     clock.mark("report")
-    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases())
+    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s)
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:
         record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}

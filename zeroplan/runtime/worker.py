@@ -122,6 +122,22 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             sizes[n] = sizes.get(n, 0) + 1
         state["parameter_sizes"] = sorted(([n, c] for n, c in sizes.items()), reverse=True)[:64]
         engine_step = engine.step
+        engine_backward = engine.backward
+
+        # A micro-step ends at ``engine.step()`` in a plain DeepSpeed loop, which calls it after every
+        # backward; accelerate (HF Trainer, TRL) calls it only at the accumulation boundary and sets
+        # the boundary itself before each backward (accelerate/utils/deepspeed.py
+        # DeepSpeedEngineWrapper.backward: ``set_gradient_accumulation_boundary(is_boundary=
+        # sync_gradients)``, then ``engine.step()`` only ``if sync_gradients``). So a micro-step
+        # that is not a boundary ends with its backward, on both paths; a boundary one with its step.
+        # (DeepSpeed's own boundary test, engine.py ``is_gradient_accumulation_boundary``, reads the
+        # micro-step counter that ``step`` advances, so it answers for the current micro-step here.)
+        def backward(*a, **kw):
+            boundary = engine.is_gradient_accumulation_boundary()
+            out = engine_backward(*a, **kw)
+            if meter.micro_mode and not boundary:
+                meter.micro_step_done(False)
+            return out
 
         def step(*a, **kw):
             boundary = engine.is_gradient_accumulation_boundary()
@@ -129,11 +145,13 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
                 meter.before_optimizer_step()
             out = engine_step(*a, **kw)
             if meter.micro_mode:
-                meter.micro_step_done(boundary)
+                if boundary:
+                    meter.micro_step_done(True)
             elif boundary:
                 meter.optimizer_step_done()
             return out
 
+        engine.backward = backward
         engine.step = step
         meter.samples_per_step = int(engine.train_batch_size())
         meter.grad_accum = int(engine.gradient_accumulation_steps())

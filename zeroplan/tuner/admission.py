@@ -7,8 +7,10 @@ Rules, in order:
 1. the proposal is not a plan the estimator enumerates → PRUNED (``memory`` constraint 1.0);
 2. the estimator says it does not fit → PRUNED with the estimator's reason and a ``memory``
    constraint equal to the predicted overshoot (so TPE learns where the infeasible region is);
-3. a plan needing no more memory already ran out of memory, or a plan predicted to need at least
-   the host RAM per node of one that ran out of host memory → PRUNED (``oom`` constraint);
+3. a plan needing no more memory already ran out of memory, or a plan at the same stage and
+   offload predicted to need at least the host RAM per node of one that ran out of host memory →
+   PRUNED (``oom`` constraint). An OOM never prunes another stage or offload: plans that need
+   less are probed next;
 4. a hang at a micro-batch no larger at the same stage/offload, or a region two failures with one
    signature rule out (:mod:`zeroplan.tuner.failures`) → PRUNED (``failure`` constraint);
 5. another trial holds a claim on the plan → FAIL ``duplicate`` (ignored by TPE);
@@ -24,7 +26,7 @@ from typing import Any, Optional, Sequence
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.failures import FAILURE_KINDS, Failure, Region, hang_rule, learned_regions, suspect_rank
 from zeroplan.tuner.hostrule import host_oom_rule
-from zeroplan.tuner.space import Candidate, SearchSpace, needs_at_least
+from zeroplan.tuner.space import Candidate, SearchSpace, needs_at_least, zero_choice
 
 __all__ = ["Knowledge", "Rejection", "admit", "duplicate", "knowledge_from_trials", "memory_overshoot", "not_enumerated", "oom_rule"]
 
@@ -156,7 +158,10 @@ def admit(
     knowledge = knowledge or Knowledge()
     reason = oom_rule(cand, tuple(ooms) + knowledge.ooms)
     if reason is None:
-        host_ooms = [(n, bad.plan.label, bad.predicted_host_bytes_per_node) for n, bad in knowledge.host_ooms if bad.key != cand.key]
+        # Only at the same stage and offload: what the estimator predicts across stages is only as
+        # right as its host model, and a single OOM must never prune the whole space.
+        host_ooms = [(n, bad.plan.label, bad.predicted_host_bytes_per_node) for n, bad in knowledge.host_ooms
+                     if bad.key != cand.key and zero_choice(bad.plan) == zero_choice(cand.plan)]
         reason = host_oom_rule(cand.predicted_host_bytes_per_node, host_ooms)
     if reason is not None:
         return Rejection(state="PRUNED", status="pruned", reason=reason, constraint=("oom", 1.0))

@@ -42,6 +42,7 @@ __all__ = [
     "learned_regions",
     "measurement_from_lines",
     "normalise_error",
+    "outside_plan",
     "progress_from_lines",
     "region_of",
     "script_wide_failure",
@@ -74,6 +75,31 @@ _ADDR = re.compile(r"\b0x[0-9a-fA-F]+\b")
 _SHAPE = re.compile(r"\b\d+(?:x\d+)+\b")
 _NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _DEVICE_OOM = re.compile(r"CUDA|HIP|cuda|device|CUBLAS|NCCL", re.I)
+
+
+#: Errors that are this machine's or zeroplan's launcher's, whatever the plan: a port taken by
+#: another job between choosing and binding it (torch's TCPStore: "Address already in use"), a
+#: rendezvous or socket torn down by a peer process, a DeepSpeed op whose compilation failed or
+#: was stopped (torch.utils.cpp_extension: "Error building extension"), the warm launcher.
+_OUTSIDE_PLAN = re.compile(
+    r"Address already in use|EADDRINUSE|DistNetworkError|Connection reset by peer|Broken pipe|"
+    r"Error building extension|ninja: build stopped|warm launcher unavailable",
+    re.I,
+)
+
+
+def outside_plan(status: str, error: str, log_tail: str = "", *, waits_s: Optional[dict] = None) -> Optional[str]:
+    """Why a failed probe failed for a reason outside its plan (the tuner runs it once more and
+    does not learn from it), else None: a timeout that came after waiting on an op build (the
+    build's time was not charged, but the ranks' start was disturbed by it), or an error from
+    :data:`_OUTSIDE_PLAN` in its message or log."""
+    if status == "timeout" and (waits_s or {}).get("op build"):
+        return f"timed out after waiting {waits_s['op build']:.0f} s on a DeepSpeed op build"
+    if status in ("error", "timeout"):
+        m = _OUTSIDE_PLAN.search(error or "") or _OUTSIDE_PLAN.search(log_tail or "")
+        if m:
+            return f"{m.group(0)} (the machine's or the launcher's, not the plan's)"
+    return None
 
 
 def normalise_error(text: str) -> str:

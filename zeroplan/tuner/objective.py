@@ -75,6 +75,15 @@ class ProbeOutcome:
     """What started the ranks (``warm``, ``torchrun``; empty for several nodes or when unknown)."""
     phases_s: dict = field(default_factory=dict)
     """Wall seconds per phase of the probe (``zeroplan.runtime.phases.PHASES``)."""
+    waits_s: dict = field(default_factory=dict)
+    """Seconds of waits that are not the plan's, not charged to its timeout (``launcher``, ``op build``)."""
+    retried: str = ""
+    """Why the probe was run a second time (its first run failed for a reason outside the plan); empty: once."""
+
+    @property
+    def plan_wall_s(self) -> float:
+        """Wall seconds charged to the plan: ``wall_s`` less the waits that are not its own."""
+        return max(self.wall_s - sum(self.waits_s.values()), 0.0)
 
     @property
     def ok(self) -> bool:
@@ -199,7 +208,7 @@ class ProbeRunner:
         predicted = self.predicted_step_time(plan) if self.predicted_step_time else None
         if not predicted:
             return None
-        return expected_probe_s(predicted, self.history, optimizer_steps=self.warmup + self.steps)
+        return expected_probe_s(predicted, self.history, optimizer_steps=self.warmup + self.steps, startup_class=plan.zero_label)
 
     def timeout_for(self, plan: Plan) -> tuple[float, bool]:
         """(timeout, derived?) for a probe of ``plan``."""
@@ -209,7 +218,8 @@ class ProbeRunner:
         if not predicted:
             return self.timeout_s, False
         return probe_timeout(
-            predicted, self.history, ceiling_s=self.timeout_s, optimizer_steps=self.warmup + self.steps, startup_s=self.startup_floor_s
+            predicted, self.history, ceiling_s=self.timeout_s, optimizer_steps=self.warmup + self.steps, startup_s=self.startup_floor_s,
+            startup_class=plan.zero_label,
         )
 
     def build_config(self, plan: Plan) -> tuple[dict, list[str]]:
@@ -230,6 +240,7 @@ class ProbeRunner:
 
     def __call__(self, plan: Plan, *, trial_number: int, on_line: Optional[Callable[[str], None]] = None) -> ProbeOutcome:
         from zeroplan.runtime import run_probe
+        from zeroplan.tuner.failures import outside_plan
 
         start = time.monotonic()
         cfg, errors = self.build_config(plan)
@@ -237,6 +248,10 @@ class ProbeRunner:
             return ProbeOutcome(status="invalid", error="; ".join(errors), ds_config=cfg)
         timeout_s, derived = self.timeout_for(plan)
         trial_dir = self.workdir / f"trial-{trial_number:04d}"
+        run = 1
+        while (trial_dir / "result.json").exists():  # the plan measured again: keep the first run's files
+            run += 1
+            trial_dir = self.workdir / f"trial-{trial_number:04d}-run{run}"
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "ds_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         request = self._request(
@@ -264,6 +279,16 @@ class ProbeRunner:
         result = run_probe(request, on_line=seen)
         outcome = outcome_from_result(result, cfg=cfg, wall_s=time.monotonic() - start, progress=progress)
         outcome = replace(outcome, timeout_s=timeout_s, timeout_derived=derived)
+        why = None if outcome.ok else outside_plan(outcome.status, outcome.error, outcome.log_tail, waits_s=outcome.waits_s)
+        if why is not None:
+            # Not the plan's failure: run it once more; what that run says is the plan's answer.
+            if on_line is not None:
+                on_line(f"zeroplan: trial {trial_number} failed for a reason outside its plan ({why}); running it once more")
+            progress.clear()
+            again = time.monotonic()
+            result = run_probe(request, on_line=seen)
+            outcome = outcome_from_result(result, cfg=cfg, wall_s=time.monotonic() - again, progress=progress)
+            outcome = replace(outcome, timeout_s=timeout_s, timeout_derived=derived, retried=why)
         self._remember(plan, outcome)
         return outcome
 
@@ -279,7 +304,8 @@ class ProbeRunner:
             # It stopped at a boundary: warm-up plus the measured micro-steps, in optimizer steps.
             steps = max(steps, outcome.micro_steps / accum)
         self.history.append(
-            ProbeTiming(predicted_step_time_s=predicted, step_time_s=outcome.step_time_s, wall_s=outcome.wall_s, optimizer_steps=steps, startup_s=outcome.startup_s)
+            ProbeTiming(predicted_step_time_s=predicted, step_time_s=outcome.step_time_s, wall_s=outcome.plan_wall_s, optimizer_steps=steps,
+                        startup_s=outcome.startup_s, startup_class=plan.zero_label)
         )
 
 
@@ -317,4 +343,5 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Opti
         micro_steps=measured[2] if measured else 0,
         launcher=str(getattr(result, "launcher", "") or ""),
         phases_s=dict(getattr(result, "phases_s", None) or {}),
+        waits_s=dict(getattr(result, "waits_s", None) or {}),
     )

@@ -3,9 +3,15 @@
 A probe's wall time is a fixed part — launching the ranks, importing, building the engine
 (``startup_s``, measured by the worker's ``engine-ready`` line), tearing down — plus its optimizer
 steps. Both are learned from the probes that worked: the fixed part is the median of
-``wall_s − steps × step_time_s``, and a plan's step time is its predicted step time times the
-median measured/predicted ratio (the estimator's absolute times are for its GPU profile; their
-ratios carry over to the machine that runs the probes). Pure functions, stdlib only.
+``wall_s − steps × step_time_s`` over the probes of the plan's own *start-up class* (its ZeRO
+stage and offloads: the engine build, the op loads and the partitioning differ between them —
+ZeRO-3 with CPU offload loads DeepSpeed's ``cpu_adam`` and partitions every parameter, ZeRO-0
+does neither), and a plan's step time is its predicted step time times the median
+measured/predicted ratio (the estimator's absolute times are for its GPU profile; their ratios
+carry over to the machine that runs the probes). A plan whose class no probe has measured yet
+gets the first-probe rule, its start-up at least the machine's floor and the slowest start-up
+measured so far: never a faster plan's time. ``wall_s`` is the plan's own: waits that are not
+its plan's (the warm server, an op build) are left out by the launcher. Pure functions, stdlib only.
 """
 
 from __future__ import annotations
@@ -55,10 +61,18 @@ class ProbeTiming:
     """Optimizer steps it ran, warm-up included (fractional when it stopped mid-accumulation)."""
     startup_s: Optional[float] = None
     """Worker start to engine built, seconds (None: not reported)."""
+    startup_class: str = ""
+    """The plan's start-up class: its ZeRO stage and offloads (``Plan.zero_label``, e.g. ``z3+opt:cpu``)."""
 
 
-def _fixed_s(history: Sequence[ProbeTiming]) -> float:
-    return statistics.median(max(h.wall_s - h.optimizer_steps * h.step_time_s, 0.0) for h in history)
+def _fixed_parts(history: Sequence[ProbeTiming], startup_class: Optional[str] = None) -> list[float]:
+    return [max(h.wall_s - h.optimizer_steps * h.step_time_s, 0.0) for h in history if startup_class is None or h.startup_class == startup_class]
+
+
+def _fixed_s(history: Sequence[ProbeTiming], startup_class: Optional[str] = None) -> Optional[float]:
+    """Median fixed part of the probes of ``startup_class`` (None: of all); None when there are none."""
+    parts = _fixed_parts(history, startup_class)
+    return statistics.median(parts) if parts else None
 
 
 def _scale(history: Sequence[ProbeTiming]) -> Optional[float]:
@@ -66,13 +80,19 @@ def _scale(history: Sequence[ProbeTiming]) -> Optional[float]:
     return statistics.median(ratios) if ratios else None
 
 
-def expected_probe_s(predicted_step_time_s: float, history: Sequence[ProbeTiming], *, optimizer_steps: float) -> Optional[float]:
+def expected_probe_s(
+    predicted_step_time_s: float, history: Sequence[ProbeTiming], *, optimizer_steps: float, startup_class: Optional[str] = None
+) -> Optional[float]:
     """Expected wall time of a probe of ``optimizer_steps`` steps of a plan predicted at
-    ``predicted_step_time_s``; None before any probe worked."""
+    ``predicted_step_time_s``; None before any probe worked. Its fixed part is that of the probes
+    of its ``startup_class``, else (none measured yet) the slowest fixed part measured."""
     scale = _scale(history)
     if not history or scale is None:
         return None
-    return _fixed_s(history) + optimizer_steps * scale * predicted_step_time_s
+    fixed = _fixed_s(history, startup_class)
+    if fixed is None:
+        fixed = max(_fixed_parts(history))
+    return fixed + optimizer_steps * scale * predicted_step_time_s
 
 
 def first_probe_timeout(predicted_step_time_s: float, *, startup_s: float, optimizer_steps: float, ceiling_s: float) -> tuple[float, bool]:
@@ -84,16 +104,28 @@ def first_probe_timeout(predicted_step_time_s: float, *, startup_s: float, optim
 
 
 def probe_timeout(
-    predicted_step_time_s: float, history: Sequence[ProbeTiming], *, ceiling_s: float, optimizer_steps: float, startup_s: Optional[float] = None
+    predicted_step_time_s: float,
+    history: Sequence[ProbeTiming],
+    *,
+    ceiling_s: float,
+    optimizer_steps: float,
+    startup_s: Optional[float] = None,
+    startup_class: Optional[str] = None,
 ) -> tuple[float, bool]:
     """(timeout seconds, derived?): ``TIMEOUT_MARGIN`` × the expected duration + ``TIMEOUT_SLACK_S``,
-    never above ``ceiling_s`` (the user's --timeout). Before any probe worked:
-    :func:`first_probe_timeout` from the predicted start-up ``startup_s``, or the ceiling without one."""
-    expected = expected_probe_s(predicted_step_time_s, history, optimizer_steps=optimizer_steps)
+    never above ``ceiling_s`` (the user's --timeout). Before any probe of the plan's
+    ``startup_class`` worked (None: any class counts): :func:`first_probe_timeout` from its
+    start-up — at least the machine's floor ``startup_s`` and the slowest fixed part measured —
+    and its steps at the measured/predicted scale, or the ceiling with neither."""
+    seen = bool(_fixed_parts(history, startup_class))
+    expected = expected_probe_s(predicted_step_time_s, history, optimizer_steps=optimizer_steps, startup_class=startup_class) if seen else None
     if expected is None:
-        if startup_s is not None:
-            return first_probe_timeout(predicted_step_time_s, startup_s=startup_s, optimizer_steps=optimizer_steps, ceiling_s=ceiling_s)
-        return ceiling_s, False
+        measured = _fixed_parts(history)
+        if startup_s is None and not measured:
+            return ceiling_s, False
+        startup = max([startup_s or 0.0, *measured])
+        scale = _scale(history) or 1.0
+        return first_probe_timeout(predicted_step_time_s * max(scale, 1.0), startup_s=startup, optimizer_steps=optimizer_steps, ceiling_s=ceiling_s)
     derived = TIMEOUT_MARGIN * expected + TIMEOUT_SLACK_S
     return (derived, True) if derived < ceiling_s else (ceiling_s, False)
 

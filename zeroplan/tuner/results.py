@@ -77,6 +77,10 @@ CSV_COLUMNS = [
     "measured_step_time_ci_s",
     "timeout_s",
     "failure",
+    "not_charged_wait_s",
+    "retried",
+    "remeasured_samples_per_second",
+    "ranked_samples_per_second",
 ]
 
 
@@ -93,9 +97,17 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def trials_frame(trials: list[Any]) -> Any:
-    """A pandas DataFrame of every finished trial (WAITING ones, not yet started, are left out)."""
+def trials_frame(trials: list[Any], remeasured: Optional[dict] = None) -> Any:
+    """A pandas DataFrame of every finished trial (WAITING ones, not yet started, are left out).
+
+    ``remeasured``: {plan key: [samples/s, ...]} measured again after the search (the study's
+    ``remeasured_samples_per_second`` attribute); a plan is ranked by the median of all its
+    measurements (``ranked_samples_per_second``)."""
+    import statistics
+
     import pandas as pd
+
+    remeasured = remeasured or {}
 
     rows = []
     for t in trials:
@@ -140,6 +152,13 @@ def trials_frame(trials: list[Any]) -> Any:
                 "measured_step_time_ci_s": attrs.get("step_time_ci_s"),
                 "timeout_s": attrs.get("timeout_s"),
                 "failure": attrs.get("signature", ""),
+                # Waits that were not the plan's (warm server, op build), left out of its timeout.
+                "not_charged_wait_s": ";".join(f"{k} {v:g}" for k, v in (attrs.get("waits_s") or {}).items()) or None,
+                "retried": attrs.get("retried") or None,
+                "remeasured_samples_per_second": ";".join(f"{v:.2f}" for v in remeasured.get(attrs.get("plan_key", ""), [])) or None
+                if status == "ok" else None,
+                "ranked_samples_per_second": statistics.median([attrs["measured_samples_per_second"], *remeasured.get(attrs.get("plan_key", ""), [])])
+                if status == "ok" and attrs.get("measured_samples_per_second") else None,
             }
         )
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
@@ -150,11 +169,13 @@ def trials_frame(trials: list[Any]) -> Any:
 
 
 def best_row(frame: Any) -> Optional[Any]:
-    """The probed trial with the highest measured samples/s, or None."""
-    ok = frame[frame["status"] == "ok"].dropna(subset=["measured_samples_per_second"])
+    """The probed trial with the highest median measured samples/s (its probe and any
+    re-measurements), or None."""
+    ok = frame[frame["status"] == "ok"].dropna(subset=['ranked_samples_per_second'])
+    ok = ok[ok['ranked_samples_per_second'].astype(float) > 0]
     if ok.empty:
         return None
-    return ok.loc[ok["measured_samples_per_second"].astype(float).idxmax()]
+    return ok.loc[ok['ranked_samples_per_second'].astype(float).idxmax()]
 
 
 def _rank(value: Any) -> str:
@@ -194,7 +215,7 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
         lines += ["**No probe succeeded.**", ""]
     else:
         lines += [
-            f"**Best plan: `{best['plan']}`** — {_fmt(best['measured_samples_per_second'], '.2f')} samples/s"
+            f"**Best plan: `{best['plan']}`** — {_fmt(best['ranked_samples_per_second'], '.2f')} samples/s"
             + (f", {_fmt(best['measured_tokens_per_second'], '.0f')} tokens/s" if best["measured_tokens_per_second"] else "")
             + f", peak {_fmt(best['measured_peak_memory_bytes'], '.1f', MiB)} MiB per rank"
             + f" (estimator's rank #{_rank(best['predicted_rank']) or '?'}"
@@ -206,7 +227,7 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
         rho = ok["predicted_samples_per_second"].astype(float).rank().corr(ok["measured_samples_per_second"].astype(float).rank())
         lines += [f"Spearman rank correlation, predicted vs measured throughput over {len(ok)} probes: {rho:.2f}", ""]
     if not ok.empty:
-        ok = ok.sort_values("measured_samples_per_second", ascending=False)
+        ok = ok.sort_values("ranked_samples_per_second", ascending=False)
         lines += [
             "## Ranking (measured)",
             "",
@@ -216,7 +237,7 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
         for i, (_, r) in enumerate(ok.iterrows(), start=1):
             rank = r["predicted_rank"]
             lines.append(
-                f"| {i} | `{r['plan']}` | {_fmt(r['measured_samples_per_second'], '.2f')} | "
+                f"| {i} | `{r['plan']}` | {_fmt(r['ranked_samples_per_second'], '.2f')} | "
                 f"{_fmt(r['predicted_samples_per_second'], '.3g')} | {_rank(rank)} | "
                 f"{_fmt(r['measured_peak_memory_bytes'], '.1f', MiB)} | {_fmt(r['predicted_peak_memory_bytes'], '.1f', MiB)} | {r['trial']} |"
             )
@@ -293,13 +314,13 @@ def plot_throughput(frame: Any, path: Path) -> bool:
     return True
 
 
-def write_results(trials: list[Any], output_dir: Path, meta: dict[str, Any], *, plot: bool = True) -> Any:
+def write_results(trials: list[Any], output_dir: Path, meta: dict[str, Any], *, plot: bool = True, remeasured: Optional[dict] = None) -> Any:
     """Write trials.csv, ds_config.json (best trial's), report.md and throughput.png; return the frame.
 
     Without matplotlib the plot is left out and report.md says how to get it; the rest is written.
     """
     output_dir.mkdir(parents=True, exist_ok=True)
-    frame = trials_frame(trials)
+    frame = trials_frame(trials, remeasured)
     write_atomic(output_dir / "trials.csv", frame.to_csv(index=False))
     best = best_row(frame)
     if best is not None:

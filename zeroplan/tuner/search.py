@@ -21,6 +21,8 @@ the opening (:mod:`zeroplan.tuner.seeding`: the sampler and the estimator's firs
 from __future__ import annotations
 
 import math
+import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -35,9 +37,16 @@ from zeroplan.tuner.seeding import NEAR_BEST, SAMPLERS, initial_candidates, make
 from zeroplan.tuner.space import Candidate, SearchSpace
 from zeroplan.tuner.storage import StorageError, fail_stale_trials, heartbeat
 
-__all__ = ["NEAR_BEST", "SAMPLERS", "TuneSettings", "TuneSummary", "Tuner", "initial_candidates", "make_sampler", "space_signature"]
+__all__ = ["NEAR_BEST", "REMEASURED_ATTR", "SAMPLERS", "Trust", "TuneSettings", "TuneSummary", "Tuner", "initial_candidates", "make_sampler", "space_signature"]
 
 _LOG_TAIL_CHARS = 2000
+
+#: Study attribute holding the re-measurements: {plan key: [samples/s, ...]} (a finished trial's
+#: attributes cannot change in Optuna, the study's can).
+REMEASURED_ATTR = "remeasured_samples_per_second"
+
+#: The error recorded for a probe that ended ``ok`` without a step time.
+NO_THROUGHPUT = "the probe ran but measured no step time, so it has no throughput to rank"
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,9 @@ class TuneSettings:
     """Sampler proposals rejected in a row before the best-predicted untried plan is enqueued."""
     stale_grace_s: float = 120.0
     """Extra seconds past a claim's probe timeout before another worker may declare it dead."""
+    remeasure_top: int = 2
+    """Plans measured again, once each, before the best is named (the best ones by their first
+    measurement; 0: none). They do not count against ``trials``."""
 
     def __post_init__(self) -> None:
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
@@ -94,6 +106,39 @@ class TuneSummary:
     """... and what to fix."""
     gap: Optional[Gap] = None
     """How much faster the best admissible plan not probed is predicted to be than the best found."""
+    trust: Optional[Trust] = None
+    """How far the ranking of the top plans can be trusted (after they were measured again)."""
+
+
+@dataclass(frozen=True)
+class Trust:
+    """How much the ranking of the best plans can be trusted: their measurements repeated, the
+    gap between the first two, and the machine's load while they were measured."""
+
+    best_key: str
+    runner_up_key: Optional[str]
+    """The second plan by median throughput (None: only one plan worked)."""
+    gap: float
+    """(best − runner-up) / runner-up median samples/s; 0 without a runner-up."""
+    repeat_spread: float
+    """Largest (max − min) / median over the repeated measurements of one plan (0: none repeated)."""
+    load_1m: tuple[float, float]
+    """Lowest and highest 1-minute load average seen at the start of each probe."""
+    cores: int
+
+    @property
+    def firm(self) -> bool:
+        """The best plan is ahead by more than the same plan's measurements differ."""
+        return self.runner_up_key is None or self.gap > self.repeat_spread
+
+    @property
+    def text(self) -> str:
+        load = f"load {self.load_1m[0]:.1f}–{self.load_1m[1]:.1f} on {self.cores} cores"
+        if self.runner_up_key is None:
+            return f"ranking: only {self.best_key} worked ({load})"
+        verdict = "the ranking holds" if self.firm else "not told apart at this load: either may be the faster"
+        return (f"ranking: {self.best_key} ahead of {self.runner_up_key} by {self.gap:.0%}, while one plan measured twice "
+                f"differs by up to {self.repeat_spread:.0%} ({load}): {verdict}")
 
 
 def failure_constraint(status: str) -> str:
@@ -129,6 +174,8 @@ class Tuner:
         self.after_trial = after_trial or (lambda: None)
         self.clock = clock
         self.ledger = ClaimsLedger(study, clock=clock)
+        self._load: list[float] = []
+        """1-minute load average at the start of each probe of this process."""
         self.worker = self.ledger.worker
 
     # ------------------------------------------------------------------ what the study knows
@@ -157,10 +204,16 @@ class Tuner:
         # Stable: prediction order within; tight plans after those that fit with margin.
         return sorted(left, key=lambda c: (suspect_rank(c, knowledge.failures), c.verdict == "tight"))
 
+    def measurements(self, trial: Any) -> list[float]:
+        """Every throughput measured for a COMPLETE trial's plan: its probe's, then its re-measurements."""
+        again = (self.ledger.study_attr(REMEASURED_ATTR) or {}).get(trial.user_attrs.get("plan_key", ""), [])
+        return [float(trial.value), *(float(v) for v in again)]
+
     def best(self) -> Any:
-        """The COMPLETE trial with the highest measured throughput, or None."""
+        """The COMPLETE trial with the highest median measured throughput (its probe and any
+        re-measurements), or None."""
         done = [t for t in self.ledger.trials() if t.state.name == "COMPLETE" and t.value is not None]
-        return max(done, key=lambda t: t.value) if done else None
+        return max(done, key=lambda t: statistics.median(self.measurements(t))) if done else None
 
     # ------------------------------------------------------------------ setup
 
@@ -271,7 +324,9 @@ class Tuner:
                 return "time budget"
         if self.script_failure(trials, knowledge) is not None:
             return "every plan fails"
-        if not remaining:
+        if not remaining and not any(t.state.name == "WAITING" for t in trials):
+            # An enqueued pick is released, not left waiting: the loop asks it and admission
+            # records why it is not probed (an OOM's rule, a claim), as for any proposal.
             return "space exhausted"
         return None
 
@@ -343,9 +398,13 @@ class Tuner:
             rejections = 0
             probes_this_run += self._probe(trial, cand, source=source)
 
+        trust = None
+        if stopped != "time budget" or self.settings.time_budget_s is None:
+            trust = self.remeasure()
         best = self.best()
         failure = self.script_failure() if stopped == "every plan fails" else None
         return TuneSummary(
+            trust=trust,
             gap=self.gap(best),
             failure_signature=failure[0] if failure else None,
             failure_fix=failure[1] if failure else None,
@@ -353,9 +412,50 @@ class Tuner:
             probes_this_run=probes_this_run,
             stopped_because=stopped,
             best_number=best.number if best else None,
-            best_value=best.value if best else None,
+            best_value=statistics.median(self.measurements(best)) if best else None,
             best_plan_key=best.user_attrs.get("plan_key") if best else None,
             wall_s=time.monotonic() - start,
+        )
+
+    def remeasure(self) -> Optional[Trust]:
+        """Probe the ``remeasure_top`` best plans once more (in reverse order, so a change of load
+        does not favour the first) before the best is named; record the measurements in the study
+        and say how far the ranking holds. None when fewer than one plan worked."""
+        done = sorted((t for t in self.ledger.trials() if t.state.name == "COMPLETE" and t.value is not None), key=lambda t: -t.value)
+        if not done:
+            return None
+        top = done[: self.settings.remeasure_top]
+        if len(top) >= 2:
+            stored = dict(self.ledger.study_attr(REMEASURED_ATTR) or {})
+            for t in reversed(top):
+                key = t.user_attrs.get("plan_key", "")
+                cand = self.space.get(key)
+                if cand is None:
+                    continue
+                self.on_event("remeasure", number=t.number, candidate=cand)
+                self._load.append(os.getloadavg()[0])
+                try:
+                    outcome = self.runner(cand.plan, trial_number=t.number, on_line=lambda line: self.on_event("line", text=line))
+                except Exception as exc:  # noqa: BLE001 - a failed re-measurement leaves the first one standing
+                    self.on_event("warning", text=f"re-measuring {key} failed: {first_line(exc)}")
+                    continue
+                if outcome.ok and outcome.samples_per_second > 0:
+                    stored[key] = [*stored.get(key, []), outcome.samples_per_second]
+                    self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second)
+                else:
+                    self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands")
+            self.ledger.set_study_attr(REMEASURED_ATTR, stored)
+        ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
+        medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
+        spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
+        load = self._load or [os.getloadavg()[0]]
+        return Trust(
+            best_key=ranked[0].user_attrs.get("plan_key", ""),
+            runner_up_key=ranked[1].user_attrs.get("plan_key", "") if len(ranked) > 1 else None,
+            gap=medians[0] / medians[1] - 1.0 if len(medians) > 1 and medians[1] > 0 else 0.0,
+            repeat_spread=max(spreads) if spreads else 0.0,
+            load_1m=(min(load), max(load)),
+            cores=os.cpu_count() or 1,
         )
 
     def gap(self, best: Any = None) -> Optional[Gap]:
@@ -376,6 +476,7 @@ class Tuner:
     def _probe(self, trial: Any, cand: Candidate, *, source: str) -> bool:
         """Run the claimed trial's probe and record it; True if a probe ran."""
         self.on_event("start", number=trial.number, candidate=cand, source=source)
+        self._load.append(os.getloadavg()[0])
         try:
             with heartbeat(self.study, trial):
                 outcome = self.runner(cand.plan, trial_number=trial.number, on_line=lambda line: self.on_event("line", text=line))
@@ -389,8 +490,14 @@ class Tuner:
 
     def _finish(self, trial: Any, cand: Candidate, outcome: ProbeOutcome) -> None:
         """Record the outcome in the trial and tell the study; then write the results."""
+        from dataclasses import replace
+
         from optuna.trial import TrialState
 
+        if outcome.ok and not outcome.samples_per_second > 0:
+            # A probe that ran but timed nothing has no throughput to rank, report or export: it is
+            # a failed measurement, never a plan at 0 samples/s.
+            outcome = replace(outcome, status="error", error=NO_THROUGHPUT)
         measured = {
             "status": outcome.status,
             "probed": outcome.status in PROBED_STATUSES,
@@ -409,8 +516,6 @@ class Tuner:
         }
         if outcome.ds_config:
             measured["ds_config"] = outcome.ds_config
-        if outcome.ok and outcome.samples_per_second <= 0:
-            measured["reason"] = "probe reported no throughput"
         failure = classify_failure(
             outcome.status, outcome.error, engine_ready=outcome.engine_ready, optimizer_steps=outcome.optimizer_steps, cut_short=outcome.timeout_derived
         )
@@ -422,10 +527,15 @@ class Tuner:
             measured |= {"step_time_ci_s": outcome.step_time_ci_s, "micro_steps": outcome.micro_steps}
         if outcome.timeout_s:
             measured["timeout_s"] = round(outcome.timeout_s, 1)
+        if outcome.waits_s:
+            # Not the plan's (the warm server, an op build): left out of its timeout and timings.
+            measured["waits_s"] = {k: round(v, 1) for k, v in outcome.waits_s.items()}
+        if outcome.retried:
+            measured["retried"] = outcome.retried
         self.ledger.set_attrs(trial, measured)
-        if outcome.ok and outcome.samples_per_second > 0:
+        if outcome.ok:
             self.ledger.tell(trial, outcome.samples_per_second)
-        elif outcome.status in PROBED_STATUSES:  # ok without throughput, oom, error, timeout
+        elif outcome.status in PROBED_STATUSES:  # oom, error (a measurement without throughput too), timeout
             # TPE learns only from COMPLETE and PRUNED trials (a FAIL one is invisible to it): a
             # probe that failed is PRUNED with a violated constraint, so TPE counts its plan among
             # the infeasible ones (samplers/_tpe/sampler.py _split_trials), as the memory rule's.
