@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.tuner import StorageError, TuneSettings, Tuner, make_sampler, open_study, storage_url
+from zeroplan.spec import Plan
+from zeroplan.tuner import ProbeOutcome, StorageError, TuneSettings, Tuner, make_sampler, open_study, storage_url
 from zeroplan.tuner.ledger import trial_reason, trial_status
 from zeroplan.tuner.results import CSV_COLUMNS, write_results
 from zeroplan.tuner.storage import open_storage
