@@ -127,7 +127,7 @@ def test_recommendation_names_a_tight_plan_only_when_none_fits_with_margin():
     line = recommendation(ests, {"params": 7e9, "gpus": 2})
     assert "no plan fits with the" in line and "probe it" in line
     assert line.splitlines()[1] == "Write it: " + export_command(ests[0], {"params": 7e9, "gpus": 2})
-    assert "--params 7e+09 --gpus 2 --stage 3" in line
+    assert "--params 7e9 --gpus 2 --stage 3" in line
     fsdp = estimate_all(model, base, training, enumerate_plans(model, base, training, engine="fsdp", stage=3), engine="fsdp")
     assert export_command(fsdp[0], {"engine": "fsdp"}).endswith("--output fsdp_settings.json")
     assert recommendation([e for e in ests if e.verdict == "oom"], {}) == ""

@@ -169,6 +169,13 @@ def _margin() -> float:
     return TIGHT_MARGIN
 
 
+def _number(value: float) -> str:
+    """A float as a user types it on the command line: 7e9, 2e12, 0.5 (not 7e+09)."""
+    import re
+
+    return re.sub(r"e\+0*", "e", f"{value:g}")
+
+
 def export_command(est: "PlanEstimate", options: dict, *, output: str = "ds_config.json") -> str:
     """The ``zeroplan export`` command line that writes ``est``'s plan: the estimate's own model,
     cluster and training options (``options``: export's option name → value, None left out) and
@@ -181,7 +188,7 @@ def export_command(est: "PlanEstimate", options: dict, *, output: str = "ds_conf
         if value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        args += [flag] if value is True else [flag, f"{value:g}".replace("e+", "e") if isinstance(value, float) else str(value)]
+        args += [flag] if value is True else [flag, _number(value) if isinstance(value, float) else str(value)]
     args += ["--stage", str(p.stage), "--offload-optimizer", p.offload_optimizer, "--offload-param", p.offload_param,
              "--checkpointing", p.checkpointing, "--micro-batch", str(p.micro_batch)]
     if "global_batch" not in options or options.get("global_batch") is None:

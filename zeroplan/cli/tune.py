@@ -206,7 +206,7 @@ def tune(
     require_runtime("tune")
     if nodes is not None and nodes.launcher == "torchrun" and nodes.node_rank:
         # Node K > 0: no study, no search; join every probe node 0's tuner starts in the shared
-        # --output folder until it is done (zeroplan.runtime.launcher.follow_probes).
+        # --output folder until it is done (zeroplan.runtime.follow.follow_probes).
         follow_node0(output / "probes", nodes)
         return
     if nodes is not None and nodes.launcher == "slurm":

@@ -14,7 +14,8 @@ torch and deepspeed are imported only inside the worker processes and the warm s
 from __future__ import annotations
 
 from zeroplan.runtime.api import BACKENDS, LOCAL_LAUNCHERS, STATUSES, ProbeRequest, ProbeResult
-from zeroplan.runtime.launcher import FOLLOW_DONE, PHASES, follow_probes, probe_environment, run_probe, script_kind, uses_warm_launcher
+from zeroplan.runtime.follow import FOLLOW_DONE, follow_probes
+from zeroplan.runtime.launcher import PHASES, probe_environment, run_probe, script_kind, uses_warm_launcher
 
 __all__ = [
     "BACKENDS",

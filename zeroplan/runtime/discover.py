@@ -121,6 +121,8 @@ class DiscoveredModel:
                 raise SpecError(f"{name}={value!r} is not valid; give a whole number >= 0")
         if self.total_params < 1:
             raise SpecError(f"the model created by {self.script or 'the script'} has no parameters; give --params or --model")
+        # One form however it was built: from the worker's JSON, from the cache file (lists), or by hand.
+        object.__setattr__(self, "parameter_sizes", tuple((int(n), int(c)) for n, c in self.parameter_sizes))
 
     @classmethod
     def from_worker(cls, data: dict, *, script: str) -> "DiscoveredModel":
