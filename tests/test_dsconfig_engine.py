@@ -134,7 +134,9 @@ ENGINE_ERRORS = {
     "client-adamw-offload": ("ZeRORuntimeException", r"ZeRO-Offload with a client provided optimizer"),
     "muon-z3-reduce-scatter": ("ValueError", r"Muon and reduce scatter cannot be used together"),  # stage3.py:360
     "superoffload-cpu": ("AssertionError", r"SuperOffload only supports NVIDIA CUDA GPUs"),  # superoffload_stage3.py:23
-    "zenflow-z3-cpu": ("AssertionError", r"Torch not compiled with CUDA enabled"),  # engine_stage3.py: device='cuda'
+    # engine_stage3.py: device='cuda'; torch's _lazy_init (torch/cuda/__init__.py) raises the first on
+    # a CPU build of torch, the second on a CUDA build on a machine without a driver.
+    "zenflow-z3-cpu": (("AssertionError", "RuntimeError"), r"Torch not compiled with CUDA enabled|Found no NVIDIA driver"),
 }
 
 
@@ -150,7 +152,8 @@ def test_config_validate_rejects_fails_in_the_engine(engine_results, name):
     result = engine_results[name]
     assert not result["ok"], f"{name} started although validate reports {rule_id}"
     error, pattern = ENGINE_ERRORS[name]
-    assert result["error"] == error and re.search(pattern, result["message"]), result
+    errors = (error,) if isinstance(error, str) else error
+    assert result["error"] in errors and re.search(pattern, result["message"]), result
 
 
 @pytest.mark.slow
