@@ -11,27 +11,16 @@ from __future__ import annotations
 import io
 import json
 import re
-import sys
 
 import pytest
 
-from zeroplan.cli import main
+from helpers import run_main
 
-COMMANDS = ("estimate", "validate", "export", "probe", "tune", "calibrate", "profiles")
+COMMANDS = ("estimate", "validate", "export", "probe", "tune", "calibrate", "profiles", "doctor")
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["zeroplan", *argv]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_main(argv, capsys)
 
 
 # ---------------------------------------------------------------------------------------------

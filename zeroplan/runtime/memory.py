@@ -118,12 +118,7 @@ class StorageTracker(TorchDispatchMode):
             ref = weakref.ref(st, lambda _r, key=key: self._forget(key))
         except TypeError:  # storage type without weakref support: cannot know when it dies
             return
-        with self._lock:
-            self._refs[key] = ref
-            self._sizes[key] = nbytes
-            self.current_bytes += nbytes
-            if self.current_bytes > self.peak_bytes:
-                self.peak_bytes = self.current_bytes
+        self._count(key, ref, nbytes)
 
     def track(self, *tensors: object) -> None:
         """Count the storages of ``tensors`` (any pytree of tensors) if not counted yet."""
@@ -179,6 +174,10 @@ class StorageTracker(TorchDispatchMode):
             ref = weakref.ref(tensor, lambda _r, key=key: self._forget(key))
         except TypeError:
             return
+        self._count(key, ref, nbytes)
+
+    def _count(self, key: object, ref: object, nbytes: int) -> None:
+        """Count ``nbytes`` alive under ``key`` (``ref`` forgets it when its object dies)."""
         with self._lock:
             self._refs[key] = ref
             self._sizes[key] = nbytes
