@@ -14,20 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT, example
+
 from zeroplan.profiles.resolve import model_from_params
 from zeroplan.runtime.discover import DiscoveredModel, activation_source
 from zeroplan.spec import ModelSpec
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
 torch = pytest.importorskip("torch")
 
 
 def _mlp(layers: int = 8, width: int = 256):
-    from train_deepspeed_mlp import build_model
-
-    return build_model(layers, width)
+    return example("train_deepspeed_mlp").build_model(layers, width)
 
 
 def _real_peak(model, batch) -> int:
@@ -68,7 +66,7 @@ def test_traced_module_matches_a_real_forward_backward(dtype):
 
 
 def test_activation_source_is_traced_only_for_models_that_are_not_transformers():
-    import gpt_task
+    gpt_task = example("gpt_task")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from zeroplan.runtime.discover_worker import describe_model
@@ -213,3 +211,36 @@ def test_discovery_run_traces_a_model_that_is_not_a_transformer(tmp_path):
     traced = found.traced_activations()
     assert traced.micro_batch == 1 and traced.input_shapes == ((1, 1024),) and traced.peak_at_micro_batch > 0
     assert found.model_spec().parameter_sizes == ((1024 * 1024, 8),)
+
+
+def test_tune_space_of_a_discovered_mlp_uses_what_probe_predicts():
+    """tune prunes and ranks a model that is not a transformer with its own traced activations —
+    the figure a probe of it prints (0.0 % of the measured peak, benchmarks/results/any_model.txt)
+    — not with a GPT derived from its parameter count."""
+    from zeroplan.estimator import estimate_plan
+    from zeroplan.profiles import resolve_cluster
+    from zeroplan.runtime.discover_worker import describe_model
+    from zeroplan.runtime.prediction import comparable_estimate
+    from zeroplan.spec import TrainingSpec
+    from zeroplan.trace.module import trace_module
+    from zeroplan.tuner import build_space
+
+    model = _mlp(8, 1024)
+    data = {"entry_point": "deepspeed.initialize", "model": describe_model(model), "micro_batch": 1, "seq_len": 1024,
+            "activations": trace_module(model, (torch.randn(1, 1024),)).as_dict()}
+    found = DiscoveredModel.from_worker(data, script="train_deepspeed_mlp.py")
+    spec = found.model_spec()
+    cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
+    # Discovery reads the first batch's second dimension as its length: 1024 floats, as tune does.
+    training = TrainingSpec(seq_len=found.seq_len, global_batch=8)
+    traced = build_space(spec, cluster, training, stages=(1, 2), device="cpu", activation_bytes=found.activation_bytes())
+    formula = build_space(spec, cluster, training, stages=(1, 2), device="cpu")
+    by_key = {c.key: c for c in formula.candidates}
+    assert traced.candidates
+    for cand in traced.candidates:
+        est = estimate_plan(spec, cluster, training, cand.plan, device="cpu", activation_bytes=found.activation_bytes())
+        assert cand.predicted_peak_memory_bytes == comparable_estimate(est, on_cpu=True, ranks_per_node=2)
+        # A GPT guessed from the count reads the 1024 floats as 1024 tokens (+19.7 % at 2 ranks, z1).
+        assert cand.predicted_peak_memory_bytes < by_key[cand.key].predicted_peak_memory_bytes
+    untraced = DiscoveredModel.from_worker({**data, "activations": None, "activations_error": "boom"}, script="x.py")
+    assert untraced.activations_source == "not-modelled" and untraced.activation_bytes()(traced.candidates[0].plan) == 0

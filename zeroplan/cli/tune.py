@@ -266,6 +266,7 @@ def tune(
     task_seq_len = None
     task_loss = None
     discovered_seq_len = None
+    activation_bytes = None  # the transformer formula, unless a discovered model brings its trace
     model_origin = "given"
     if params is None and model is None:
         if kind == "task":
@@ -285,6 +286,7 @@ def tune(
                 )
             model_spec = found.model_spec()
             discovered_seq_len = found.seq_len
+            activation_bytes = found.activation_bytes()  # a model that is not a transformer: its trace
             model_origin = "discovered" + (" (cached)" if cached else "")
             console.print(f"model {escape(found.describe())}" + (" [dim](cached)[/]" if cached else ""))
     else:
@@ -352,6 +354,7 @@ def tune(
         optimizer_impl=optimizer_impl,
         buckets=plan_buckets,
         base_config=base_config,
+        activation_bytes=activation_bytes,
     )
     # The warm server imports torch and DeepSpeed while this process estimates the plans and imports
     # torch for the time model; it is idle (imports done) before this CPU is measured, then loads the rest.

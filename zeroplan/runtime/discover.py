@@ -222,6 +222,15 @@ class DiscoveredModel:
 
         return ModuleActivations.from_dict(self.activations)
 
+    def activation_bytes(self):
+        """The estimator's ``activation_bytes`` hook for this model: its trace when it is not a
+        recognised transformer and was traced; :func:`no_activations` when it needed a trace and
+        has none (a transformer formula on a guessed shape would invent its activations: a Linear
+        stack's batch read as tokens of a GPT); None for a transformer (the formula)."""
+        if self.activations_source == "not-modelled":
+            return no_activations
+        return self.traced_activations()
+
     @property
     def name(self) -> str:
         kind = (self.hf_config or {}).get("model_type") or self.model_class.rsplit(".", 1)[-1]
@@ -415,3 +424,8 @@ def discovered_or_cached(
     tmp.write_text(json.dumps({"key": key, "model": found.as_dict()}, indent=2) + "\n")
     os.replace(tmp, path)
     return found, False
+
+
+def no_activations(plan) -> int:
+    """The ``activation_bytes`` of a model whose activations are not modelled: none counted."""
+    return 0

@@ -95,11 +95,8 @@ def _estimate(
             from zeroplan.runtime.discover import DiscoveredModel
 
             found = DiscoveredModel.from_dict(summary["discovered"])
-            traced = found.traced_activations()
+            traced = found.activation_bytes()
             if found.activations_source == "not-modelled":
-                # Not a transformer and not traced: a transformer formula on a guessed shape
-                # would invent its activations (a Linear stack's batch read as tokens of a GPT).
-                traced = _no_activations
                 not_modelled = f"activations not modelled (none counted): {found.activations_error or 'the model was not traced'}"
             if context is not None:
                 context["activations_source"] = found.activations_source
@@ -163,11 +160,6 @@ def _estimate(
         return None, f"no estimate: estimator unavailable ({exc})"
     except SpecError as exc:
         return None, f"no estimate: {exc}"
-
-
-def _no_activations(plan: Plan) -> int:
-    """The ``activation_bytes`` of a model whose activations are not modelled: none counted."""
-    return 0
 
 
 def _host_estimate(context: dict, summary: dict, host: dict) -> dict:

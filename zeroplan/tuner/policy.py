@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from zeroplan.spec import ClusterSpec, ModelSpec, SpecError, TrainingSpec
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.tuner.space import SearchSpace, build_space
 
 __all__ = ["tune_space", "prove_winner", "WinnerCheck", "SCRIPT_KINDS"]
@@ -42,6 +42,7 @@ def tune_space(
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict] = None,
     base_config: Optional[dict] = None,
+    activation_bytes: Optional[Callable[[Plan], int]] = None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
@@ -50,7 +51,8 @@ def tune_space(
     user's, or the Trainer template); the engine keeps its bucket sizes (DeepSpeed's defaults where
     it leaves a key out, ``"auto"`` to the Hugging Face rule) and its ``overlap_comm`` (DeepSpeed's
     per-stage default where absent), so the plans are estimated with them; ``buckets`` (flags)
-    win. SpecError for nvme without a path."""
+    win. ``activation_bytes``: a discovered model's activations where the transformer formula
+    does not describe it (its trace). SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -77,6 +79,7 @@ def tune_space(
         optimizer_impl=optimizer_impl,
         buckets=_with_base_buckets(buckets, base_config) if engine == "deepspeed" else buckets,
         overlap_comm_of=_overlap_comm_of(base_config) if engine == "deepspeed" else None,
+        activation_bytes=activation_bytes,
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
     )
 

@@ -261,6 +261,7 @@ def build_space(
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict] = None,
     overlap_comm_of: Optional[Callable[[int], bool]] = None,
+    activation_bytes: Optional[Callable[[Plan], int]] = None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -272,7 +273,9 @@ def build_space(
     context or allocator reserve). ``engine`` is the estimator's (``deepspeed`` or ``fsdp``);
     ``optimizer_impl`` whose optimizer step the probes run (None: the engine's default);
     ``buckets`` fixed plan bucket fields (``zeroplan.estimator.plans.bucket_sizes``);
-    ``overlap_comm_of`` the stage's ``overlap_comm`` where a base config decides it.
+    ``overlap_comm_of`` the stage's ``overlap_comm`` where a base config decides it;
+    ``activation_bytes`` a plan's activations where they are not the transformer formula's (a
+    discovered model's trace: ``zeroplan.runtime.discover.DiscoveredModel.activation_bytes``).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
     from zeroplan.runtime.prediction import comparable_estimate
@@ -310,7 +313,9 @@ def build_space(
     if not plans:
         raise SpecError("the estimator enumerated no plan for these options; widen --stage/--micro-batch")
 
-    estimates = estimate_all(model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl)
+    estimates = estimate_all(
+        model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl, activation_bytes=activation_bytes,
+    )
     fitting: list[Candidate] = []
     pruned: list[Candidate] = []
     for est in estimates:
