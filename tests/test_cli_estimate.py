@@ -91,6 +91,14 @@ def test_estimate_csv_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bad_plot_target_is_one_line_before_any_table(tmp_path):
+    """A --plot file matplotlib cannot write fails before the plans are printed, not after them."""
+    r = run("estimate", "--params", "1e9", "--gpus", "2", "--plot", str(tmp_path / "mem.txt"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [f"zeroplan: error: --plot {tmp_path / 'mem.txt'}: give a .png, .svg or .pdf file name"]
+    assert not (tmp_path / "mem.txt").exists()
+
+
 def test_filters_and_nothing_fits_exit_1():
     r = run("estimate", "--params", "70e9", "--gpus", "1", "--stage", "0", "--cpu-memory", "64", "--gpu-memory", "24")
     assert r.returncode == 1

@@ -403,6 +403,10 @@ def estimate(
 
         duplicate = checkpointing_duplicate(model_spec, training, checkpointing)
         alias_note = "; ".join(n for n in (alias_note, duplicate) if n) or None
+    if plot is not None:
+        from zeroplan.cli.estimate_plot import check_plot_target
+
+        check_plot_target(plot)  # before anything is printed: a bad --plot is one line, not a table and then an error
     activation_bytes = None
     trace_note = None
     traced = None

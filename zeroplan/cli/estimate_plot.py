@@ -7,21 +7,29 @@ from pathlib import Path
 from zeroplan.estimator.verdict import TIGHT_MARGIN
 from zeroplan.spec import GiB, SpecError
 
-__all__ = ["plot_plans"]
+__all__ = ["check_plot_target", "plot_plans"]
+
+
+def check_plot_target(path: Path) -> None:
+    """SpecError, before any plan is estimated or printed, when ``--plot PATH`` cannot be written:
+    a suffix matplotlib does not write, or matplotlib not installed."""
+    import importlib.util
+
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise SpecError(f"--plot {path}: give a .png, .svg or .pdf file name")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SpecError("--plot needs matplotlib; install it with: pip install 'zeroplan[plot]'")
 
 
 def plot_plans(path: Path, estimates, cluster) -> None:
     """A stacked bar per plan adding up to the verdict's figure (``gpu.required``), the GPU's
     capacity, the tight band below it, and host RAM per node against the node's on a second axis."""
-    try:
-        import matplotlib
+    check_plot_target(path)
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SpecError("--plot needs matplotlib; install it with: pip install 'zeroplan[plot]'") from None
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise SpecError(f"--plot {path}: give a .png, .svg or .pdf file name")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     labels = [e.plan.label_for(e.engine) for e in estimates]
     parts = ("params", "gradients", "optimizer_states", "activations")
     fig, (ax, host_ax) = plt.subplots(2, 1, figsize=(max(6, 0.45 * len(labels) + 2), 8), sharex=True,
