@@ -10,8 +10,6 @@ from typing import Any
 
 import typer
 
-from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
-
 __all__ = ["best_text", "gap_sentence", "print_summary"]
 
 
@@ -59,6 +57,9 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
     to the plans not probed and the files written; exit 1 when nothing worked or the winner fails."""
     import pandas as pd
     from rich.table import Table
+
+    # Imported here: the runtime package is not needed to start `zeroplan estimate`.
+    from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
 
     from zeroplan.tuner import prove_winner
     from zeroplan.tuner.results import best_row
