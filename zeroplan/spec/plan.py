@@ -76,6 +76,14 @@ class Plan:
     """DeepSpeed ``overlap_comm``: stages 1–2 then keep two reduce buffers of reduce_bucket_size
     elements instead of one (stage_1_and_2.py ``setup_buckets``). True as zeroplan's configs set
     it; a config read without the key takes DeepSpeed's default (true at stage 3 only)."""
+    sp: int = 1
+    """Sequence-parallel degree (DeepSpeed Ulysses/ALST ``sequence_parallel_size``): each rank of a
+    sequence group holds seq_len/sp tokens; 1: off."""
+    tp: int = 1
+    """Tensor-parallel degree (DeepSpeed AutoTP ``tensor_parallel.autotp_size``, ZeRO 0–2); 1: off."""
+    ep: int = 1
+    """Expert-parallel degree (DeepSpeed AutoEP ``expert_parallel``): experts split over ep ranks of
+    the data-parallel group; 1: off."""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -112,6 +120,8 @@ class Plan:
                 raise SpecError(f"{name}={getattr(self, name)!r} is not valid; give true or false")
         if not isinstance(self.overlap_comm, bool):
             raise SpecError(f"overlap_comm={self.overlap_comm!r} is not valid; give true or false")
+        for name in ("sp", "tp", "ep"):
+            check_positive_int(name, getattr(self, name), maximum=65_536)
         if self.stage != 3 and (self.zero_hpz_partition_size > 1 or self.zero_quantized_weights or self.zero_quantized_gradients):
             raise SpecError(
                 f"ZeRO++ (zero_hpz_partition_size={self.zero_hpz_partition_size}, zero_quantized_weights="
@@ -136,11 +146,39 @@ class Plan:
         return text
 
     @property
+    def model_parallel(self) -> int:
+        """Ranks that share one data-parallel replica's work: sp × tp (the world is dp × sp × tp;
+        the expert degree ep splits the data-parallel group and does not multiply the world)."""
+        return self.sp * self.tp
+
+    def data_parallel(self, world: int) -> int:
+        """The data-parallel degree on ``world`` ranks: world / (sp × tp). Raises SpecError when
+        sp × tp does not divide the world."""
+        if world % self.model_parallel:
+            raise SpecError(
+                f"sp={self.sp} × tp={self.tp} = {self.model_parallel} does not divide {world} GPUs; "
+                "choose degrees whose product divides the GPU count"
+            )
+        return world // self.model_parallel
+
+    def layout(self, world: int) -> dict[str, int]:
+        """The parallel layout on ``world`` ranks: ``{dp, sp, tp, ep}`` (JSON ``layout``)."""
+        return {"dp": self.data_parallel(world), "sp": self.sp, "tp": self.tp, "ep": self.ep}
+
+    @property
+    def layout_label(self) -> str:
+        """The non-trivial degrees, e.g. ``sp4``, ``tp2``, ``sp2.tp2``, ``ep4``; empty for pure data
+        parallelism (so data-parallel labels read as before)."""
+        return ".".join(f"{name}{getattr(self, name)}" for name in ("sp", "tp", "ep") if getattr(self, name) > 1)
+
+    @property
     def label(self) -> str:
         """The plan's one label, used everywhere a plan is named (tables, notes, trials.csv), e.g.
-        ``z3+opt:cpu/ckpt:full/mb4/ga2``: stage and offloads, checkpointing, micro-batch,
+        ``z3+opt:cpu/ckpt:full/mb4/ga2``: stage and offloads, the layout when not pure data
+        parallelism (``z2/sp4/ckpt:none/mb1/ga1``), checkpointing, micro-batch,
         gradient-accumulation steps. Bucket sizes are not part of it."""
-        return f"{self.zero_label}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
+        layout = f"/{self.layout_label}" if self.layout_label else ""
+        return f"{self.zero_label}{layout}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
 
     def stage_name(self, engine: str = "deepspeed") -> str:
         """The stage as ``engine`` names it: ``2`` under DeepSpeed, ``shard-grad-op`` under fsdp
@@ -174,6 +212,9 @@ class Plan:
                 d[name] = True
         if not self.overlap_comm and self.stage in (1, 2):
             d["overlap_comm"] = False
+        for name in ("sp", "tp", "ep"):
+            if getattr(self, name) > 1:
+                d[name] = getattr(self, name)
         return d
 
 
