@@ -65,6 +65,10 @@ __all__ = [
     "AllgatherBucketOpt",
     "PrefetchBucketOpt",
     "OverlapCommOpt",
+    "SpOpt",
+    "TpOpt",
+    "TiledMlpOpt",
+    "resolve_layout_options",
     "resolve_engine_options",
     "with_peft",
     "resolve_model",
@@ -178,7 +182,7 @@ BaseQuantOpt = Annotated[
 
 LossOpt = Annotated[
     Optional[str],
-    typer.Option("--loss", help="hf | plain | megatron | fused | chunked: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own].", rich_help_panel=_TRAIN),
+    typer.Option("--loss", help="hf | plain | megatron | fused | chunked | tiled (ALST's tiled loss): what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own].", rich_help_panel=_TRAIN),
 ]
 OptimizerImplOpt = Annotated[
     Optional[str],
@@ -197,10 +201,28 @@ AllgatherBucketOpt = Annotated[
 PrefetchBucketOpt = Annotated[
     Optional[float], typer.Option("--prefetch-bucket-size", help="Elements prefetched ahead in stage 3 (overrides --buckets).", rich_help_panel=_PLAN)
 ]
+SpOpt = Annotated[
+    Optional[str],
+    typer.Option("--sp", help="Sequence-parallel degree (DeepSpeed Ulysses/ALST): 4, a list 1,2,4 or auto [default: 1; estimate widens to auto when nothing fits at 1].", rich_help_panel=_PLAN),
+]
+TpOpt = Annotated[
+    Optional[str],
+    typer.Option("--tp", help="Tensor-parallel degree (DeepSpeed AutoTP, ZeRO 0-2): 2, a list 1,2 or auto [default: 1].", rich_help_panel=_PLAN),
+]
+TiledMlpOpt = Annotated[
+    bool, typer.Option("--tiled-mlp", help="ALST's TiledMLP: MLPs run and are recomputed in sequence tiles (DeepSpeed TiledMLP).", rich_help_panel=_PLAN)
+]
 OverlapCommOpt = Annotated[
     Optional[str],
     typer.Option("--overlap-comm", help="on | off: DeepSpeed's overlap_comm — stages 1-2 keep two reduce buffers when on, one when off; written into exported configs [default: on].", rich_help_panel=_PLAN),
 ]
+
+
+def resolve_layout_options(sp: Optional[str], tp: Optional[str]) -> tuple:
+    """``--sp``/``--tp`` parsed (:func:`zeroplan.estimator.layout_space.parse_degrees`); None where not given."""
+    from zeroplan.estimator.layout_space import parse_degrees
+
+    return (None if sp is None else parse_degrees("--sp", sp)), (None if tp is None else parse_degrees("--tp", tp))
 
 
 def resolve_engine_options(

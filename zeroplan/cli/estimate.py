@@ -46,7 +46,11 @@ from zeroplan.cli.common import (
     PeftOptions,
     PrecisionOpt,
     SeqLenOpt,
+    SpOpt,
     StageOpt,
+    TiledMlpOpt,
+    TpOpt,
+    resolve_layout_options,
     check_choice_option,
     check_plan_options,
     resolve_cluster,
@@ -65,12 +69,12 @@ __all__ = ["estimate", "estimates_to_json", "estimates_to_rows", "export_command
 
 
 def summarize(estimates: "list[PlanEstimate]") -> "list[PlanEstimate]":
-    """Best micro-batch per (stage, offloads, checkpointing), kept in ranking order."""
+    """Best micro-batch per (stage, offloads, checkpointing, layout), kept in ranking order."""
     seen: set[tuple] = set()
     best = []
     for est in estimates:
         p = est.plan
-        key = (p.stage, p.offload_optimizer, p.offload_param, p.checkpointing)
+        key = (p.stage, p.offload_optimizer, p.offload_param, p.checkpointing, p.sp, p.tp, p.tiled_mlp)
         if key in seen:
             continue
         seen.add(key)
@@ -115,7 +119,7 @@ def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]")
         "model": model.as_dict(),
         "cluster": cluster.as_dict(),
         "training": training.as_dict(),
-        "plans": [e.as_dict() for e in estimates],
+        "plans": [{**e.as_dict(), "layout": e.plan.layout(cluster.gpus)} for e in estimates],
     }
 
 
@@ -148,7 +152,7 @@ def _short_reason(est: "PlanEstimate", cluster) -> str:
 #: than the table: first the per-state breakdown (``--format json`` itemizes it), then host and
 #: traffic figures; the plan, the GPU figure, speed and verdict always stay.
 _COLUMNS = (
-    "#", "stage", "offload opt/param", "ckpt", "mb×ga", "params", "grads", "optim", "activ",
+    "#", "stage", "offload opt/param", "layout", "ckpt", "mb×ga", "params", "grads", "optim", "activ",
     "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "verdict",
 )
 _DROP_ORDER = ("params", "grads", "optim", "extra", "activ", "comm GB", "#", "step s", "CPU/node")
@@ -191,6 +195,7 @@ def export_command(est: "PlanEstimate", options: dict, *, output: str = "ds_conf
         args += [flag] if value is True else [flag, _number(value) if isinstance(value, float) else str(value)]
     args += ["--stage", str(p.stage), "--offload-optimizer", p.offload_optimizer, "--offload-param", p.offload_param,
              "--checkpointing", p.checkpointing, "--micro-batch", str(p.micro_batch)]
+    args += [a for name in ("sp", "tp") if getattr(p, name) > 1 for a in (f"--{name}", str(getattr(p, name)))] + (["--tiled-mlp"] if p.tiled_mlp else [])
     if "global_batch" not in options or options.get("global_batch") is None:
         args += ["--grad-accum", str(p.gradient_accumulation_steps)]
     args += ["--output", output if est.engine == "deepspeed" else "fsdp_settings.json"]
@@ -254,7 +259,8 @@ def _render_table(
                 "#": str(i),
                 "stage": p.stage_name(est.engine),
                 "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
-                "ckpt": p.checkpointing,
+                "layout": p.layout_label or "dp",
+                "ckpt": p.checkpointing + ("+tiledmlp" if p.tiled_mlp else ""),
                 "mb×ga": f"{p.micro_batch}×{p.gradient_accumulation_steps}",
                 "params": g(est.gpu.params),
                 "grads": g(est.gpu.gradients),
@@ -286,7 +292,8 @@ def _render_table(
         return table
 
     # Leave out the least important columns until the table fits the terminal.
-    columns = list(_COLUMNS)
+    # The layout column only when a shown plan is not pure data parallelism (data-parallel tables as before).
+    columns = [c for c in _COLUMNS if c != "layout" or any(e.plan.layout_label for e in shown)]
     dropped: list[str] = []
     t = build(columns)
     for col in _DROP_ORDER:
@@ -335,6 +342,9 @@ def estimate(
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_param: OffloadParamOpt = None,
     checkpointing: CheckpointingOpt = None,
+    sp: SpOpt = None,
+    tp: TpOpt = None,
+    tiled_mlp: TiledMlpOpt = False,
     lora_rank: LoraRankOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_alpha: LoraAlphaOpt = None,
@@ -366,6 +376,7 @@ def estimate(
     check_choice_option("--format", fmt, ("table", "json", "csv"))
     gpus = resolve_gpus(gpus, runs_here=False)
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    sp_degrees, tp_degrees = resolve_layout_options(sp, tp)
     plan_buckets = resolve_engine_options(
         engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
         buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
@@ -380,7 +391,7 @@ def estimate(
         raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
     from dataclasses import replace
 
-    from zeroplan.estimator import enumerate_plans, estimate_all
+    from zeroplan.estimator import enumerate_plans
 
     model_spec = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant).apply(
         resolve_model(params, model), model, precision=precision
@@ -428,20 +439,20 @@ def estimate(
         # The override counts the loss's backward gradients itself (trace.TracedActivationOverride).
         activation_bytes = traced
         trace_note = traced.describe()
-    plans = enumerate_plans(
-        model_spec, cluster, training,
-        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
-        optimizer_impl=optimizer_impl, buckets=plan_buckets,
-    )
-    if model_build == "zero_init":
-        plans = [p for p in plans if p.stage == 3]
-    estimates = estimate_all(
-        model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
-        expandable_segments=expandable_segments, model_build=model_build,
+    from zeroplan.estimator.layout_space import estimate_with_layouts
+
+    estimates, layout_note = estimate_with_layouts(
+        model_spec, cluster, training, sp=sp_degrees, tp=tp_degrees,
+        plan_options=dict(stage=3 if model_build == "zero_init" else stage, offload_optimizer=offload_optimizer, offload_param=offload_param,
+                          checkpointing=checkpointing, engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets, tiled_mlp=tiled_mlp),
+        estimate_options=dict(activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
+                              expandable_segments=expandable_segments, model_build=model_build),
     )
 
     if fmt == "json":
         doc = estimates_to_json(model_spec, cluster, training, estimates)
+        if layout_note:
+            doc["layout_note"] = layout_note
         if trace_note and traced is None:
             doc["activation_trace"] = {"note": trace_note, "method": "formula"}
         elif trace_note:
@@ -475,7 +486,7 @@ def estimate(
         if any(e.plan.offload_param == "nvme" or e.plan.offload_optimizer == "nvme" for e in estimates[:1]):
             export_options["nvme_path"] = "/local_nvme"
         _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates),
-                      extra_notes=[n for n in (alias_note, trace_note) if n], recommend=recommendation(estimates, export_options))
+                      extra_notes=[n for n in (alias_note, trace_note, layout_note) if n], recommend=recommendation(estimates, export_options))
     if plot is not None:
         from zeroplan.cli.estimate_plot import plot_plans
 

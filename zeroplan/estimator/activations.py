@@ -15,7 +15,7 @@ from zeroplan.spec import LOSSES, ModelSpec, Plan, TrainingSpec, bytes_per_param
 from zeroplan.spec.errors import check_choice
 
 __all__ = ["ActivationMemory", "layer_activation_bytes", "moe_dispatch_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate",
-           "loss_activation_bytes", "loss_backward_transients", "fused_chunk_rows", "LOSS_CHUNKS"]
+           "loss_activation_bytes", "loss_backward_transients", "fused_chunk_rows", "tiled_loss_shards", "LOSS_CHUNKS"]
 
 
 def layer_activation_bytes(
@@ -171,6 +171,11 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
       the loss's forward, (e + 4 + 4/C)·N·V (measured to 0.01 %, benchmarks/results/loss_memory.txt).
       Chunking saves only the full fp32 upcast and the 12·N·V of one backward; what torchtune's
       compiled ``compute_cross_entropy`` saves instead is not measured here.
+    * ``tiled``: ALST's tiled loss, DeepSpeed's ``TiledFusedLogitsLoss`` (runtime/sequence_parallel/
+      ulysses_sp.py) as ArcticTraining's SFT trainer drives it: ``num_shards = ceil(4·N·V / 2^30)``
+      (about 1 GiB of fp32 logits per shard); each shard's head projection and Hugging Face loss run
+      forward and backward inside the loss's forward — (12 + e)·⌈N/shards⌉·V, freed shard by shard —
+      into ``x_grad = torch.zeros_like(x)`` (e·N·h), which is held until the loss's backward.
     """
     check_choice("loss", loss, LOSSES)
     n, v, h = seq_len * micro_batch, model.vocab_size, model.hidden_size
@@ -184,7 +189,17 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
     if loss == "fused":
         return {"chunk_logits": e * fused_chunk_rows(n, vocab_size=v, hidden_size=h) * v, "input_gradient": e * n * h,
                 "head_weight_gradient": e * v * h}
+    if loss == "tiled":
+        rows = -(-n // tiled_loss_shards(n, vocab_size=v))
+        return {"shard_logits_and_gradients": (12 + e) * rows * v, "input_gradient": e * n * h}
     return {"output_logits": e * n * v, "saved_log_softmax": 4 * n * v, "chunk_upcast": 4 * n * v // LOSS_CHUNKS}
+
+
+def tiled_loss_shards(tokens: int, *, vocab_size: int) -> int:
+    """Shards of ALST's tiled loss: ``math.ceil(N·V·4 / 2**30 / 1)`` — about 1 GiB of fp32 logits
+    each (ArcticTraining ``arctic_training/trainer/sft_trainer.py``, ``slice_size_in_gb = 1``), at
+    least 1. Exact integer arithmetic."""
+    return max(1, -(-(4 * tokens * vocab_size) // 2**30))
 
 
 def fused_chunk_rows(tokens: int, *, vocab_size: int, hidden_size: int) -> int:
@@ -283,6 +298,11 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
       the logits, like examples/gpt_task.py, uses e·sbV less). At large V this dominates
       (Llama-3's V = 128256 at s = 8192: 14.7 GB per sample) — the case for chunked cross-entropy.
     """
+    if plan.sp > 1 or plan.tp > 1 or plan.tiled_mlp:
+        # Ulysses sequence parallelism, AutoTP and TiledMLP (zeroplan.estimator.sequence_parallel).
+        from zeroplan.estimator.sequence_parallel import layout_activation_memory
+
+        return layout_activation_memory(model, training, plan)
     s, b, h = training.seq_len, plan.micro_batch, model.hidden_size
     e = bytes_per_param(training.precision)
     kwargs = dict(seq_len=s, micro_batch=b, precision=training.precision, flash_attention=training.flash_attention)
@@ -355,6 +375,9 @@ def loss_backward_transients(loss_terms: dict[str, int]) -> int:
     """
     if "log_softmax_and_gradients" in loss_terms:
         return 2 * loss_terms["log_softmax_and_gradients"] // 3
+    if "shard_logits_and_gradients" in loss_terms:
+        # Tiled: one shard's logits, fp32 copies and gradients, allocated and freed in the loss.
+        return loss_terms["shard_logits_and_gradients"]
     if "chunk_upcast" in loss_terms:
         # Eager chunked: one chunk's two fp32 gradients at a time; its logits are gone by backward.
         return 2 * loss_terms["chunk_upcast"]

@@ -106,7 +106,7 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     (p·Ψ/n) each step; parameter offload brings each parameter partition up for forward and for
     backward in every micro-step (2g·p·Ψ/n).
     """
-    n = cluster.gpus
+    n = plan.zero_group_size(cluster.gpus)  # ZeRO's collectives: world/tp ranks (Plan.zero_group_size)
     # Only trainable gradients are reduced, and only updated (trainable) parameters re-gathered
     # in stages 0–2; stage 3 gathers every parameter, frozen ones too, in every micro-step
     # (zeroplan.estimator.peft cites DeepSpeed). Without peft, Ψ_t = Ψ_all = Ψ.

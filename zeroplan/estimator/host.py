@@ -281,7 +281,7 @@ def host_phases(
         raise ValueError(f"build={build!r}: choose one of {', '.join(BUILDS)}")
     if build == "zero_init" and plan.stage != 3:
         raise ValueError("build='zero_init' needs stage 3 (deepspeed.zero.Init partitions only stage-3 parameters)")
-    n = cluster.gpus
+    n = plan.zero_group_size(cluster.gpus)  # ZeRO's partitions: world/tp (Plan.zero_group_size)
     g = cluster.gpus_in_node
     psi = model.total_params
     p = bytes_per_param(training.precision)

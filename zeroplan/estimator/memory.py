@@ -70,7 +70,7 @@ def model_states(
 ) -> ModelStates:
     """Per-GPU model states for ``plan`` (ZeRO paper §5, Figure 1; offload per ZeRO-Offload §4).
 
-    With Ψ parameters, N_d = cluster.gpus, p = bytes per parameter (2 for bf16/fp16, 4 for fp32)
+    With Ψ parameters, N_d = ZeRO's group, world/tp (Plan.zero_group_size), p = bytes per parameter (2 for bf16/fp16, 4 for fp32)
     and K = optimizer-state bytes per parameter (12 for mixed-precision Adam):
 
     * stage 0:  params pΨ,      gradients pΨ,      optimizer KΨ
@@ -95,7 +95,7 @@ def model_states(
     """
     if engine not in ("deepspeed", "paper"):
         raise ValueError(f"engine={engine!r}: choose deepspeed or paper")
-    n = cluster.gpus
+    n = plan.zero_group_size(cluster.gpus)  # ZeRO's group: world/tp (Plan.zero_group_size)
     # Gradients and optimizer states exist only for trainable parameters (Ψ_t = Ψ without
     # peft); frozen ones are parameters only (zeroplan.estimator.peft, DeepSpeed citations).
     psi = model.trainable_params
@@ -222,7 +222,7 @@ def engine_overhead(
             largest_param=flat_params, on_gpu=device == "cuda",
         ).values())
 
-    n = cluster.gpus
+    n = plan.zero_group_size(cluster.gpus)
     # Buffers below hold gradients or optimizer partitions: trainable parameters only.
     psi = model.trainable_params
     p = bytes_per_param(training.precision)
@@ -471,22 +471,22 @@ def host_memory(
     nvme: dict[str, int] = {}
     if plan.offload_optimizer == "cpu":
         cpu["optimizer_states"] = g * states.offloaded_optimizer_states
-        cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // cluster.gpus))
+        cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // plan.zero_group_size(cluster.gpus)))
         if plan.stage in (1, 2):
             # stage_1_and_2.py with cpu_offload (self.device = 'cpu', pinned when pin_memory):
             # param_buffer_of_bit16_for_cpu_offload_groups, a p-byte copy of the partition the
             # updated fp32 weights pass through (lines 566-575), and temp_grad_buffer_for_cpu_offload,
             # the largest parameter's gradient (lines 653-658).
-            cpu["bit16_partition_buffer"] = g * p * -(-psi // cluster.gpus)
+            cpu["bit16_partition_buffer"] = g * p * -(-psi // plan.zero_group_size(cluster.gpus))
             cpu["offload_grad_staging"] = g * p * largest_param_numel(model)
         elif plan.stage == 3:
             # stage3.py lines 791-795: grad_partitions_flat_buffer, the rank's gradient partition in
             # the gradient-accumulation dtype, on self.device = cpu with offload_optimizer (pinned).
-            cpu["grad_partition_buffer"] = g * p * -(-psi // cluster.gpus)
+            cpu["grad_partition_buffer"] = g * p * -(-psi // plan.zero_group_size(cluster.gpus))
     elif plan.offload_optimizer == "nvme":
         nvme["optimizer_states"] = g * states.offloaded_optimizer_states
-        cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // cluster.gpus))
-        sub_group = min(-(-psi // cluster.gpus), knobs["sub_group_size"])
+        cpu["fp32_gradients"] = g * (states.offloaded_gradients or 4 * -(-psi // plan.zero_group_size(cluster.gpus)))
+        sub_group = min(-(-psi // plan.zero_group_size(cluster.gpus)), knobs["sub_group_size"])
         cpu["optimizer_swap_buffers"] = g * _NVME_OPTIMIZER_BUFFERS * 4 * sub_group
     if plan.offload_param == "cpu":
         cpu["params"] = g * states.offloaded_params

@@ -88,6 +88,9 @@ def enumerate_plans(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict[str, int]] = None,
+    sp: "Degrees" = (1,),
+    tp: "Degrees" = (1,),
+    tiled_mlp: bool = False,
 ) -> list[Plan]:
     """Every valid plan, optionally filtered; accumulation derived from the training spec.
 
@@ -97,23 +100,55 @@ def enumerate_plans(
     none). ``buckets`` sets the plans' bucket sizes (elements; :func:`bucket_sizes`). Micro-batches: ``micro_batches``, else the training spec's, else 1, 2, 4, …, 64. With a
     global batch, micro-batches that cannot reach it exactly on ``cluster.gpus`` are skipped;
     if none can, SpecError says which global batches would work.
+
+    ``sp`` and ``tp`` (a tuple of degrees or ``"auto"``) add the parallel layouts
+    (:func:`~zeroplan.estimator.layout_space.valid_layouts`); the global-batch arithmetic then runs
+    over each layout's data-parallel degree world/(sp·tp). The default (1,) and (1,) is pure data
+    parallelism, the plans as before. ``tiled_mlp`` gives every plan ALST's TiledMLP.
     """
+    stages = (stage,) if stage is not None else (0, 1, 2, 3)
+    if tuple(sp) == (1,) and tuple(tp) == (1,):
+        return _plans_for_layout(model, cluster, training, 1, 1, stages, tiled_mlp=tiled_mlp, offload_optimizer=offload_optimizer, offload_param=offload_param,
+                                 checkpointing=checkpointing, micro_batches=micro_batches, engine=engine, optimizer_impl=optimizer_impl,
+                                 buckets=buckets, stage=stage)
+    from zeroplan.estimator.layout_space import valid_layouts
+
+    plans: list[Plan] = []
+    error: Optional[SpecError] = None
+    for s, t, layout_stages in valid_layouts(model, cluster, training, sp=sp, tp=tp, stages=stages, engine=engine):
+        try:
+            plans += _plans_for_layout(model, cluster, training, s, t, layout_stages, tiled_mlp=tiled_mlp, offload_optimizer=offload_optimizer,
+                                       offload_param=offload_param, checkpointing=checkpointing, micro_batches=micro_batches,
+                                       engine=engine, optimizer_impl=optimizer_impl, buckets=buckets, stage=stage)
+        except SpecError as exc:
+            error = error or exc
+    if not plans:
+        raise error or SpecError("no valid plan for the given --sp/--tp")
+    return plans
+
+
+def _plans_for_layout(model, cluster, training, sp: int, tp: int, stages, *, tiled_mlp, offload_optimizer, offload_param, checkpointing,
+                      micro_batches, engine, optimizer_impl, buckets, stage) -> list[Plan]:
+    """:func:`enumerate_plans` for one (sp, tp) layout."""
+    dp = cluster.gpus // (sp * tp)
     # A global batch the GPUs cannot split fails for every micro-batch: say so about the GPUs, not
     # about whichever micro-batch was tried last.
-    training.check_divides(cluster.gpus)
+    training.check_divides(dp)
     if micro_batches is None:
         micro_batches = (training.micro_batch,) if training.micro_batch else DEFAULT_MICRO_BATCHES
     valid_mbs: list[tuple[int, int]] = []
     last_error: Optional[SpecError] = None
     for mb in micro_batches:
         try:
-            valid_mbs.append((mb, training.accumulation_for(mb, cluster.gpus)))
+            valid_mbs.append((mb, training.accumulation_for(mb, dp)))
         except SpecError as exc:
             last_error = exc
     if not valid_mbs:
         assert last_error is not None
         raise last_error
-    stages = (stage,) if stage is not None else (0, 1, 2, 3)
+    layout = {"sp": sp, "tp": tp} if sp * tp > 1 else {}
+    if tiled_mlp:
+        layout["tiled_mlp"] = True
     impl_error: Optional[SpecError] = None
     if checkpointing is not None:
         ckpts: tuple[str, ...] = (checkpointing,)
@@ -146,6 +181,7 @@ def enumerate_plans(
                             checkpointing=ck,
                             micro_batch=mb,
                             gradient_accumulation_steps=gas,
+                            **layout,
                             **(buckets or {}),
                         )
                     )

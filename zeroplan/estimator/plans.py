@@ -113,6 +113,9 @@ class PlanEstimate:
     """The verdict with its headroom on GPU and host (:mod:`zeroplan.estimator.verdict`)."""
     model_build: str = ""
     """How each rank builds or loads the model on the host (:data:`~zeroplan.estimator.host.BUILDS`)."""
+    layout_comm: Optional[object] = None
+    """The sequence/tensor-parallel collectives' bytes per step
+    (:class:`~zeroplan.estimator.tensor_parallel.LayoutComm`); None for pure data parallelism."""
 
     @property
     def verdict(self) -> str:
@@ -182,6 +185,7 @@ class PlanEstimate:
                 "verdict": self.verdict,
                 "headroom": self.judgement.as_dict() if self.judgement is not None else None,
                 "model_build": self.model_build,
+                **({"layout_comm": self.layout_comm.as_dict()} if self.layout_comm is not None else {}),
                 "notes": list(self.notes),
             }
         )
@@ -276,6 +280,11 @@ def estimate_plan(
         if model_build == "zero_init" and (engine != "deepspeed" or plan.stage != 3):
             raise SpecError(f"model_build='zero_init' is DeepSpeed's zero.Init, stage 3 only (here {engine}, stage {plan.stage}); "
                             "choose fp32, bf16, meta or rank0")
+    layout = plan.sp > 1 or plan.tp > 1
+    if layout:
+        from zeroplan.estimator.layout_space import check_layout
+
+        check_layout(model, cluster, training, plan, engine=engine)
     if engine == "fsdp":
         from zeroplan.estimator.plans_fsdp import estimate_fsdp
 
@@ -285,6 +294,13 @@ def estimate_plan(
             expandable_segments=expandable_segments, model_build=model_build,
         )
     notes: list[str] = []
+    # Under AutoTP each rank holds its shard of the model (zeroplan.estimator.tensor_parallel);
+    # activations and FLOPs are reckoned on the whole model and the layout (full_model).
+    full_model = model
+    if plan.tp > 1:
+        from zeroplan.estimator.tensor_parallel import tensor_parallel_model
+
+        model = tensor_parallel_model(model, plan.tp)
     states = model_states(model, cluster, training, plan)
     impl = resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan)
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
@@ -293,7 +309,7 @@ def estimate_plan(
     extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device, optimizer_impl=impl)
     after_loss = None
     if activation_bytes is None:
-        acts: Optional[ActivationMemory] = activation_memory(model, training, plan)
+        acts: Optional[ActivationMemory] = activation_memory(full_model, training, plan)
         act_total = acts.total
         act_on_cpu = acts.on_cpu
     else:
@@ -303,7 +319,7 @@ def estimate_plan(
         notes.append("activations traced (FakeTensorMode), not from the formula")
         breakdown = getattr(activation_bytes, "breakdown", None)
         if callable(breakdown):
-            after_loss = traced_after_loss(breakdown(plan), logits_held=activation_memory(model, training, plan).logits_held)
+            after_loss = traced_after_loss(breakdown(plan), logits_held=activation_memory(full_model, training, plan).logits_held)
 
     always = sum(extra.always.values())
     # The token embedding's backward, last in the backward (zeroplan.estimator.embedding_backward).
@@ -365,7 +381,13 @@ def estimate_plan(
     worst = phases.worst
     comm = comm_volume(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
-    tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
+    layout_traffic = None
+    if layout or plan.tiled_mlp:
+        from zeroplan.estimator.layout_space import layout_step_time
+
+        timing, layout_traffic = layout_step_time(full_model, cluster, training, plan, timing)
+    # Global batch: every data-parallel replica (dp = world/(sp·tp)) takes micro_batch samples per micro-step.
+    tokens = plan.micro_batch * plan.gradient_accumulation_steps * plan.data_parallel(cluster.gpus) * training.seq_len
     tps = tokens / timing.total if timing.total > 0 else 0.0
 
     if model.peft is not None and model.peft.base_quant != "none" and plan.stage == 3:
@@ -426,6 +448,7 @@ def estimate_plan(
         moments=tuple(moments),
         judgement=judgement,
         model_build=phases.build,
+        layout_comm=layout_traffic,
     )
 
 

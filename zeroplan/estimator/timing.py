@@ -109,7 +109,7 @@ def step_time(
 ) -> StepTime:
     """Predicted seconds per optimizer step for ``plan`` (model in the module docstring)."""
     gpu = cluster.gpu
-    n = cluster.gpus
+    n = plan.zero_group_size(cluster.gpus)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * training.seq_len
     flops = tokens * sum(flops_per_token(model, training, plan).values())
     compute = flops / (gpu.peak_flops[compute_precision(training.precision)] * gpu.efficiency)
@@ -153,7 +153,7 @@ def comm_overlap_of(
     backward that follows (the rest, recompute included)."""
     from zeroplan.estimator.engine_work import engine_work
 
-    work = engine_work(model, plan, world_size=cluster.gpus, precision=training.precision)
+    work = engine_work(model, plan, world_size=plan.zero_group_size(cluster.gpus), precision=training.precision)
     g = plan.gradient_accumulation_steps
     reducing_passes = 1 if plan.stage <= 1 else g
     grad_inter = max(0, comm.inter_node - comm.param_allgather_inter_node)

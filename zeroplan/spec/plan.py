@@ -84,6 +84,10 @@ class Plan:
     ep: int = 1
     """Expert-parallel degree (DeepSpeed AutoEP ``expert_parallel``): experts split over ep ranks of
     the data-parallel group; 1: off."""
+    tiled_mlp: bool = False
+    """ALST's TiledMLP (DeepSpeed ``runtime/sequence_parallel/ulysses_sp.py`` ``TiledMLP``): each
+    block's MLP runs in sequence tiles without saving its hidden activations and is recomputed tile
+    by tile in backward."""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -122,6 +126,8 @@ class Plan:
             raise SpecError(f"overlap_comm={self.overlap_comm!r} is not valid; give true or false")
         for name in ("sp", "tp", "ep"):
             check_positive_int(name, getattr(self, name), maximum=65_536)
+        if not isinstance(self.tiled_mlp, bool):
+            raise SpecError(f"tiled_mlp={self.tiled_mlp!r} is not valid; give true or false")
         if self.stage != 3 and (self.zero_hpz_partition_size > 1 or self.zero_quantized_weights or self.zero_quantized_gradients):
             raise SpecError(
                 f"ZeRO++ (zero_hpz_partition_size={self.zero_hpz_partition_size}, zero_quantized_weights="
@@ -161,6 +167,15 @@ class Plan:
             )
         return world // self.model_parallel
 
+    def zero_group_size(self, world: int) -> int:
+        """Ranks ZeRO partitions model states over and reduces gradients across: world/tp. The
+        sequence-parallel ranks of a replica hold the same parameters and join ZeRO's group
+        (DeepSpeed ``utils/groups.py`` ``_get_sequence_data_parallel_group``: "the process group for
+        zero sharding and gradient allreduce must be across both dimensions of data and sequence
+        parallelism"; ``runtime/engine.py`` passes it as ``dp_process_group``); AutoTP's ranks hold
+        different shards and do not. Raises SpecError as :meth:`data_parallel`."""
+        return self.data_parallel(world) * self.sp
+
     def layout(self, world: int) -> dict[str, int]:
         """The parallel layout on ``world`` ranks: ``{dp, sp, tp, ep}`` (JSON ``layout``)."""
         return {"dp": self.data_parallel(world), "sp": self.sp, "tp": self.tp, "ep": self.ep}
@@ -175,10 +190,11 @@ class Plan:
     def label(self) -> str:
         """The plan's one label, used everywhere a plan is named (tables, notes, trials.csv), e.g.
         ``z3+opt:cpu/ckpt:full/mb4/ga2``: stage and offloads, the layout when not pure data
-        parallelism (``z2/sp4/ckpt:none/mb1/ga1``), checkpointing, micro-batch,
+        parallelism (``z2/sp4/ckpt:none/mb1/ga1``), checkpointing (``+tiledmlp`` with TiledMLP), micro-batch,
         gradient-accumulation steps. Bucket sizes are not part of it."""
         layout = f"/{self.layout_label}" if self.layout_label else ""
-        return f"{self.zero_label}{layout}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
+        tiled = "+tiledmlp" if self.tiled_mlp else ""
+        return f"{self.zero_label}{layout}/ckpt:{self.checkpointing}{tiled}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
 
     def stage_name(self, engine: str = "deepspeed") -> str:
         """The stage as ``engine`` names it: ``2`` under DeepSpeed, ``shard-grad-op`` under fsdp
@@ -215,6 +231,8 @@ class Plan:
         for name in ("sp", "tp", "ep"):
             if getattr(self, name) > 1:
                 d[name] = getattr(self, name)
+        if self.tiled_mlp:
+            d["tiled_mlp"] = True
         return d
 
 

@@ -31,7 +31,7 @@ PURE_PRECISION_ENGINES = ("fsdp",)
 #: hf (a Hugging Face model's loss, logits returned), plain (log-softmax + NLL in fp32, logits
 #: dropped), megatron (vocab-parallel cross-entropy, in place), fused (Liger's fused linear
 #: cross-entropy) and chunked (cross-entropy over logit chunks, torchtune's default of 8).
-LOSSES = ("hf", "plain", "megatron", "fused", "chunked")
+LOSSES = ("hf", "plain", "megatron", "fused", "chunked", "tiled")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
 
 

@@ -1,0 +1,160 @@
+"""The parallel layouts a plan may take — (sp, tp) pairs the engine accepts on a given world — and
+their step time.
+
+A layout is valid when (each rule with the engine's own reason):
+
+* sp·tp divides the GPU count (the world is dp·sp·tp; ``Plan.data_parallel``);
+* Ulysses: sp divides the attention heads, and the KV heads divide by sp or sp by them, the
+  sequence divides by sp, and attention is not eager (``deepspeed/runtime/sequence_parallel/
+  ulysses_sp.py``, :func:`~zeroplan.estimator.sequence_parallel.check_layout_model`);
+* AutoTP: tp divides the heads each sequence rank holds; ZeRO stage 0, 1 or 2 (the AutoTP
+  training tutorial, https://www.deepspeed.ai/tutorials/autotp-training/: "ZeRO Optimization:
+  Stage 0, 1, or 2"); dense full fine-tunes only here;
+* sp and tp are modelled for DeepSpeed (``--engine deepspeed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable, Optional, Sequence, Union
+
+from zeroplan.estimator.sequence_parallel import check_layout_model
+from zeroplan.estimator.tensor_parallel import LayoutComm, layout_comm, layout_comm_seconds
+from zeroplan.estimator.timing import StepTime, flops_per_token
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec.training import compute_precision
+
+__all__ = ["AUTO", "Degrees", "check_layout", "layout_step_time", "parse_degrees", "valid_layouts"]
+
+#: ``--sp auto`` / ``--tp auto``: every degree the space accepts.
+AUTO = "auto"
+#: A degree option as parsed: a tuple of degrees, or :data:`AUTO`.
+Degrees = Union[tuple[int, ...], str]
+
+
+def parse_degrees(option: str, text: Optional[str]) -> Degrees:
+    """``--sp``/``--tp`` text: ``4``, ``1,2,4`` or ``auto``; None gives (1,). SpecError names the
+    option and what is valid."""
+    if text is None:
+        return (1,)
+    text = str(text).strip().lower()
+    if text == AUTO:
+        return AUTO
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 or v > 65_536 for v in values):
+        raise SpecError(f"{option} {text!r} is not valid; give a degree (4), a list (1,2,4) or auto")
+    return tuple(sorted(set(values)))
+
+
+def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, engine: str = "deepspeed") -> None:
+    """SpecError unless ``plan``'s (sp, tp) layout is one the engine runs (module docstring)."""
+    if engine != "deepspeed":
+        raise SpecError(f"sp={plan.sp}, tp={plan.tp}: sequence and tensor parallelism are modelled for DeepSpeed (Ulysses, AutoTP); "
+                        "use --engine deepspeed or sp=tp=1")
+    plan.data_parallel(cluster.gpus)
+    if plan.tp > 1 and plan.stage == 3:
+        raise SpecError(f"tp={plan.tp} with ZeRO-3: DeepSpeed's AutoTP training runs with ZeRO stage 0, 1 or 2 "
+                        "(deepspeed.ai/tutorials/autotp-training); use --stage 0, 1 or 2 with --tp")
+    check_layout_model(model, training, plan)
+
+
+def _candidates(degrees: Degrees, gpus: int) -> tuple[int, ...]:
+    if degrees == AUTO:
+        return tuple(d for d in range(1, gpus + 1) if gpus % d == 0)
+    return tuple(degrees)
+
+
+def valid_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, sp: Degrees = (1,), tp: Degrees = (1,),
+                  stages: Iterable[int] = (0, 1, 2, 3), engine: str = "deepspeed") -> list[tuple[int, int, tuple[int, ...]]]:
+    """(sp, tp, stages) for every layout of ``sp`` × ``tp`` that some stage of ``stages`` runs.
+
+    SpecError when none is valid: the reason of the first explicitly asked layout (with ``auto``
+    nothing is asked, and sp = tp = 1 is always among the choices)."""
+    stages = tuple(stages)
+    out = []
+    first_error: Optional[SpecError] = None
+    for s in _candidates(sp, cluster.gpus):
+        for t in _candidates(tp, cluster.gpus):
+            ok = []
+            for st in stages:
+                try:
+                    if s * t > 1:
+                        check_layout(model, cluster, training, Plan(stage=st, sp=s, tp=t), engine=engine)
+                    else:
+                        Plan(stage=st).data_parallel(cluster.gpus)
+                except SpecError as exc:
+                    first_error = first_error or exc
+                    continue
+                ok.append(st)
+            if ok:
+                out.append((s, t, tuple(ok)))
+    if not out:
+        raise first_error or SpecError("no valid sp/tp layout")
+    return out
+
+
+def layout_step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+                     timing: StepTime) -> tuple[StepTime, LayoutComm]:
+    """``timing`` (ZeRO's part, computed on the rank's shard) with the layout's compute and
+    collectives.
+
+    Compute: the whole model's FLOPs per token (:func:`~zeroplan.estimator.timing.flops_per_token`:
+    6N plus the attention term at the full sequence, recomputation included) for the replica's
+    micro_batch·g·s tokens, shared by its sp·tp ranks — Ulysses' core computes s² attention for
+    heads/sp, AutoTP's shards 1/tp of each matrix. TiledMLP runs each MLP's forward once more in
+    backward (+2·MLP parameters FLOPs per token). The layout's collectives
+    (:func:`~zeroplan.estimator.tensor_parallel.layout_comm`) sit on the critical path: they add to
+    both ``communication`` and ``exposed_communication``.
+    """
+    gpu = cluster.gpu
+    base = replace(plan, sp=1, tp=1, tiled_mlp=False)
+    tokens = plan.micro_batch * plan.gradient_accumulation_steps * training.seq_len
+    flops = tokens * sum(flops_per_token(model, training, base).values())
+    if plan.tiled_mlp:
+        mlp_params = (3 if model.gated_mlp else 2) * model.hidden_size * model.ffn_size
+        flops += tokens * 2 * mlp_params * model.num_layers
+    compute = flops / plan.model_parallel / (gpu.peak_flops[compute_precision(training.precision)] * gpu.efficiency)
+    comm = layout_comm(model, training, plan)
+    seconds = layout_comm_seconds(comm, cluster, plan)
+    return replace(timing, compute=compute, communication=timing.communication + seconds,
+                   exposed_communication=timing.exposed_communication + seconds), comm
+
+
+def estimate_with_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, sp: Optional[Degrees], tp: Optional[Degrees],
+                          plan_options: dict, estimate_options: dict) -> tuple[list, Optional[str]]:
+    """Enumerate and estimate the plan space, widening to sequence parallelism when it is needed.
+
+    ``sp``/``tp`` None means the user did not ask for a layout: the space is pure data parallelism,
+    as before. When nothing in it fits (a long context), the space is widened to every sp > 1 the
+    model and GPUs accept (``--sp auto``); when a plan there fits, those estimates are returned with
+    a note saying so (``--sp 1`` keeps to data parallelism), otherwise the data-parallel ones with
+    a note that sequence parallelism does not help either. Returns (estimates best first, note).
+    """
+    from zeroplan.estimator.plans import estimate_all
+    from zeroplan.estimator.plan_space import enumerate_plans
+
+    plans = enumerate_plans(model, cluster, training, sp=sp or (1,), tp=tp or (1,), **plan_options)
+    estimates = estimate_all(model, cluster, training, plans, **estimate_options)
+    if sp is not None or tp is not None or any(e.fits for e in estimates) or estimate_options.get("engine", "deepspeed") != "deepspeed":
+        return estimates, None
+    try:
+        wider = [p for p in enumerate_plans(model, cluster, training, sp=AUTO, tp=(1,), **plan_options) if p.sp > 1]
+    except SpecError:
+        wider = []
+    if not wider:
+        return estimates, None
+    widened = estimate_all(model, cluster, training, wider, **estimate_options)
+    if not any(e.fits for e in widened):
+        return estimates, (f"no plan fits with data parallelism alone, nor with sequence parallelism (--sp {', '.join(str(d) for d in sorted({p.sp for p in wider}))} "
+                           "tried): more GPUs, a shorter --seq-len or --loss tiled / --tiled-mlp")
+    best = next(e for e in widened if e.fits)
+    return widened, (f"no plan fits with data parallelism alone at seq {training.seq_len}; showing sequence-parallel layouts "
+                     f"(--sp auto: Ulysses, best {best.plan.label}); --sp 1 keeps to data parallelism")
+
+
+def layouts_label(layouts: Sequence[tuple[int, int, tuple[int, ...]]]) -> str:
+    """``sp1.tp1, sp4.tp1`` for notes."""
+    return ", ".join(f"sp{s}.tp{t}" for s, t, _ in layouts)
