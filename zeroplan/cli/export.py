@@ -52,13 +52,19 @@ from zeroplan.cli.common import (
     ParamsOpt,
     PrecisionOpt,
     SeqLenOpt,
+    SpOpt,
     StageOpt,
+    TiledMlpOpt,
+    TpOpt,
+    resolve_layout_options,
     check_plan_options,
     resolve_cluster,
     resolve_model,
     resolve_training,
     write_output,
 )
+from zeroplan.dsconfig.layout_keys import accelerate_parallelism_entries, trainer_layout_settings
+from zeroplan.estimator.layout_space import explicit_layout
 from zeroplan.spec import SpecError
 
 __all__ = ["export"]
@@ -104,6 +110,9 @@ def export(
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_param: OffloadParamOpt = None,
     checkpointing: CheckpointingOpt = None,
+    sp: SpOpt = None,
+    tp: TpOpt = None,
+    tiled_mlp: TiledMlpOpt = False,
     cpu_checkpointing: CpuCkptOpt = False,
     nvme_path: NvmePathOpt = None,
     lr: LrOpt = 1e-4,
@@ -171,15 +180,18 @@ def export(
     else:
         peft.require_model("need a model: --model NAME or config.json")
 
+    sp_degrees, tp_degrees = resolve_layout_options(sp, tp)
     if stage is not None and micro_batch is not None:
+        layout = explicit_layout(sp_degrees, tp_degrees, tiled_mlp=tiled_mlp)
         plan = Plan(
             stage=stage,
             offload_optimizer=offload_optimizer or "none",
             offload_param=offload_param or "none",
             checkpointing=checkpointing or "none",
             micro_batch=micro_batch,
-            gradient_accumulation_steps=training.accumulation_for(micro_batch, gpus),
+            gradient_accumulation_steps=training.accumulation_for(micro_batch, Plan(stage=stage, **layout).data_parallel(gpus)),
             cpu_checkpointing=cpu_checkpointing,
+            **layout,
             **plan_buckets,
         )
         if optimizer_impl is not None:
@@ -203,7 +215,7 @@ def export(
         choice = best_plan(
             model_spec, cluster, training,
             stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
-            engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets,
+            engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets, sp=sp_degrees or (1,), tp=tp_degrees or (1,), tiled_mlp=tiled_mlp,
         )
         if choice.best is None:
             _note(f"no plan fits {model_spec.name} on {gpus} × {cluster.gpu.name}; nothing written (see `zeroplan estimate`)")
@@ -252,13 +264,14 @@ def export(
 
         from zeroplan.dsconfig.hf_auto import accelerate_yaml
 
-        text = accelerate_yaml(str(Path(output).resolve()), num_processes=gpus, zero3_init=plan.stage == 3)
+        text = accelerate_yaml(str(Path(output).resolve()), num_processes=gpus, zero3_init=plan.stage == 3,
+                               parallelism=accelerate_parallelism_entries(plan, seq_len=training.seq_len))
         try:
             Path(accelerate_config).write_text(text)
         except OSError as exc:
             raise SpecError(f"--accelerate-config {accelerate_config}: cannot write ({exc.strerror})") from None
         _note(f"wrote {accelerate_config}: accelerate launch --config_file {accelerate_config} train.py")
-    for note in notes + [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "warning"]:
+    for note in notes + trainer_layout_settings(plan) + [f"{f.rule_id}: {f.message}" for f in findings if f.severity == "warning"]:
         _note(note)
     for f in fit:
         _note(f"warning: {f.message}; {f.fix}" if f.severity == "error" else f.message)

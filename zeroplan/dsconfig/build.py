@@ -171,11 +171,17 @@ def build_config_with_notes(
     if not uses_nvme and nvme_path:
         raise SpecError(f"--nvme-path {nvme_path} is only used with --offload-optimizer nvme or --offload-param nvme")
 
-    train_batch_size = plan.micro_batch * plan.gradient_accumulation_steps * world_size
-    if training.global_batch is not None and training.global_batch != train_batch_size:
+    from zeroplan.dsconfig.layout_keys import batch_world_size, layout_keys
+
+    # With sp/tp the batch assertion's world is world/sp and the samples per step micro × accumulation × dp
+    # (zeroplan.dsconfig.layout_keys); pure data parallelism: both are the GPU count.
+    train_batch_size = plan.micro_batch * plan.gradient_accumulation_steps * batch_world_size(plan, world_size)
+    samples = plan.micro_batch * plan.gradient_accumulation_steps * plan.data_parallel(world_size)
+    if training.global_batch is not None and training.global_batch != samples:
+        ranks = "gpus" if plan.model_parallel == 1 else "data-parallel ranks"
         raise SpecError(
-            f"global_batch={training.global_batch} != micro_batch×grad_accum×gpus = {plan.micro_batch}×"
-            f"{plan.gradient_accumulation_steps}×{world_size} = {train_batch_size}; change one of them"
+            f"global_batch={training.global_batch} != micro_batch×grad_accum×{ranks} = {plan.micro_batch}×"
+            f"{plan.gradient_accumulation_steps}×{plan.data_parallel(world_size)} = {samples}; change one of them"
         )
 
     notes: list[str] = []
@@ -190,6 +196,7 @@ def build_config_with_notes(
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "gradient_clipping": float(gradient_clipping),
         "steps_per_print": 100,
+        **layout_keys(plan),
     }
     from zeroplan.estimator.plans import check_engine_precision
 

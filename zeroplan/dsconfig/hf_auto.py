@@ -303,10 +303,16 @@ def trainer_flags(config: dict) -> list[str]:
     return flags
 
 
-def accelerate_yaml(deepspeed_config_file: str, *, num_processes: int, num_machines: int = 1, zero3_init: bool = False) -> str:
+def accelerate_yaml(deepspeed_config_file: str, *, num_processes: int, num_machines: int = 1, zero3_init: bool = False,
+                    parallelism: dict | None = None) -> str:
     """An accelerate config (``accelerate launch --config_file``) that runs DeepSpeed with
     ``deepspeed_config_file``; accelerate then takes batch, precision and clipping from that file
-    (accelerate/utils/dataclasses.py ``DeepSpeedPlugin``)."""
+    (accelerate/utils/dataclasses.py ``DeepSpeedPlugin``). ``parallelism``: the ``parallelism_config``
+    entries (:func:`zeroplan.dsconfig.layout_keys.accelerate_parallelism_entries`), which ``accelerate
+    launch`` exports as ``PARALLELISM_CONFIG_*`` for ``ParallelismConfig`` to read."""
+    block = []
+    if parallelism:
+        block = ["parallelism_config:"] + [f"  {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in parallelism.items()]
     return "\n".join(
         [
             "compute_environment: LOCAL_MACHINE",
@@ -318,6 +324,7 @@ def accelerate_yaml(deepspeed_config_file: str, *, num_processes: int, num_machi
             "main_training_function: main",
             f"num_machines: {num_machines}",
             f"num_processes: {num_processes}",
+            *block,
             "rdzv_backend: static",
             "same_network: true",
             "use_cpu: false",

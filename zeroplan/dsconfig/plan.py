@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from zeroplan.dsconfig.keys import BUCKET_KEY_SPELLINGS
+from zeroplan.dsconfig.layout_keys import layout_from_config
 from zeroplan.spec import DEEPSPEED_DEFAULT_KNOBS, Plan, SpecError, TrainingSpec
 
 __all__ = [
@@ -151,6 +152,9 @@ def plan_from_config(
     * Bucket and ZeRO-3 sizes: :func:`bucket_sizes_from_config` — the config's whole numbers,
       DeepSpeed's defaults for missing keys, ``"auto"`` left to the estimator's rule.
       ``overlap_comm``: :func:`overlap_comm_from_config`.
+    * Layout: ``sequence_parallel_size`` and ``tensor_parallel.autotp_size`` as ``sp`` and ``tp``
+      (:func:`zeroplan.dsconfig.layout_keys.layout_from_config`); ``world_size`` is then the world
+      DeepSpeed's batch assertion sees (GPUs / sp).
 
     Raises SpecError naming the key when the stage or batch keys cannot be read.
     """
@@ -207,6 +211,7 @@ def plan_from_config(
         **bucket_sizes_from_config(config),
         **_zeropp(config, stage),
         overlap_comm=overlap_comm_from_config(config, stage),
+        **layout_from_config(config),
     )
 
 

@@ -38,18 +38,22 @@ def best_plan(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict] = None,
+    sp=(1,),
+    tp=(1,),
+    tiled_mlp: bool = False,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
     Enumerates plans with :func:`~zeroplan.estimator.enumerate_plans`, estimates and ranks them
     with :func:`~zeroplan.estimator.estimate_all` (fitting plans first, fastest first) and takes
     the first that fits. ``optimizer_impl`` and ``buckets`` (plan bucket fields, e.g. from
-    ``bucket_sizes``) are passed to both.
+    ``bucket_sizes``) are passed to both; ``sp``, ``tp`` (degrees or ``"auto"``) and ``tiled_mlp``
+    to the plan space.
     """
     plans = enumerate_plans(
         model, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
-        optimizer_impl=optimizer_impl, buckets=buckets,
+        optimizer_impl=optimizer_impl, buckets=buckets, sp=sp, tp=tp, tiled_mlp=tiled_mlp,
     )
     ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
                           optimizer_impl=optimizer_impl)

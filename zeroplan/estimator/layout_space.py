@@ -24,7 +24,7 @@ from zeroplan.estimator.timing import StepTime, flops_per_token
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.spec.training import compute_precision
 
-__all__ = ["AUTO", "Degrees", "check_layout", "layout_step_time", "parse_degrees", "valid_layouts"]
+__all__ = ["AUTO", "Degrees", "check_layout", "estimate_with_layouts", "explicit_layout", "layout_step_time", "parse_degrees", "valid_layouts"]
 
 #: ``--sp auto`` / ``--tp auto``: every degree the space accepts.
 AUTO = "auto"
@@ -47,6 +47,23 @@ def parse_degrees(option: str, text: Optional[str]) -> Degrees:
     if not values or any(v < 1 or v > 65_536 for v in values):
         raise SpecError(f"{option} {text!r} is not valid; give a degree (4), a list (1,2,4) or auto")
     return tuple(sorted(set(values)))
+
+
+def explicit_layout(sp: Optional[Degrees], tp: Optional[Degrees], *, tiled_mlp: bool = False) -> dict:
+    """Plan fields for an explicit plan (``--stage`` and ``--micro-batch`` given): one degree each;
+    SpecError for a list or ``auto``, which only a search can take."""
+    out: dict = {}
+    for name, degrees in (("sp", sp), ("tp", tp)):
+        if degrees is None:
+            continue
+        if degrees == AUTO or len(degrees) != 1:
+            raise SpecError(f"--{name} {degrees if degrees == AUTO else ','.join(map(str, degrees))} with --stage and --micro-batch: "
+                            f"give one degree (--{name} 4), or leave out --stage/--micro-batch to choose among several")
+        if degrees[0] > 1:
+            out[name] = degrees[0]
+    if tiled_mlp:
+        out["tiled_mlp"] = True
+    return out
 
 
 def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, engine: str = "deepspeed") -> None:

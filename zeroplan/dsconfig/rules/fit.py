@@ -95,11 +95,6 @@ def _plan_from_config(ctx: Context):
 def _fits(ctx: Context) -> Iterator[Finding]:
     if ctx.model is None or ctx.cluster is None:
         return
-    sp = ctx.cfg.get("sequence_parallel_size")
-    if _is_int_value(sp) and sp > 1:
-        yield _f("ZP702", "", "memory fit not checked: the estimator does not model sequence parallelism",
-                 "check the fit with a probe (`zeroplan probe`)", severity="info")
-        return
     built, reason = _plan_from_config(ctx)
     if built is None:
         yield _f("ZP702", "", f"memory fit not checked: {reason}", "fix the errors above and run validate again", severity="info")
