@@ -43,7 +43,10 @@ from zeroplan.cli.common import (
     ParamsOpt,
     PeftOptions,
     PrecisionOpt,
+    SpOpt,
     StageOpt,
+    TpOpt,
+    resolve_layout_options,
     check_choice_option,
     check_plan_options,
     resolve_cluster,
@@ -104,6 +107,8 @@ def tune(
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_param: OffloadParamOpt = None,
     checkpointing: CheckpointingOpt = None,
+    sp: SpOpt = None,
+    tp: TpOpt = None,
     lora_rank: LoraRankOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_alpha: LoraAlphaOpt = None,
@@ -356,6 +361,7 @@ def tune(
         base_config=base_config,
         activation_bytes=activation_bytes,
     )
+    space_options["sp"], space_options["tp"] = resolve_layout_options(sp, tp)
     # The warm server imports torch and DeepSpeed while this process estimates the plans and imports
     # torch for the time model; it is idle (imports done) before this CPU is measured, then loads the rest.
     warm_ready = runner.begin_warm_server()

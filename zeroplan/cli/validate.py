@@ -114,6 +114,8 @@ def validate(
     max_steps: Annotated[
         Optional[int], typer.Option("--max-steps", help="Training steps, for an \"auto\" scheduler step count.", rich_help_panel="Hugging Face")
     ] = None,
+    sp: Annotated[Optional[int], typer.Option("--sp", help="The run's sequence-parallel degree when the config does not name it (accelerate's parallelism_config).", rich_help_panel="Plan")] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="The run's AutoTP degree when the config does not name it.", rich_help_panel="Plan")] = None,
     fmt: ValidateFormatOpt = "table",
     output: OutputOpt = None,
 ) -> None:
@@ -164,8 +166,13 @@ def validate(
     elif any(v is not None for v in (gpu, gpu_memory, cpu_memory, node, nvme, gpus_per_node)):
         raise SpecError("--gpu/--gpu-memory/--cpu-memory/--node/--nvme/--gpus-per-node are for the memory check; also give --params or --model")
 
+    from zeroplan.dsconfig.layout_keys import with_layout
+
+    for name, value in (("--sp", sp), ("--tp", tp)):
+        if value is not None and value < 1:
+            raise SpecError(f"{name} {value} is not valid; give a degree >= 1")
     findings = validate_config(
-        parsed.config,
+        with_layout(parsed.config, sp=sp, tp=tp),
         world_size=gpus,
         model=model_spec,
         cluster=cluster,

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from zeroplan.spec import Plan, SpecError
 
-__all__ = ["accelerate_parallelism_entries", "batch_world_size", "layout_from_config", "layout_keys", "parallelism_config", "trainer_layout_settings"]
+__all__ = ["accelerate_parallelism_entries", "batch_world_size", "layout_from_config", "layout_keys", "parallelism_config", "trainer_layout_settings",
+           "with_layout"]
 
 
 def layout_keys(plan: Plan) -> dict:
@@ -98,4 +99,27 @@ def layout_from_config(cfg: dict) -> dict[str, int]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(f"{key}={value!r} is not valid; give a whole number >= 1")
         out[name] = max(1, value)
+    return out
+
+
+def with_layout(cfg: dict, *, sp: int | None = None, tp: int | None = None) -> dict:
+    """``cfg`` with the layout a run sets outside it (``validate --sp/--tp``: accelerate's
+    ``parallelism_config`` turns Ulysses on without the DeepSpeed file saying so) written as the
+    keys DeepSpeed would see; ``cfg`` itself when neither is given. SpecError when the config
+    already names another degree."""
+    if sp is None and tp is None:
+        return cfg
+    have = layout_from_config(cfg)
+    out = dict(cfg)
+    for name, value, key in (("sp", sp, "sequence_parallel_size"), ("tp", tp, "tensor_parallel.autotp_size")):
+        if value is None:
+            continue
+        given = cfg.get("sequence_parallel_size") if name == "sp" else (cfg.get("tensor_parallel") or {}).get("autotp_size")
+        if given is not None and have[name] != value:
+            raise SpecError(f"--{name} {value} disagrees with the config's {key} {given}; give one or the other")
+        if value > 1:
+            if name == "sp":
+                out["sequence_parallel_size"] = value
+            else:
+                out["tensor_parallel"] = {**(cfg.get("tensor_parallel") or {}), "autotp_size": value}
     return out

@@ -43,6 +43,8 @@ def tune_space(
     buckets: Optional[dict] = None,
     base_config: Optional[dict] = None,
     activation_bytes: Optional[Callable[[Plan], int]] = None,
+    sp=None,
+    tp=None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
@@ -52,7 +54,8 @@ def tune_space(
     it leaves a key out, ``"auto"`` to the Hugging Face rule) and its ``overlap_comm`` (DeepSpeed's
     per-stage default where absent), so the plans are estimated with them; ``buckets`` (flags)
     win. ``activation_bytes``: a discovered model's activations where the transformer formula
-    does not describe it (its trace). SpecError for nvme without a path."""
+    does not describe it (its trace). ``sp``/``tp``: the parallel degrees searched (None: 1; a tuple
+    or ``"auto"``). SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -80,6 +83,8 @@ def tune_space(
         buckets=_with_base_buckets(buckets, base_config) if engine == "deepspeed" else buckets,
         overlap_comm_of=_overlap_comm_of(base_config) if engine == "deepspeed" else None,
         activation_bytes=activation_bytes,
+        sp=sp or (1,),
+        tp=tp or (1,),
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
     )
 

@@ -10,7 +10,9 @@ A trial's Optuna parameters are three categorical choices that are valid in ever
 * ``micro_batch`` — samples per GPU per micro-step; gradient accumulation follows from
   ``--global-batch`` (kept exact, DeepSpeed's ``train_batch_size = mb × ga × world``).
 
-Optionally ``reduce_bucket_size`` (elements; 0 = the engine's default) when bucket sizes are tuned.
+Optionally ``reduce_bucket_size`` (elements; 0 = the engine's default) when bucket sizes are tuned,
+and ``layout`` (``dp``, ``sp4``, ``tp2``, ``sp2.tp2``: :attr:`Plan.layout_label`) when ``--sp``/``--tp``
+add parallel layouts; accumulation then follows each layout's data-parallel degree.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def needs_at_least(plan: Plan, than: Plan) -> bool:
     no smaller and checkpointing that saves no more (what an OOM or a hang at ``than`` teaches)."""
     return (
         zero_choice(plan) == zero_choice(than)
+        and (plan.sp, plan.tp, plan.tiled_mlp) == (than.sp, than.tp, than.tiled_mlp)
         and plan.micro_batch >= than.micro_batch
         and CHECKPOINTING_MEMORY_RANK[plan.checkpointing] <= CHECKPOINTING_MEMORY_RANK[than.checkpointing]
     )
@@ -69,6 +72,19 @@ def parse_zero_choice(text: str) -> dict[str, Any]:
             out["offload_param"] = where
         else:
             raise SpecError(f"zero choice {text!r} has an unknown part {part!r}")
+    return out
+
+
+def parse_layout_choice(text: str) -> dict[str, int]:
+    """Inverse of the ``layout`` parameter (:attr:`Plan.layout_label`, ``dp`` for none): ``{"sp": 4}``."""
+    out: dict[str, int] = {}
+    if text == "dp":
+        return out
+    for part in text.split("."):
+        name, digits = part[:2], part[2:]
+        if name not in ("sp", "tp") or not digits.isdigit():
+            raise SpecError(f"layout choice {text!r} is not valid; expected e.g. dp, sp4, tp2 or sp2.tp2")
+        out[name] = int(digits)
     return out
 
 
@@ -134,6 +150,8 @@ class Candidate:
     """The estimator's verdict: ``fits`` (with margin), ``tight`` (probed after those) or ``oom`` (pruned)."""
     rank: int = 0
     """Position in the estimator's ranking of fitting plans (0 = predicted fastest; -1 if pruned)."""
+    layout_param: bool = False
+    """The space searches parallel layouts: :attr:`params` carries ``layout``."""
 
     @property
     def params(self) -> dict[str, Any]:
@@ -145,6 +163,8 @@ class Candidate:
         }
         if self.plan.reduce_bucket_size is not None:
             params["reduce_bucket_size"] = self.plan.reduce_bucket_size
+        if self.layout_param:
+            params["layout"] = self.plan.layout_label or "dp"
         return params
 
 
@@ -162,6 +182,8 @@ class SearchSpace:
     micro_batches: list[int]
     bucket_sizes: list[int] = field(default_factory=list)
     """Reduce-bucket sizes searched (elements); empty: not tuned (the engine's default)."""
+    layout_choices: list[str] = field(default_factory=list)
+    """Layouts searched (``dp``, ``sp4``, ...); empty: pure data parallelism, no ``layout`` parameter."""
     _by_key: dict[str, Candidate] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -193,6 +215,8 @@ class SearchSpace:
         }
         if self.bucket_sizes:
             dists["reduce_bucket_size"] = CategoricalDistribution(self.bucket_sizes)
+        if self.layout_choices:
+            dists["layout"] = CategoricalDistribution(self.layout_choices)
         return dists
 
     def plan_for(self, params: dict[str, Any]) -> Plan:
@@ -200,12 +224,14 @@ class SearchSpace:
         zero = parse_zero_choice(str(params["zero"]))
         micro_batch = int(params["micro_batch"])
         bucket = params.get("reduce_bucket_size")
+        layout = parse_layout_choice(str(params.get("layout", "dp")))
         return Plan(
             **zero,
             checkpointing=str(params["checkpointing"]),
             micro_batch=micro_batch,
-            gradient_accumulation_steps=self.training.accumulation_for(micro_batch, self.cluster.gpus),
+            gradient_accumulation_steps=self.training.accumulation_for(micro_batch, Plan(stage=0, **layout).data_parallel(self.cluster.gpus)),
             reduce_bucket_size=int(bucket) if bucket is not None else None,
+            **layout,
         )
 
     def candidate_for(self, params: dict[str, Any]) -> Candidate | None:
@@ -262,6 +288,8 @@ def build_space(
     buckets: Optional[dict] = None,
     overlap_comm_of: Optional[Callable[[int], bool]] = None,
     activation_bytes: Optional[Callable[[Plan], int]] = None,
+    sp: Any = (1,),
+    tp: Any = (1,),
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -275,7 +303,8 @@ def build_space(
     ``buckets`` fixed plan bucket fields (``zeroplan.estimator.plans.bucket_sizes``);
     ``overlap_comm_of`` the stage's ``overlap_comm`` where a base config decides it;
     ``activation_bytes`` a plan's activations where they are not the transformer formula's (a
-    discovered model's trace: ``zeroplan.runtime.discover.DiscoveredModel.activation_bytes``).
+    discovered model's trace: ``zeroplan.runtime.discover.DiscoveredModel.activation_bytes``);
+    ``sp``/``tp`` the parallel degrees searched (tuples or ``"auto"``: :func:`~zeroplan.estimator.enumerate_plans`).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
     from zeroplan.runtime.prediction import comparable_estimate
@@ -294,7 +323,8 @@ def build_space(
     wanted_stages = tuple(stages) if stages is not None else (0, 1, 2, 3)
     plans: list[Plan] = []
     seen: set[str] = set()
-    for plan in enumerate_plans(model, cluster, training, micro_batches=mbs, engine=engine, optimizer_impl=optimizer_impl, buckets=buckets):
+    for plan in enumerate_plans(model, cluster, training, micro_batches=mbs, engine=engine, optimizer_impl=optimizer_impl, buckets=buckets,
+                                sp=sp, tp=tp):
         if (
             plan.stage not in wanted_stages
             or plan.offload_optimizer not in offload_optimizer
@@ -354,6 +384,10 @@ def build_space(
         )
     )
     fitting = [replace(c, rank=i) for i, c in enumerate(fitting)]
+    layouts = sorted({p.layout_label or "dp" for p in plans}, key=lambda t: (t != "dp", t))
+    if layouts != ["dp"]:
+        fitting = [replace(c, layout_param=True) for c in fitting]
+        pruned = [replace(c, layout_param=True) for c in pruned]
 
     present = {zero_choice(p) for p in plans}
     zero_choices = [z for z in _zero_order(wanted_stages, offload_optimizer, offload_param) if z in present]
@@ -366,6 +400,7 @@ def build_space(
         checkpointing_choices=[m for m in checkpointing if any(p.checkpointing == m for p in plans)],
         micro_batches=sorted({p.micro_batch for p in plans}),
         bucket_sizes=list(bucket_sizes),
+        layout_choices=layouts if layouts != ["dp"] else [],
     )
 
 
