@@ -135,10 +135,25 @@ def estimate_row(row: dict, workdir: Path) -> dict:
             est_kwargs["expandable_segments"] = True
         else:
             fallback.append("expandable_segments→off")
+    # The parallel layout (sp: Ulysses, tp: AutoTP) and ALST's TiledMLP, where the row names them.
+    layout = {k: row[k] for k in ("sp", "tp") if row.get(k, 1) > 1}
+    if layout:
+        if _accepts(enumerate_plans, "sp"):
+            plan_kwargs.update({k: (v,) for k, v in layout.items()})
+        else:
+            fallback.append(", ".join(f"{k} {v}→1" for k, v in layout.items()))
+    if row.get("tiled_mlp"):
+        if _accepts(enumerate_plans, "tiled_mlp"):
+            plan_kwargs["tiled_mlp"] = True
+        else:
+            fallback.append("tiled_mlp→off")
     plans = enumerate_plans(
         model, cluster, training, stage=row["stage"], offload_optimizer=row.get("offload_optimizer", "none"),
         offload_param=row.get("offload_param", "none"), checkpointing=ckpt, **plan_kwargs,
     )
+    if row.get("cpu_checkpointing"):
+        # Checkpointed block inputs kept in host memory (ALST's activation checkpoint offload).
+        plans = [replace(p, cpu_checkpointing=True) for p in plans]
     (est,) = estimate_all(model, cluster, training, plans, **est_kwargs)
     gpu = est.gpu.as_dict()
     context = est.overhead_items.get("cuda_context", 0)

@@ -111,7 +111,7 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_positive_int("seq_len", self.seq_len, maximum=10_000_000)
+        check_positive_int("seq_len", self.seq_len, maximum=100_000_000)
         check_choice("loss", self.loss, LOSSES)
         if self.micro_batch is not None:
             check_positive_int("micro_batch", self.micro_batch, maximum=1_000_000)
