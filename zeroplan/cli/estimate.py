@@ -492,5 +492,6 @@ def estimate(
 
         plot_plans(plot, summarize(estimates)[: top or None], cluster)
     if not any(e.fits for e in estimates):
-        print("zeroplan: no plan fits; see the reasons above (more GPUs, offload, checkpointing or a smaller micro-batch)", file=sys.stderr)
+        hint = ", or sequence parallelism: --sp auto" if sp_degrees == (1,) and engine == "deepspeed" else ""
+        print(f"zeroplan: no plan fits; see the reasons above (more GPUs, offload, checkpointing or a smaller micro-batch{hint})", file=sys.stderr)
         raise typer.Exit(1)
