@@ -221,3 +221,21 @@ def test_tune_space_searches_layouts():
     best = space.fitting[0]
     assert best.plan.sp > 1 and best.params["layout"] == best.plan.layout_label
     assert space.plan_for(best.params) == best.plan
+
+
+def test_validate_takes_the_layout_a_launcher_sets(tmp_path):
+    from zeroplan.dsconfig import build_config
+
+    cfg = build_config(Plan(stage=3, sp=8, checkpointing="full"), world_size=8, training=TrainingSpec(seq_len=65536))
+    plain = {k: v for k, v in cfg.items() if k != "sequence_parallel_size"}  # accelerate's parallelism_config sets sp instead
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(plain))
+    args = ("validate", str(path), "--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus", "8", "--seq-len", "65536", "--format", "json")
+    result = run_zeroplan(*args, "--sp", "8")
+    assert result.returncode == 0, result.stderr
+    fit = next(f for f in json.loads(result.stdout) if f["rule_id"] == "ZP702")
+    assert "z3/sp8/ckpt:full/mb1/ga1" in fit["message"]
+    path.write_text(json.dumps(cfg))
+    clash = run_zeroplan(*args, "--sp", "4")
+    assert clash.returncode == 2 and "--sp 4 disagrees with the config's sequence_parallel_size 8" in clash.stderr
+    assert len(clash.stderr.strip().splitlines()) == 1

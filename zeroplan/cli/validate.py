@@ -52,12 +52,15 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
 def _implied_world_size(cfg: dict) -> int | None:
-    """GPU count the three batch keys are consistent with, if they are whole numbers."""
+    """GPU count the three batch keys are consistent with, if they are whole numbers: the batch
+    world times ``sequence_parallel_size`` (DeepSpeed's batch assertion divides the world by it)."""
     values = [cfg.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
         return None
     tb, mb, ga = values
-    return tb // (mb * ga) if tb % (mb * ga) == 0 else None
+    sp = cfg.get("sequence_parallel_size")
+    sp = sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1 else 1
+    return tb // (mb * ga) * sp if tb % (mb * ga) == 0 else None
 
 
 def findings_table(findings, *, title: str):
