@@ -239,3 +239,13 @@ def test_validate_takes_the_layout_a_launcher_sets(tmp_path):
     clash = run_zeroplan(*args, "--sp", "4")
     assert clash.returncode == 2 and "--sp 4 disagrees with the config's sequence_parallel_size 8" in clash.stderr
     assert len(clash.stderr.strip().splitlines()) == 1
+
+
+def test_autotp_ranks_build_the_whole_model_before_it_is_sharded():
+    # deepspeed.initialize shards a model every rank has built whole (AutoTP slices the built
+    # weights), so the host's build phase holds the whole fp32 model per rank, the steady state one shard.
+    model = resolve_model(None, "llama-3-8b")
+    est = estimate_plan(model, _cluster(8), TrainingSpec(seq_len=4096), Plan(stage=2, tp=2), model_build="fp32")
+    build = next(p for p in est.host_phases.phases if p.name == "model_build")
+    assert build.per_rank["model_fp32"] == 4 * model.params
+    assert est.states.params == 2 * tensor_parallel_params(model, 2).per_rank

@@ -240,6 +240,7 @@ def host_phases(
     baseline_bytes: int | None = None,
     checkpoint_bytes_on_cpu: int = 0,
     dynamo_in_baseline: bool = False,
+    built_params: int | None = None,
 ) -> HostPhases:
     """Host bytes per rank and per node of ``plan``, phase by phase (sources in the module docstring).
 
@@ -321,10 +322,13 @@ def host_phases(
     # GPT-2 and Hugging Face models alike), then replaced by the embedding (tie_weights): both
     # exist for a moment while the whole model is built.
     untied = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
+    # ``built_params``: what a rank builds before the engine shards it (the whole model under AutoTP,
+    # whose ``model`` here is one rank's shard: deepspeed.initialize slices the built model).
+    psi_built = built_params or psi
     if build == "fp32":
-        built = {"model_fp32": 4 * psi, "untied_head_transient": 4 * untied}
+        built = {"model_fp32": 4 * psi_built, "untied_head_transient": 4 * untied}
     elif build == "bf16":
-        built = {"model_16bit": p * psi, "untied_head_transient": p * untied}
+        built = {"model_16bit": p * psi_built, "untied_head_transient": p * untied}
     elif build == "zero_init":
         built = {"layer_being_built_fp32": 4 * model.largest_layer_params}
         if host_partition:
@@ -333,7 +337,7 @@ def host_phases(
         built = {"layer_being_loaded_fp32": 4 * model.largest_layer_params}
     # rank0: the other ranks build on the meta device; rank 0 alone holds the loaded 16-bit model
     # until it is broadcast (partitioned by the engine).
-    build_rank0 = {"model_16bit_on_rank0": p * psi} if build == "rank0" else {}
+    build_rank0 = {"model_16bit_on_rank0": p * psi_built} if build == "rank0" else {}
 
     # -- engine init: offload buffers --------------------------------------------------------
     init: dict[str, int] = {}

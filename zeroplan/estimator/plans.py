@@ -308,6 +308,10 @@ def estimate_plan(
         notes.append(duplicate)
     extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device, optimizer_impl=impl)
     after_loss = None
+    if activation_bytes is not None and layout:
+        # A trace is of one rank holding the whole sequence and model; the layout's split is the formula's.
+        notes.append("activations from the formula for this sp/tp layout, not the trace")
+        activation_bytes = None
     if activation_bytes is None:
         acts: Optional[ActivationMemory] = activation_memory(full_model, training, plan)
         act_total = acts.total
@@ -377,7 +381,8 @@ def estimate_plan(
             "with the transients freed there kept cached by the allocator"
         )
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
-    phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build)
+    phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build,
+                         built_params=full_model.total_params if plan.tp > 1 else None)
     worst = phases.worst
     comm = comm_volume(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
