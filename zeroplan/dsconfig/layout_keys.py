@@ -4,7 +4,8 @@ a config's layout keys read back into degrees.
 
 * Ulysses: DeepSpeed reads the top-level ``sequence_parallel_size`` (runtime/config.py: the batch
   assertion's world size is ``dist.get_world_size() / config["sequence_parallel_size"]``; with an
-  mpu, ``mpu.get_data_parallel_world_size()``, the same). accelerate turns on DeepSpeed's Ulysses
+  mpu, ``mpu.get_data_parallel_world_size()``, the same; accelerate's ``Accelerator._prepare_deepspeed``
+  writes ``train_batch_size = micro × accumulation × num_processes // sp_size`` likewise). accelerate turns on DeepSpeed's Ulysses
   through ``ParallelismConfig(sp_backend="deepspeed", sp_size=N)`` (accelerate/parallelism_config.py;
   ``TrainingArguments(parallelism_config=...)`` in transformers), or from the launcher config's
   ``parallelism_config`` entries, which ``accelerate launch`` exports as ``PARALLELISM_CONFIG_SP_*``
