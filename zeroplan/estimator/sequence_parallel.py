@@ -185,7 +185,9 @@ def layout_activation_memory(model: ModelSpec, training: TrainingSpec, plan: Pla
     elif ckpt == "selective-op":
         op_terms = layout_layer_terms(model, selective_op_layer_bytes(model, **kwargs), tp=plan.tp)
         if plan.tiled_mlp:
+            # TiledMLP's forward runs under no_grad: the op-level policy sees none of the MLP's matmuls.
             op_terms.pop("mlp_gate", None)
+            op_terms.pop("mlp_down", None)
         per_layer = min(full_layer, sum(op_terms.values()))
         working = full_layer - per_layer + tiled_working
     else:
