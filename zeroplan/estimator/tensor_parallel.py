@@ -4,9 +4,13 @@ group, and the step's tensor- and sequence-parallel collectives.
 AutoTP for training (DeepSpeed ``deepspeed/module_inject/auto_tp.py``; tutorial
 https://www.deepspeed.ai/tutorials/autotp-training/): q, k, v, gate and up become column-parallel
 ``LinearLayer``s, o and down row-parallel ``LinearAllreduce``s, each holding 1/tp of its weight;
-norms and the input embedding stay whole on every rank. The output head is split by tp as a
-column-parallel ``LinearLayer(gather_output=True)`` (``training_column_lm_head``) unless it is
-tied to the input embedding, which stays whole — so a tied head stays whole too. Ranks beyond the
+norms and the input embedding stay whole on every rank. An untied output head is split by tp as a
+column-parallel ``LinearLayer(gather_output=True)`` (``training_column_lm_head``; a Hugging Face
+model's ``_tp_plan = {"lm_head": "colwise_gather_output"}``, which engine.py
+``_apply_autotp_partitioning`` prefers) — issue 24's tiny untied Llama holds 1,512,704 of 2,499,840
+parameters per rank at tp=2, exactly this split. A head tied to the embedding is taken as whole
+with it; that is not measured (DeepSpeed 0.19.8 shards a tied head and embedding by vocabulary when
+the model's plan asks for ``embedding_rowwise`` or ``vocab_parallel_lm_head`` is set). Ranks beyond the
 KV head count hold no K/V shard (engine.py ``_apply_autotp_partitioning`` warns); the rank with
 the most holds ⌈kv/tp⌉ heads. ZeRO then partitions each rank's own parameters over the ranks
 holding the same shard: world/tp, the data-parallel ranks together with the sequence-parallel ones
