@@ -9,7 +9,6 @@ readers.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 
 import pytest

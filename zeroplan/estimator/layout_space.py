@@ -16,7 +16,7 @@ A layout is valid when (each rule with the engine's own reason):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Union
 
 from zeroplan.estimator.sequence_parallel import check_layout_model
 from zeroplan.estimator.tensor_parallel import LayoutComm, layout_comm, layout_comm_seconds
@@ -171,7 +171,3 @@ def estimate_with_layouts(model: ModelSpec, cluster: ClusterSpec, training: Trai
     return widened, (f"no plan fits with data parallelism alone at seq {training.seq_len}; showing sequence-parallel layouts "
                      f"(--sp auto: Ulysses, best {best.plan.label}); --sp 1 keeps to data parallelism")
 
-
-def layouts_label(layouts: Sequence[tuple[int, int, tuple[int, ...]]]) -> str:
-    """``sp1.tp1, sp4.tp1`` for notes."""
-    return ", ".join(f"sp{s}.tp{t}" for s, t, _ in layouts)

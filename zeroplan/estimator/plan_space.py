@@ -3,10 +3,13 @@ accepts, and the bucket sizes a plan carries."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.spec import OFFLOADS, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+
+if TYPE_CHECKING:
+    from zeroplan.estimator.layout_space import Degrees
 
 __all__ = ["BUCKET_CONVENTIONS", "DEFAULT_MICRO_BATCHES", "bucket_sizes", "enumerate_plans"]
 
