@@ -248,3 +248,17 @@ def test_autotp_ranks_build_the_whole_model_before_it_is_sharded():
     build = next(p for p in est.host_phases.phases if p.name == "model_build")
     assert build.per_rank["model_fp32"] == 4 * model.params
     assert est.states.params == 2 * tensor_parallel_params(model, 2).per_rank
+
+
+def test_sequence_parallel_lora_keeps_the_frozen_base_terms():
+    # At sp=1 the layout path and the plain formula agree term for term, LoRA's frozen base included.
+    from zeroplan.estimator import activation_memory
+    from zeroplan.cli.common import with_peft
+
+    model = with_peft(resolve_model(None, "llama-3-8b"), "llama-3-8b", precision="bf16", lora_rank=16, lora_targets="all-linear",
+                      lora_alpha=None, adapter=None, trainable_params=None, base_quant=None)
+    training = TrainingSpec(seq_len=32768)
+    plain = activation_memory(model, replace(training, seq_len=32768 // 4), Plan(stage=2))
+    layout = layout_activation_memory(model, training, Plan(stage=2, sp=4))
+    gathered = 2 * (32768 // 4) * model.hidden_size
+    assert layout.per_layer == plain.per_layer + gathered

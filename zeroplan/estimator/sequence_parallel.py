@@ -162,14 +162,20 @@ def layout_activation_memory(model: ModelSpec, training: TrainingSpec, plan: Pla
     extra = ulysses_attention_terms(model, seq_len=training.seq_len, micro_batch=b, precision=training.precision, sp=plan.sp) if plan.sp > 1 else {}
 
     def block(**flags) -> dict[str, int]:
-        terms = layout_layer_terms(model, layer_activation_bytes(model, **kwargs, **flags), tp=plan.tp)
+        terms = layer_activation_bytes(model, **kwargs, **flags)
+        if model.peft is not None:
+            # A frozen base saves fewer inputs; LoRA adds its own (as activation_memory does).
+            from zeroplan.estimator.peft import frozen_base_activation_terms
+
+            terms = frozen_base_activation_terms(model, terms, **kwargs)
+        terms = layout_layer_terms(model, terms, tp=plan.tp)
         terms.update(extra)
         return terms
 
     full = block()
     tiled_working = 0
     if plan.tiled_mlp:
-        hidden = full.pop("mlp_hidden")
+        hidden = full.pop("mlp_hidden", 0)
         tiles = tiled_mlp_shards(s_l, h)
         tiled_working = e * s_l * b * h + -(-hidden // tiles)
     full_layer = sum(full.values())
@@ -179,7 +185,7 @@ def layout_activation_memory(model: ModelSpec, training: TrainingSpec, plan: Pla
     elif ckpt == "attention":
         kept = block(recompute_attention=True)
         if plan.tiled_mlp:
-            kept.pop("mlp_hidden")
+            kept.pop("mlp_hidden", 0)
         per_layer = sum(kept.values())
         working = max(full_layer - per_layer, tiled_working)
     elif ckpt == "selective-op":
