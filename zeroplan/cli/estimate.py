@@ -58,6 +58,8 @@ from zeroplan.cli.common import (
 )
 from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError, format_params
 
+from zeroplan.cli.expert_option import EpOpt
+
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
 
@@ -65,12 +67,12 @@ __all__ = ["estimate", "estimates_to_json", "estimates_to_rows", "export_command
 
 
 def summarize(estimates: "list[PlanEstimate]") -> "list[PlanEstimate]":
-    """Best micro-batch per (stage, offloads, checkpointing), kept in ranking order."""
+    """Best micro-batch per (stage, offloads, checkpointing, layout), kept in ranking order."""
     seen: set[tuple] = set()
     best = []
     for est in estimates:
         p = est.plan
-        key = (p.stage, p.offload_optimizer, p.offload_param, p.checkpointing)
+        key = (p.stage, p.offload_optimizer, p.offload_param, p.checkpointing, p.layout_label)
         if key in seen:
             continue
         seen.add(key)
@@ -115,7 +117,7 @@ def estimates_to_json(model, cluster, training, estimates: "list[PlanEstimate]")
         "model": model.as_dict(),
         "cluster": cluster.as_dict(),
         "training": training.as_dict(),
-        "plans": [e.as_dict() for e in estimates],
+        "plans": [{**e.as_dict(), "layout": e.plan.layout(cluster.gpus)} for e in estimates],
     }
 
 
@@ -191,6 +193,8 @@ def export_command(est: "PlanEstimate", options: dict, *, output: str = "ds_conf
         args += [flag] if value is True else [flag, _number(value) if isinstance(value, float) else str(value)]
     args += ["--stage", str(p.stage), "--offload-optimizer", p.offload_optimizer, "--offload-param", p.offload_param,
              "--checkpointing", p.checkpointing, "--micro-batch", str(p.micro_batch)]
+    if p.ep > 1:
+        args += ["--ep", str(p.ep)]
     if "global_batch" not in options or options.get("global_batch") is None:
         args += ["--grad-accum", str(p.gradient_accumulation_steps)]
     args += ["--output", output if est.engine == "deepspeed" else "fsdp_settings.json"]
@@ -252,7 +256,7 @@ def _render_table(
         rows.append((
             {
                 "#": str(i),
-                "stage": p.stage_name(est.engine),
+                "stage": p.stage_name(est.engine) + (f"/{p.layout_label}" if p.layout_label else ""),
                 "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
                 "ckpt": p.checkpointing,
                 "mb×ga": f"{p.micro_batch}×{p.gradient_accumulation_steps}",
@@ -349,6 +353,7 @@ def estimate(
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
     overlap_comm: OverlapCommOpt = None,
+    ep: EpOpt = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
     optimizer_impl: OptimizerImplOpt = None,
     model_build: Annotated[Optional[str], typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32].", rich_help_panel="Plan")] = None,
@@ -435,6 +440,9 @@ def estimate(
     )
     if model_build == "zero_init":
         plans = [p for p in plans if p.stage == 3]
+    from zeroplan.estimator.expert_parallel import parse_expert_degrees, with_expert_degrees
+
+    plans = with_expert_degrees(plans, model_spec, cluster.gpus, parse_expert_degrees(ep, engine=engine))
     estimates = estimate_all(
         model_spec, cluster, training, plans, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
         expandable_segments=expandable_segments, model_build=model_build,

@@ -38,19 +38,25 @@ def best_plan(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict] = None,
+    expert_degrees=None,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
     Enumerates plans with :func:`~zeroplan.estimator.enumerate_plans`, estimates and ranks them
     with :func:`~zeroplan.estimator.estimate_all` (fitting plans first, fastest first) and takes
     the first that fits. ``optimizer_impl`` and ``buckets`` (plan bucket fields, e.g. from
-    ``bucket_sizes``) are passed to both.
+    ``bucket_sizes``) are passed to both; ``expert_degrees`` (``--ep``: a list or ``"auto"``)
+    adds the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`).
     """
     plans = enumerate_plans(
         model, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
         optimizer_impl=optimizer_impl, buckets=buckets,
     )
+    if expert_degrees is not None:
+        from zeroplan.estimator.expert_parallel import with_expert_degrees
+
+        plans = with_expert_degrees(plans, model, cluster.gpus, expert_degrees)
     ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
                           optimizer_impl=optimizer_impl)
     fitting = [e for e in ranked if e.fits]

@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Optional
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
 from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
 from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.expert_parallel import expert_parallel_states
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import HostPhases, host_phases
 from zeroplan.estimator.memory import (
@@ -285,7 +286,8 @@ def estimate_plan(
             expandable_segments=expandable_segments, model_build=model_build,
         )
     notes: list[str] = []
-    states = model_states(model, cluster, training, plan)
+    # Under expert parallelism (AutoEP) the experts are partitioned over their own group.
+    states = model_states(model, cluster, training, plan) if plan.ep == 1 else expert_parallel_states(model, cluster, training, plan)
     impl = resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan)
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
