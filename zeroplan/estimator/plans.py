@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Optional
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
 from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
 from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.attention_kernel import with_attention_kernel
 from zeroplan.estimator.expert_parallel import expert_parallel_states
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import HostPhases, host_phases
@@ -269,6 +270,8 @@ def estimate_plan(
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
     check_engine_precision(engine, training.precision)
+    # A model whose attention cannot run a fused kernel here saves the a·s² probabilities (gpt-oss, MLA on CPU).
+    training = with_attention_kernel(model, training, device)
     if model_build is not None:
         from zeroplan.estimator.host import BUILDS
 
