@@ -214,13 +214,18 @@ def _count_deepseek_v3(c: _Config) -> _Counted:
     norms += kv_rank
     first_dense = c.get_int("first_k_dense_replace", default=0, minimum=0)
     c.divisible("hidden_size", h, "num_attention_heads", heads)
-    return _moe_counted(
+    counted = _moe_counted(
         c, h=h, layers=layers, heads=heads, kv=kv, head_dim=h // heads, vocab=c.get_int("vocab_size"),
         tied=c.get_bool("tie_word_embeddings", False), attention=attention, dense_ffn=c.get_int("intermediate_size"),
         moe_layer_ids=[i for i in range(layers) if i >= first_dense], experts=experts, top_k=c.get_int("num_experts_per_tok"),
         expert_ffn=moe_ffn, expert_params=3 * h * moe_ffn, router_params=experts * h,
         shared_ffn=moe_ffn * c.get_int("n_shared_experts", default=0, minimum=0), block_norms=norms,
     )
+    if qk == v_dim:
+        return counted
+    note = (f"latent attention: Q·K head dim {qk} differs from V's {v_dim}, which PyTorch's CPU flash kernel does not take "
+            "(CPU runs keep the a·s² probabilities; CUDA's memory-efficient SDPA kernel is assumed)")
+    return dataclasses.replace(counted, notes=counted.notes + (note,))
 
 
 def _count_gpt_oss(c: _Config) -> _Counted:
@@ -249,7 +254,8 @@ def _count_gpt_oss(c: _Config) -> _Counted:
     # GptOssExperts._apply_gate (clamped SwiGLU with ``(up + 1) * glu``) saves the gate_up output
     # (2I) and five I-wide tensors per token copy: the clamped gate, sigmoid(α·gate), glu, up + 1
     # and the down projection's input — measured with saved-tensor hooks, examples/gpt_oss_tiny.json.
-    return dataclasses.replace(counted, moe=dataclasses.replace(counted.moe, expert_saved_widths=7))
+    note = "transformers runs gpt-oss's attention (with sinks) eagerly, not through SDPA: the a·s² probabilities are saved for backward"
+    return dataclasses.replace(counted, moe=dataclasses.replace(counted.moe, expert_saved_widths=7), notes=counted.notes + (note,))
 
 
 
