@@ -131,7 +131,7 @@ def test_ep_saves_replicated_expert_memory_and_adds_all_to_all():
     routed = model.moe.routed_params
     # ZeRO-2 keeps bf16 parameters whole: ep 8 drops 7/8 of the routed experts' 2 bytes.
     assert by_ep[1].states.params - by_ep[8].states.params == 2 * (routed - routed // 8)
-    # Optimizer states: (Ψ_e/ep)/(world/ep) = Ψ_e/world per rank, as without ep (DeepSpeed#7156's point).
+    # Optimizer states: (Ψ_e/ep)/(world/ep) = Ψ_e/world per rank, as without ep (stage_1_and_2.py _configure_moe_settings).
     assert by_ep[1].states.optimizer_states == by_ep[8].states.optimizer_states
     a2a = expert_all_to_all(model, cluster, training, by_ep[8].plan)
     # 48 MoE layers × 4096 tokens × top-8 × h 2048 × 2 bytes × 7/8, forward and backward.

@@ -13,10 +13,11 @@ What DeepSpeed 0.19.8 does (installed sources, deepspeed/):
   data-parallel group (runtime/zero/stage_1_and_2.py ``_configure_moe_settings``, lines 875–884:
   ``self.real_dp_process_group[i] = self.expert_dp_process_group[group['name']]``,
   ``partition_count[i] = world_size(expert_dp_process_group)``); so each rank's share of the
-  expert gradients and optimizer states is (routed/ep)/edp = routed/world — what DeepSpeed#7156
-  calls "not partitioned across the data-parallel group": the partition group is the edp
-  group of world/ep ranks, and the ep-fold saving is in the replicated terms (parameters in
-  stages 1–2, gradients with accumulation in stage 1, everything in stage 0).
+  expert gradients and optimizer states is (routed/ep)/edp = routed/world. DeepSpeed#7156 reads
+  the MoE docs as "only the gradients and optimizer states of non-expert parameters are
+  partitioned" under EP + ZeRO-2; the installed engine partitions them over edp, and what ep
+  saves is the replicated terms (parameters in stages 1–2, gradients with accumulation in
+  stage 1, everything in stage 0).
 * ZeRO-3: AutoEP's expert parameters carry ``ds_zero_placement_family = "autoep_expert"`` and
   are partitioned over the expert-data-parallel group (runtime/engine.py
   ``_resolve_zero3_param_placement``: ``groups._get_expert_data_parallel_group(group_name)``),
