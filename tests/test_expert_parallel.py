@@ -155,6 +155,7 @@ def test_estimate_ep_auto_json_layout(capsys):
     (["--model", "llama-2-7b", "--gpus", "8", "--ep", "2"], "needs a mixture-of-experts model"),
     (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "two"], "give a whole number >= 1"),
     (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "2", "--engine", "fsdp"], "AutoEP"),
+    (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "2", "--lora-rank", "8"], "is not modelled"),
 ])
 def test_bad_ep_is_one_line(capsys, argv, words):
     code, out, err = run_main(["estimate", *argv], capsys)

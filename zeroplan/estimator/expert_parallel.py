@@ -108,7 +108,8 @@ def expert_parallel_states(model: ModelSpec, cluster: ClusterSpec, training: Tra
     Every ZeRO term is linear in the parameter count with either no partitioning or 1/N, so the
     states are model_states(whole) − model_states(Ψ_e on N_d) + model_states(Ψ_e/ep on N_d/ep).
     Returns a ModelStates (params, gradients, optimizer states, offloaded parts). Full fine-tunes
-    only: a LoRA/frozen base under ep is not modelled (its plan states are those of ep 1)."""
+    only: a LoRA/frozen base under ep is not modelled (its states here are those of ep 1, and
+    :func:`with_expert_degrees` refuses the combination)."""
     from zeroplan.estimator.memory import ModelStates, model_states
 
     layout = expert_layout(model, plan, cluster.gpus)
@@ -178,6 +179,9 @@ def with_expert_degrees(plans: list[Plan], model: ModelSpec, world: int, degrees
     eps = valid_expert_degrees(model, world) if degrees == "auto" else list(dict.fromkeys(degrees))
     if model.moe is None and any(e > 1 for e in eps):
         raise SpecError(f"--ep {max(eps)} needs a mixture-of-experts model; {model.name} is dense (give --ep 1)")
+    if model.peft is not None and any(e > 1 for e in eps):
+        raise SpecError("--ep with LoRA, QLoRA or --trainable-params is not modelled (frozen experts split by AutoEP); "
+                        "give --ep 1, or estimate the full fine-tune")
     for e in eps:
         expert_layout(model, Plan(stage=0, ep=e), world)
     return [dataclasses.replace(p, ep=e) for p in plans for e in eps]
