@@ -360,6 +360,14 @@ CASES = [
      {"model": LIST_MOE}, False),
     # The environment's versions decide (transformers 5.x with DeepSpeed <= 0.19.8 in the project's venv).
     ("ZP251", make(expert_parallel={"enabled": True, "autoep_size": 1}), make(expert_parallel={"enabled": False}), {}, False),
+    # AutoEP's own checks (tests/test_expert_parallel.py runs DeepSpeed's validators on the same values).
+    ("ZP252", make(expert_parallel={"enabled": True, "autoep_size": 4}), make(expert_parallel={"enabled": True, "autoep_size": 2}),
+     {"model": LIST_MOE}, False),
+    ("ZP252", make(expert_parallel={"enabled": True, "autoep_size": 2}), make(expert_parallel={"enabled": False}), {"model": SMALL}, False),
+    ("ZP253", make(expert_parallel={"enabled": True, "autoep_size": 2, "expert_tensor_parallel_size": 2}),
+     make(expert_parallel={"enabled": True, "autoep_size": 2, "expert_tensor_parallel_size": 1}), {}, False),
+    ("ZP253", make(zero_optimization={"stage": 3, "zero_quantized_gradients": True}, expert_parallel={"enabled": True, "autoep_size": 2}),
+     make(zero_optimization={"stage": 3}, expert_parallel={"enabled": True, "autoep_size": 2}), {}, False),
     # DeepSpeed 0.18-0.19 additions (zeroplan/dsconfig/rules/ds019.py); the engine's own errors on CPU:
     # tests/test_dsconfig_engine.py::test_ds019_rules_match_the_engine
     ("ZP607", make(optimizer=MUON, zero_optimization={"stage": 3}),

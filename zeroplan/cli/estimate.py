@@ -62,6 +62,8 @@ from zeroplan.cli.common import (
 )
 from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError, format_params
 
+from zeroplan.cli.expert_option import EpOpt
+
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
 
@@ -74,7 +76,7 @@ def summarize(estimates: "list[PlanEstimate]") -> "list[PlanEstimate]":
     best = []
     for est in estimates:
         p = est.plan
-        key = (p.stage, p.offload_optimizer, p.offload_param, p.checkpointing, p.sp, p.tp, p.tiled_mlp)
+        key = (p.stage, p.offload_optimizer, p.offload_param, p.checkpointing, p.layout_label, p.tiled_mlp)
         if key in seen:
             continue
         seen.add(key)
@@ -196,6 +198,8 @@ def export_command(est: "PlanEstimate", options: dict, *, output: str = "ds_conf
     args += ["--stage", str(p.stage), "--offload-optimizer", p.offload_optimizer, "--offload-param", p.offload_param,
              "--checkpointing", p.checkpointing, "--micro-batch", str(p.micro_batch)]
     args += [a for name in ("sp", "tp") if getattr(p, name) > 1 for a in (f"--{name}", str(getattr(p, name)))] + (["--tiled-mlp"] if p.tiled_mlp else [])
+    if p.ep > 1:
+        args += ["--ep", str(p.ep)]
     if "global_batch" not in options or options.get("global_batch") is None:
         args += ["--grad-accum", str(p.gradient_accumulation_steps)]
     args += ["--output", output if est.engine == "deepspeed" else "fsdp_settings.json"]
@@ -257,7 +261,7 @@ def _render_table(
         rows.append((
             {
                 "#": str(i),
-                "stage": p.stage_name(est.engine),
+                "stage": p.stage_name(est.engine) + (f"/{p.layout_label}" if p.layout_label else ""),
                 "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
                 "layout": p.layout_label or "dp",
                 "ckpt": p.checkpointing + ("+tiledmlp" if p.tiled_mlp else ""),
@@ -359,6 +363,7 @@ def estimate(
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
     overlap_comm: OverlapCommOpt = None,
+    ep: EpOpt = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
     optimizer_impl: OptimizerImplOpt = None,
     model_build: Annotated[Optional[str], typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32].", rich_help_panel="Plan")] = None,
@@ -439,6 +444,7 @@ def estimate(
         # The override counts the loss's backward gradients itself (trace.TracedActivationOverride).
         activation_bytes = traced
         trace_note = traced.describe()
+    from zeroplan.estimator.expert_parallel import parse_expert_degrees, with_expert_degrees
     from zeroplan.estimator.layout_space import estimate_with_layouts
 
     estimates, layout_note = estimate_with_layouts(
@@ -447,6 +453,7 @@ def estimate(
                           checkpointing=checkpointing, engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets, tiled_mlp=tiled_mlp),
         estimate_options=dict(activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
                               expandable_segments=expandable_segments, model_build=model_build),
+        expand=lambda plans: with_expert_degrees(plans, model_spec, cluster.gpus, parse_expert_degrees(ep, engine=engine)),
     )
 
     if fmt == "json":

@@ -65,6 +65,7 @@ from zeroplan.cli.common import (
 )
 from zeroplan.dsconfig.layout_keys import accelerate_parallelism_entries, trainer_layout_settings
 from zeroplan.estimator.layout_space import explicit_layout
+from zeroplan.cli.expert_option import EpOpt
 from zeroplan.spec import SpecError
 
 __all__ = ["export"]
@@ -131,6 +132,7 @@ def export(
     allgather_bucket_size: AllgatherBucketOpt = None,
     prefetch_bucket_size: PrefetchBucketOpt = None,
     overlap_comm: OverlapCommOpt = None,
+    ep: EpOpt = None,
     target: Annotated[
         str, typer.Option("--for", help='deepspeed | hf: hf writes "auto" wherever Hugging Face Trainer fills the value.', rich_help_panel="Output")
     ] = "deepspeed",
@@ -165,6 +167,9 @@ def export(
     if accelerate_config is not None and output is None:
         raise SpecError("--accelerate-config points accelerate at the exported file: also give --output ds.json")
     gpus = resolve_gpus(gpus, runs_here=False)
+    from zeroplan.estimator.expert_parallel import explicit_expert_degree, parse_expert_degrees
+
+    expert_degrees = parse_expert_degrees(ep, engine=engine)
     training = resolve_training(
         precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch,
         global_batch=global_batch, grad_accum=grad_accum,
@@ -192,6 +197,7 @@ def export(
             gradient_accumulation_steps=training.accumulation_for(micro_batch, Plan(stage=stage, **layout).data_parallel(gpus)),
             cpu_checkpointing=cpu_checkpointing,
             **layout,
+            ep=explicit_expert_degree(expert_degrees, model_spec, gpus),
             **plan_buckets,
         )
         if optimizer_impl is not None:
@@ -216,6 +222,7 @@ def export(
             model_spec, cluster, training,
             stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
             engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets, sp=sp_degrees or (1,), tp=tp_degrees or (1,), tiled_mlp=tiled_mlp,
+            expert_degrees=expert_degrees,
         )
         if choice.best is None:
             _note(f"no plan fits {model_spec.name} on {gpus} × {cluster.gpu.name}; nothing written (see `zeroplan estimate`)")
@@ -249,7 +256,10 @@ def export(
     findings = validate_config(cfg, world_size=gpus, model=model_spec, cluster=cluster_for_fit, training=training,
                                checkpointing=plan.checkpointing)
     fit = [f for f in findings if f.rule_id == "ZP702"]
-    findings = [f for f in findings if f.rule_id != "ZP702"]
+    # ZP251 is about the versions installed here (AutoEP against transformers 5), not the config:
+    # the config is written as asked and the finding shown.
+    fit += [f for f in findings if f.rule_id == "ZP251"]
+    findings = [f for f in findings if f.rule_id not in ("ZP702", "ZP251")]
     if has_errors(findings):  # a bug in build_config, never the user's input
         raise RuntimeError("exported config fails validation: " + "; ".join(f.message for f in findings if f.severity == "error"))
     if target == "hf":

@@ -210,6 +210,14 @@ def build_config_with_notes(
             f"zero_optimization.leaf_module lists {', '.join(model.moe.leaf_module_classes)}: their experts are an "
             "nn.ModuleList, which ZeRO-3 must fetch whole (validate rule ZP250)"
         )
+    if plan.ep > 1:
+        # DeepSpeed AutoEP (module_inject/auto_ep_config.py parse_autoep_config): it finds the MoE
+        # blocks itself (presets by model type) and splits each layer's experts over autoep_size ranks.
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep}
+        notes.append(
+            f"expert_parallel: AutoEP splits each MoE layer's experts over {plan.ep} ranks; DeepSpeed groups the "
+            "expert parameters itself when the config's optimizer builds them (runtime/engine.py configure_moe_param_groups)"
+        )
     cfg["optimizer"] = _optimizer_block(training.optimizer, lr=float(lr), weight_decay=float(weight_decay))
     if optimizer_impl is not None:
         from zeroplan.estimator.optimizer import resolve_optimizer_impl

@@ -212,7 +212,19 @@ def plan_from_config(
         **_zeropp(config, stage),
         overlap_comm=overlap_comm_from_config(config, stage),
         **layout_from_config(config),
+        ep=expert_degree_from_config(config),
     )
+
+
+def expert_degree_from_config(config: dict) -> int:
+    """``expert_parallel.autoep_size`` when AutoEP is enabled (DeepSpeed's parse_autoep_config:
+    ``enabled`` false by default, ``autoep_size`` 1), else 1; a value that is not a whole number
+    >= 1 reads as 1 (validate's ZP252 reports it)."""
+    block = config.get("expert_parallel")
+    if not isinstance(block, dict) or block.get("enabled") is not True:
+        return 1
+    size = block.get("autoep_size", 1)
+    return int(size) if is_whole_number(size) and size >= 1 else 1
 
 
 def overlap_comm_from_config(config: dict, stage: int) -> bool:

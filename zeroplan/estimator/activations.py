@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from zeroplan.spec import LOSSES, ModelSpec, Plan, TrainingSpec, bytes_per_param
 from zeroplan.spec.errors import check_choice
+from zeroplan.estimator.mla import mla_layer_bytes
 
 __all__ = ["ActivationMemory", "layer_activation_bytes", "moe_dispatch_bytes", "selective_op_layer_bytes", "activation_memory", "checkpointing_duplicate",
            "loss_activation_bytes", "loss_backward_transients", "fused_chunk_rows", "tiled_loss_shards", "LOSS_CHUNKS"]
@@ -36,7 +37,7 @@ def layer_activation_bytes(
 
     * norms: each LayerNorm/RMSNorm keeps its input: 2 · e·sbh
     * QKV projection input: e·sbh; Q: e·sbh; K and V: e·sb·kv each
-    * attention core: softmax output e·as²b, dropout mask as²b, dropout output e·as²b
+    * attention core: softmax output e·as²b, with dropout also its mask as²b and output e·as²b
       (5as²b in 16-bit); flash attention keeps its output and fp32 log-sum-exp (4·asb) instead,
       and selective recomputation (§4.2) drops the core entirely
     * output projection input: e·sbh (the flash output itself when flash is used)
@@ -61,7 +62,9 @@ def layer_activation_bytes(
         terms["softmax_lse"] = 4 * a * s * b
     else:
         if not recompute_attention:
-            terms["attention_scores"] = (2 * e + (1 if dropout else 0)) * a * s * s * b
+            # softmax output; with dropout also its mask and output (Korthikanti's 5as²b in 16-bit).
+            # Without dropout only the softmax output: measured on MLA (math SDPA on CPU) and gpt-oss (eager).
+            terms["attention_scores"] = (e + (e + 1 if dropout else 0)) * a * s * s * b
         terms["output_projection_input"] = e * sbh
     if dropout:
         terms["dropout_masks"] = 2 * sbh
@@ -74,6 +77,9 @@ def layer_activation_bytes(
         # examples/moe_task.py's Qwen3-MoE in fp32: 540,672 + 270,336 bytes, as here.
         # Q and K widths as the rest of this model takes them (h and kv = kv_heads·h/a).
         terms["qk_norm"] = (4 + e) * s * b * (h + kv) + 4 * s * b * (a + model.num_kv_heads)
+    if model.mla is not None:
+        # DeepSeek's latent attention: its own Q, K/V, output and latent terms (zeroplan.estimator.mla).
+        terms.update(mla_layer_bytes(model, seq_len=s, micro_batch=b, precision=precision, flash_attention=flash_attention))
     if model.moe is not None:
         terms.update(moe_dispatch_bytes(model, seq_len=s, micro_batch=b, precision=precision))
     return terms
@@ -99,7 +105,11 @@ def moe_dispatch_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, prec
     def per_layer(nbytes: int) -> int:
         return nbytes * moe.moe_layers // model.num_layers
 
-    return {
+    extra = {}
+    if moe.expert_saved_widths != 4:
+        # Experts that save other than SwiGLU's four I-wide tensors (gpt-oss: 7, MoeSpec.expert_saved_widths).
+        extra["expert_hidden_extra"] = per_layer((moe.expert_saved_widths - 4) * e * k * n * moe.expert_ffn_size)
+    return extra | {
         "expert_inputs": per_layer(e * k * n * model.hidden_size),
         "expert_outputs": per_layer(e * k * n * model.hidden_size),
         "router_probs": per_layer(4 * n * moe.num_experts + 8 * n * k),

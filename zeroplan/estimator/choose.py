@@ -41,6 +41,7 @@ def best_plan(
     sp=(1,),
     tp=(1,),
     tiled_mlp: bool = False,
+    expert_degrees=None,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
@@ -48,13 +49,18 @@ def best_plan(
     with :func:`~zeroplan.estimator.estimate_all` (fitting plans first, fastest first) and takes
     the first that fits. ``optimizer_impl`` and ``buckets`` (plan bucket fields, e.g. from
     ``bucket_sizes``) are passed to both; ``sp``, ``tp`` (degrees or ``"auto"``) and ``tiled_mlp``
-    to the plan space.
+    to the plan space; ``expert_degrees`` (``--ep``: a list or ``"auto"``)
+    adds the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`).
     """
     plans = enumerate_plans(
         model, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
         optimizer_impl=optimizer_impl, buckets=buckets, sp=sp, tp=tp, tiled_mlp=tiled_mlp,
     )
+    if expert_degrees is not None:
+        from zeroplan.estimator.expert_parallel import with_expert_degrees
+
+        plans = with_expert_degrees(plans, model, cluster.gpus, expert_degrees)
     ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
                           optimizer_impl=optimizer_impl)
     fitting = [e for e in ranked if e.fits]

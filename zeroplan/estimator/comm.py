@@ -132,6 +132,12 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         grad_mult, gather_mult = float(g), (1.0 + regathered) * g
     nodes, per_node = cluster.nodes, cluster.gpus_in_node
     gathered = psi_all if plan.stage == 3 else psi
+    if plan.ep > 1 and model.peft is None:
+        # AutoEP: a rank reduces and gathers only its E/ep local experts, over the expert-data-
+        # parallel group (zeroplan.estimator.expert_parallel; its ring factor taken as the world's).
+        from zeroplan.estimator.expert_parallel import local_params
+
+        gathered = psi = local_params(model, plan.ep)
     # Bytes of the whole tensors each collective moves per step, then split by link for
     # hierarchical collectives across nodes.
     grad_bytes = grad_mult * psi * p
@@ -159,7 +165,7 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     grad_split = split_collective(grad_bytes, gpus_per_node=per_node, nodes=nodes)
     gather_split = split_collective(gather_bytes, gpus_per_node=per_node, nodes=nodes)
     collectives = work.collectives
-    shard = -(-psi // n)
+    shard = -(-model.trainable_params // n)  # under AutoEP too: (Ψ−Ψ_e)/n + (Ψ_e/ep)/(n/ep)
     pcie = 0
     if plan.offload_optimizer != "none":
         down = p * shard * (g if plan.stage >= 2 else 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from zeroplan.estimator.expert_parallel import local_params
 from zeroplan.estimator.moe import fused_expert_tensor_numel, stage3_gathered_floor
 from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, released_frozen_bytes, stage3_released_frozen_params
 from zeroplan.spec import (
@@ -319,15 +320,15 @@ def engine_overhead(
         # forward and not gathered for backward (stage3_released_frozen_params: the frozen
         # embedding and the first block's frozen projections under LoRA; measured on 2 CPU
         # ranks with ds_status, 4.25 of 13.66 MiB for Llama L4 h256 r8 all-linear).
-        total = model.total_params
+        total = local_params(model, plan.ep)  # E/ep of each layer's experts under AutoEP (expert_parallel.py)
         # At least one layer's fused experts, fetched whole (zeroplan.estimator.moe).
-        gathered = min(total, max(knobs["stage3_max_live_parameters"], stage3_gathered_floor(model)))
+        gathered = min(total, max(knobs["stage3_max_live_parameters"], stage3_gathered_floor(model, ep=plan.ep)))
         all_params = parameter_bytes(model, training.precision)
         released = stage3_released_frozen_params(
             model, checkpointing=plan.checkpointing, persistence_threshold=knobs["stage3_param_persistence_threshold"]
         )
         released_bytes = released_frozen_bytes(model, released, training.precision)
-        backward["gathered_params"] = (all_params.total - released_bytes) * gathered // total
+        backward["gathered_params"] = (all_params.total - released_bytes) * gathered // model.total_params
         if model.peft is None:
             # Once the coordinator's trace is complete (step 2 on) every parameter is still gathered
             # when the head's backward makes its V·h weight gradient; a tied one is held by autograd

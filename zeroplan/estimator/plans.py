@@ -8,6 +8,8 @@ from typing import Callable, Iterable, Optional
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
 from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
 from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.attention_kernel import with_attention_kernel
+from zeroplan.estimator.expert_parallel import expert_parallel_states
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import HostPhases, host_phases
 from zeroplan.estimator.memory import (
@@ -272,6 +274,8 @@ def estimate_plan(
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
     check_engine_precision(engine, training.precision)
+    # A model whose attention cannot run a fused kernel here saves the a·s² probabilities (gpt-oss, MLA on CPU).
+    training = with_attention_kernel(model, training, device)
     if model_build is not None:
         from zeroplan.estimator.host import BUILDS
 
@@ -301,7 +305,8 @@ def estimate_plan(
         from zeroplan.estimator.tensor_parallel import tensor_parallel_model
 
         model = tensor_parallel_model(model, plan.tp)
-    states = model_states(model, cluster, training, plan)
+    # Under expert parallelism (AutoEP) the experts are partitioned over their own group.
+    states = model_states(model, cluster, training, plan) if plan.ep == 1 else expert_parallel_states(model, cluster, training, plan)
     impl = resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan)
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:

@@ -117,6 +117,12 @@ def step_time(
     # Hierarchical collectives (comm.py): each link's bytes over its own bandwidth.
     communication = collective_time(comm.intra_node, comm.inter_node, comm.collectives, cluster)
     exposed = comm_overlap_of(model, cluster, training, plan, comm, compute=compute, communication=communication).exposed_s
+    if plan.ep > 1:
+        # The ep all-to-alls sit between the router and the experts: on the critical path.
+        from zeroplan.estimator.expert_parallel import expert_all_to_all
+
+        all_to_all = expert_all_to_all(model, cluster, training, plan).time_s
+        communication, exposed = communication + all_to_all, exposed + all_to_all
 
     shard = -(-model.trainable_params // n)
     if plan.offload_optimizer == "none":

@@ -358,7 +358,7 @@ _COUNTERS: dict[str, Callable[[_Config], _Counted]] = {
 }
 
 # Mixture-of-experts counters live in their own module (it imports this one's helpers).
-from zeroplan.profiles.hf_config_moe import MOE_COUNTERS  # noqa: E402
+from zeroplan.profiles.hf_config_moe import MOE_COUNTERS, attention_kernel_of, mla_of  # noqa: E402
 
 _COUNTERS.update(MOE_COUNTERS)
 
@@ -420,6 +420,8 @@ def model_from_hf_dict(data: dict[str, Any], *, name: str, where: str | None = N
             largest_layer_params=counted.largest_layer_params,
             fused_qkv=data["model_type"] in FUSED_QKV_MODEL_TYPES,
             qk_norm=data["model_type"] in QK_NORM_MODEL_TYPES,
+            attention_kernel=attention_kernel_of(data),
+            mla=mla_of(data),
             source="config.json",
             notes=counted.notes,
             moe=counted.moe,

@@ -5,6 +5,8 @@ and shared experts. Standard library only."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Callable
 
 from zeroplan.profiles.hf_config import _Config, _Counted, _linear
@@ -212,13 +214,18 @@ def _count_deepseek_v3(c: _Config) -> _Counted:
     norms += kv_rank
     first_dense = c.get_int("first_k_dense_replace", default=0, minimum=0)
     c.divisible("hidden_size", h, "num_attention_heads", heads)
-    return _moe_counted(
+    counted = _moe_counted(
         c, h=h, layers=layers, heads=heads, kv=kv, head_dim=h // heads, vocab=c.get_int("vocab_size"),
         tied=c.get_bool("tie_word_embeddings", False), attention=attention, dense_ffn=c.get_int("intermediate_size"),
         moe_layer_ids=[i for i in range(layers) if i >= first_dense], experts=experts, top_k=c.get_int("num_experts_per_tok"),
         expert_ffn=moe_ffn, expert_params=3 * h * moe_ffn, router_params=experts * h,
         shared_ffn=moe_ffn * c.get_int("n_shared_experts", default=0, minimum=0), block_norms=norms,
     )
+    if qk == v_dim:
+        return counted
+    note = (f"latent attention: Q·K head dim {qk} differs from V's {v_dim}, which PyTorch's CPU flash kernel does not take "
+            "(CPU runs keep the a·s² probabilities; CUDA's memory-efficient SDPA kernel is assumed)")
+    return dataclasses.replace(counted, notes=counted.notes + (note,))
 
 
 def _count_gpt_oss(c: _Config) -> _Counted:
@@ -238,12 +245,17 @@ def _count_gpt_oss(c: _Config) -> _Counted:
     ffn = c.get_int("intermediate_size")
     bias = c.get_bool("attention_bias", True)
     attention = _gqa_attention(c, h, heads, kv, head_dim, qkv_bias=bias, o_bias=bias) + heads
-    return _moe_counted(
+    counted = _moe_counted(
         c, h=h, layers=layers, heads=heads, kv=kv, head_dim=head_dim, vocab=c.get_int("vocab_size"),
         tied=c.get_bool("tie_word_embeddings", False), attention=attention, dense_ffn=ffn,
         moe_layer_ids=list(range(layers)), experts=experts, top_k=c.get_int("num_experts_per_tok"),
         expert_ffn=ffn, expert_params=3 * h * ffn + 2 * ffn + h, router_params=experts * h + experts,
     )
+    # GptOssExperts._apply_gate (clamped SwiGLU with ``(up + 1) * glu``) saves the gate_up output
+    # (2I) and five I-wide tensors per token copy: the clamped gate, sigmoid(α·gate), glu, up + 1
+    # and the down projection's input — measured with saved-tensor hooks, examples/gpt_oss_tiny.json.
+    note = "transformers runs gpt-oss's attention (with sinks) eagerly, not through SDPA: the a·s² probabilities are saved for backward"
+    return dataclasses.replace(counted, moe=dataclasses.replace(counted.moe, expert_saved_widths=7), notes=counted.notes + (note,))
 
 
 
@@ -254,3 +266,35 @@ MOE_COUNTERS: dict[str, Callable[[_Config], _Counted]] = {
     "qwen2_moe": _count_qwen2_moe,
     "qwen3_moe": _count_qwen3_moe,
 }
+
+
+def attention_kernel_of(data: dict) -> str:
+    """``ModelSpec.attention_kernel`` for a config dict: ``eager`` for gpt_oss (transformers 5's
+    modeling_gpt_oss.py ``_supports_sdpa = False``: its attention sinks run in
+    ``eager_attention_forward``, which saves the softmax over s + 1 columns), ``sdpa-v-dim`` for
+    DeepSeek's multi-head latent attention whose Q·K head dim (qk_nope + qk_rope) differs from V's
+    (PyTorch's CPU flash kernel requires one head dim — checked on torch 2.13: unequal dims give a
+    math-path ``UnsafeViewBackward0`` graph, equal ones ``ScaledDotProductFlashAttentionForCpuBackward0``),
+    else ``sdpa``. Defaults as transformers' DeepseekV3Config (128 + 64 vs 128)."""
+    model_type = data.get("model_type")
+    if model_type == "gpt_oss":
+        return "eager"
+    if model_type in ("deepseek_v3", "deepseek_v2"):
+        qk = (data.get("qk_nope_head_dim") or 128) + (data.get("qk_rope_head_dim") or 64)
+        if qk != (data.get("v_head_dim") or 128):
+            return "sdpa-v-dim"
+    return "sdpa"
+
+
+def mla_of(data: dict):
+    """The :class:`~zeroplan.spec.mla.MlaSpec` of a DeepSeek-V2/V3 config (None for other models),
+    with transformers' DeepseekV3Config defaults for absent keys."""
+    from zeroplan.spec.mla import MlaSpec
+
+    if data.get("model_type") not in ("deepseek_v3", "deepseek_v2"):
+        return None
+    rope = data.get("qk_rope_head_dim") or 64
+    return MlaSpec(
+        kv_lora_rank=data.get("kv_lora_rank") or 512, qk_head_dim=(data.get("qk_nope_head_dim") or 128) + rope,
+        v_head_dim=data.get("v_head_dim") or 128, rope_head_dim=rope, q_lora_rank=data.get("q_lora_rank") or 0,
+    )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from zeroplan.profiles.lora_experts import fused_expert_lora_params, split_expert_parameter_targets
 from zeroplan.profiles.lora_modules import BaseModule, base_modules, base_modules_from_shape
 from zeroplan.spec import BASE_QUANTS, AdaptedModule, ModelSpec, PeftSpec, SpecError
 
@@ -89,13 +90,16 @@ def lora_spec(
     if base_quant not in BASE_QUANTS:
         raise SpecError(f"--base-quant {base_quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
     linear_like = [m for m in modules if m.kind in ("linear", "output", "embedding")]
+    expert_targets: list[str] = []
+    chosen: list[BaseModule] = []
     if targets == "all-linear" or targets == ["all-linear"]:
         chosen = [m for m in modules if m.kind == "linear"]
         shown_targets: tuple[str, ...] = ("all-linear",)
     else:
         if isinstance(targets, list):
-            targets = [t.strip() for t in targets if t.strip()]
-            if not targets:
+            # peft's target_parameters (fused 3-D expert tensors, zeroplan.profiles.lora_experts) apart.
+            targets, expert_targets = split_expert_parameter_targets([t.strip() for t in targets if t.strip()])
+            if not targets and not expert_targets:
                 raise SpecError(f"--lora-targets is empty; give module names ({_linear_names(modules)}) or all-linear")
             unknown = [t for t in targets if not _matching(linear_like, [t])]
             if unknown:
@@ -103,15 +107,16 @@ def lora_spec(
                     f"--lora-targets {','.join(unknown)}: no such module in {model.name}; its linear modules are "
                     f"{_linear_names(modules)} (or all-linear)"
                 )
-            shown_targets = tuple(targets)
+            shown_targets = tuple(targets + expert_targets)
         else:
             shown_targets = (targets,)
-        chosen = _matching(linear_like, targets)
-        if not chosen:
-            raise SpecError(
-                f"target_modules {targets!r} matches no module of {model.name}; its linear modules are "
-                f"{_linear_names(modules)}"
-            )
+        if targets:
+            chosen = _matching(linear_like, targets)
+            if not chosen:
+                raise SpecError(
+                    f"target_modules {targets!r} matches no module of {model.name}; its linear modules are "
+                    f"{_linear_names(modules)}"
+                )
     patterns = dict(rank_pattern or {})
     adapted: list[AdaptedModule] = []
     added = 0
@@ -134,6 +139,8 @@ def lora_spec(
             per = r * (m.in_features + m.out_features) + (m.out_features if use_dora and m.kind != "embedding" else 0)
             added += per * count
             adapted.append(AdaptedModule(m.name, m.in_features, m.out_features, count, r))
+    if expert_targets:
+        added += fused_expert_lora_params(model, rank, expert_targets)
     for name in modules_to_save:
         hits = _matching(linear_like, [name])
         if not hits:

@@ -47,6 +47,10 @@ _LLAMA_DEFAULTS = {
     "qwen3": {"head_dim": 128},
     "gemma": {"kv": 16, "head_dim": 256},
     "phi3": {"fused": True},
+    # MoE (transformers 5): the router is not an nn.Linear and the experts are fused 3-D parameters
+    # (peft's target_parameters: zeroplan.profiles.lora_experts), so a block's linear modules are attention's.
+    "qwen3_moe": {"head_dim": 128, "moe": True},
+    "mixtral": {"kv": 8, "moe": True},
 }
 
 
@@ -78,6 +82,11 @@ def _llama_modules(c: _Config, model_type: str) -> list[BaseModule]:
             BaseModule("mlp.up_proj", h, ffn, pre, layers),
             BaseModule("mlp.down_proj", ffn, h, pre, layers),
         ]
+    if d.get("moe"):
+        if c.data.get("mlp_only_layers") or (c.opt_int("decoder_sparse_step") or 1) > 1:
+            raise SpecError(f"{c.where}: LoRA counting for {model_type} with dense MLP layers (mlp_only_layers, "
+                            "decoder_sparse_step) is not supported; use --trainable-params N")
+        block = block[:4]
     return block + [
         BaseModule("model.embed_tokens", vocab, h, kind="embedding"),
         BaseModule("lm_head", h, vocab, kind="output"),

@@ -66,9 +66,10 @@ def load_model_preset(name: str) -> ModelSpec:
     """A ModelSpec for a shipped preset (case-insensitive name)."""
     data = model_preset_info(name)
     kwargs = {k: data[k] for k in _MODEL_FIELDS if k in data}
-    moe, qk_norm = None, False
+    from_config: dict = {}
     if data.get("hf_config", {}).get("model_type") in MOE_MODEL_TYPES + QK_NORM_MODEL_TYPES:
-        # The experts (counts, widths, storage) and Q/K norms come from the embedded config.json.
+        # The experts (counts, widths, storage), Q/K norms and the attention path (gpt-oss's
+        # eager attention, DeepSeek's latent attention) come from the embedded config.json.
         counted = model_from_hf_dict(data["hf_config"], name=data["name"])
-        moe, qk_norm = counted.moe, counted.qk_norm
-    return ModelSpec(**kwargs, source="preset", notes=tuple(data.get("notes", ())), moe=moe, qk_norm=qk_norm)
+        from_config = {k: getattr(counted, k) for k in ("moe", "qk_norm", "attention_kernel", "mla")}
+    return ModelSpec(**kwargs, source="preset", notes=tuple(data.get("notes", ())), **from_config)

@@ -6,13 +6,16 @@ import math
 from dataclasses import dataclass, field
 
 from zeroplan.spec.errors import SpecError, check_positive_int
+from zeroplan.spec.mla import MlaSpec
 from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.peft import PeftSpec
 
-__all__ = ["ModelSpec", "MAX_PARAMS", "derive_shape_from_params", "format_params"]
+__all__ = ["ModelSpec", "MAX_PARAMS", "ATTENTION_KERNELS", "derive_shape_from_params", "format_params"]
 
 #: Largest model zeroplan accepts (100 trillion parameters); anything above is a typo.
 MAX_PARAMS = 10**14
+#: ModelSpec.attention_kernel values.
+ATTENTION_KERNELS = ("sdpa", "sdpa-v-dim", "eager")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,14 @@ class ModelSpec:
     qk_norm: bool = False
     """Per-head RMSNorm on Q and K before attention (Qwen3's ``q_norm``/``k_norm``): each saves its
     fp32 input and its normalized output for backward."""
+    attention_kernel: str = "sdpa"
+    """What attention runs as in transformers, which decides whether the a·s² probabilities are
+    saved (:mod:`zeroplan.estimator.attention_kernel`): ``sdpa`` (fused kernels wherever flash
+    attention is on), ``sdpa-v-dim`` (Q·K head dim differs from V's, DeepSeek's MLA: CUDA's
+    memory-efficient kernel takes it, the CPU flash kernel does not), ``eager`` (no SDPA path:
+    gpt-oss's attention sinks)."""
+    mla: MlaSpec | None = None
+    """DeepSeek's multi-head latent attention widths (None: standard attention with ``head_dim``)."""
     moe: MoeSpec | None = None
     """Mixture-of-experts layers (None: a dense model). ``params`` then counts every expert (model
     states), ``active_params`` what one token touches (FLOPs), and ``ffn_size`` is the MLP width a
@@ -87,12 +98,16 @@ class ModelSpec:
             raise SpecError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
             )
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise SpecError(f"attention_kernel={self.attention_kernel!r} is not valid; choose {', '.join(ATTENTION_KERNELS)}")
         if not isinstance(self.qk_norm, bool):
             raise SpecError(f"qk_norm={self.qk_norm!r} is not valid; give true or false")
         if not isinstance(self.fused_qkv, bool):
             raise SpecError(f"fused_qkv={self.fused_qkv!r} is not valid; give true or false")
         if self.dropout is not None and not isinstance(self.dropout, bool):
             raise SpecError(f"dropout={self.dropout!r} is not valid; give true, false or null (by architecture)")
+        if self.mla is not None and not isinstance(self.mla, MlaSpec):
+            raise SpecError(f"mla={self.mla!r} is not valid; give an MlaSpec or None")
         if self.moe is not None and not isinstance(self.moe, MoeSpec):
             raise SpecError(f"moe={self.moe!r} is not valid; give a MoeSpec or None")
         if self.moe is not None and self.moe.moe_layers > self.num_layers:
@@ -189,6 +204,8 @@ class ModelSpec:
             "dropout": self.dropout,
             "fused_qkv": self.fused_qkv,
             "qk_norm": self.qk_norm,
+            "attention_kernel": self.attention_kernel,
+            "mla": self.mla.as_dict() if self.mla else None,
             "active_params": self.active_params,
             "moe": self.moe.as_dict() if self.moe else None,
         }
@@ -206,6 +223,8 @@ class ModelSpec:
             d["peft"] = PeftSpec.from_dict(d["peft"])
         if d.get("moe") is not None:
             d["moe"] = MoeSpec.from_dict(d["moe"])
+        if d.get("mla") is not None:
+            d["mla"] = MlaSpec.from_dict(d["mla"])
         return cls(**d)
 
     @classmethod

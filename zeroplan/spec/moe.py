@@ -52,13 +52,16 @@ class MoeSpec:
     """The layer's experts are fused 3-D parameters (transformers 5: ``gate_up_proj [E, 2I, h]``,
     ``down_proj [E, h, I]``), so ZeRO-3 gathers all of a layer's experts at once; False: an
     ``nn.ModuleList`` of expert MLPs (transformers 4.x, remote-code models)."""
+    expert_saved_widths: int = 4
+    """I-wide tensors one expert saves per routed token copy for backward (transformers 5's
+    SwiGLU experts: gate, up, SiLU(gate) and their product = 4; gpt-oss's clamped SwiGLU: 7)."""
     leaf_module_classes: tuple[str, ...] = field(default=())
     """Fully qualified classes of MoE blocks whose experts are a ModuleList and that DeepSpeed's
     default ``zero_optimization.leaf_module.classes`` does not list: ZeRO-3 needs them as leaf
     modules (``zeroplan.dsconfig.rules.moe``)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_experts", "experts_per_token", "moe_layers", "expert_ffn_size", "expert_params"):
+        for name in ("num_experts", "experts_per_token", "moe_layers", "expert_ffn_size", "expert_params", "expert_saved_widths"):
             check_positive_int(name, getattr(self, name), maximum=10**12)
         for name in ("shared_ffn_size", "router_params"):
             value = getattr(self, name)
@@ -99,6 +102,7 @@ class MoeSpec:
             "shared_ffn_size": self.shared_ffn_size,
             "router_params": self.router_params,
             "fused_experts": self.fused_experts,
+            "expert_saved_widths": self.expert_saved_widths,
             "leaf_module_classes": list(self.leaf_module_classes),
         }
 

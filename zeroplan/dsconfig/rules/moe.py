@@ -98,3 +98,112 @@ def _autoep_version(ctx: Context) -> Iterator[Finding]:
              "deepspeed.initialize raises TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given",
              "set expert_parallel.enabled to false (ZeRO alone trains transformers 5's fused experts); AutoEP needs a "
              "DeepSpeed newer than 0.19.8 that calls transformers 5's registry with the model alone (not checked here)")
+
+
+# --- AutoEP (expert_parallel): the checks DeepSpeed 0.19.8 runs in deepspeed.initialize --------------------
+
+
+def _autoep(ctx: Context) -> dict | None:
+    """The ``expert_parallel`` block when AutoEP is enabled (DeepSpeed's parse_autoep_config reads
+    ``enabled`` false by default), else None."""
+    block = ctx.cfg.get("expert_parallel")
+    return block if isinstance(block, dict) and block.get("enabled") is True else None
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@rule(
+    "ZP252", "error", "AutoEP degree against the world size and the expert count",
+    "AutoEP splits each MoE layer's experts over autoep_size ranks and reduces expert gradients over the remaining "
+    "world/autoep_size ranks: module_inject/auto_ep_folding.py build_folding_spec requires autoep_size to divide the "
+    "world (\"Computed edp would be non-integral\"), auto_ep_config.py validate_autoep_post_detection that it divide "
+    "the layer's expert count (\"Each rank must own at least one expert\").",
+)
+def _autoep_degree(ctx: Context) -> Iterator[Finding]:
+    block = _autoep(ctx)
+    if block is None:
+        return
+    ep = block.get("autoep_size", 1)
+    if not _whole(ep) or ep < 1:
+        # auto_ep_folding.py _require_positive
+        yield _f("ZP252", "expert_parallel.autoep_size", f"expert_parallel.autoep_size must be a positive integer, got {ep!r}",
+                 "set expert_parallel.autoep_size to a whole number that divides the GPUs and the expert count")
+        return
+    world = ctx.gpus or ctx.world_size
+    if world is not None and world % ep:
+        yield _f("ZP252", "expert_parallel.autoep_size",
+                 f"expert_parallel.autoep_size={ep} must divide the stage size (world_size={world}); computed edp would be "
+                 "non-integral (DeepSpeed build_folding_spec raises ValueError)",
+                 f"set expert_parallel.autoep_size to one of {_divisors(world)}")
+    moe = ctx.model.moe if ctx.model is not None else None
+    if ctx.model is not None and moe is None:
+        yield _f("ZP252", "expert_parallel.enabled",
+                 f"expert_parallel is enabled but {ctx.model.name} has no MoE layers: DeepSpeed raises \"AutoEP: no MoE layers "
+                 "detected\" (module_inject/auto_ep.py)", "set expert_parallel.enabled to false for a dense model")
+        return
+    if moe is not None and (ep > moe.num_experts or moe.num_experts % ep):
+        what = (f"exceeds num_experts={moe.num_experts}; each rank must own at least one expert" if ep > moe.num_experts
+                else f"does not divide num_experts={moe.num_experts}")
+        yield _f("ZP252", "expert_parallel.autoep_size", f"expert_parallel.autoep_size={ep} {what} (DeepSpeed validate_autoep_post_detection raises ValueError)",
+                 f"set expert_parallel.autoep_size to one of {[d for d in _divisors(moe.num_experts) if world is None or world % d == 0]}")
+
+
+@rule(
+    "ZP253", "error", "AutoEP with a combination DeepSpeed refuses",
+    "deepspeed.initialize refuses these before training: expert_tensor_parallel_size other than 1 "
+    "(auto_ep_folding.py validate_folding_global), load_balance_coeff (auto_ep_presets/base.py), DeepEP without "
+    "comm_max_tokens_per_rank (auto_ep_config.py), and under ZeRO-3 sequence parallelism, zero_quantized_gradients and "
+    "hpZ (runtime/engine.py _validate_zero3_moe_compatibility); with tensor_parallel.autotp_size > 1 AutoEP needs "
+    "autoep_size > 1, no sequence parallelism and no ZeRO offload (validate_folding_global).",
+)
+def _autoep_combinations(ctx: Context) -> Iterator[Finding]:
+    block = _autoep(ctx)
+    if block is None:
+        return
+    path = "expert_parallel"
+    etp = block.get("expert_tensor_parallel_size", 1)
+    if etp != 1:
+        yield _f("ZP253", f"{path}.expert_tensor_parallel_size",
+                 f"expert_parallel.expert_tensor_parallel_size={etp} is reserved for expert-internal tensor parallelism and is not supported yet",
+                 "set expert_tensor_parallel_size to 1 or remove it")
+    if block.get("load_balance_coeff") is not None:
+        yield _f("ZP253", f"{path}.load_balance_coeff",
+                 f"load_balance_coeff={block['load_balance_coeff']!r} is not supported in this AutoEP build",
+                 "set load_balance_coeff to null or omit the key")
+    if block.get("comm_backend") == "deepep" and not block.get("comm_max_tokens_per_rank"):
+        yield _f("ZP253", f"{path}.comm_max_tokens_per_rank",
+                 "comm_max_tokens_per_rank must be a positive integer when comm_backend='deepep'",
+                 "set it to train_micro_batch_size_per_gpu × the longest padded sequence")
+    sp = ctx.cfg.get("sequence_parallel_size", 1)
+    sp = sp if _whole(sp) else 1
+    if ctx.stage == 3:
+        zero = ctx.zero
+        for key, bad, what in (
+            ("sequence_parallel_size", sp > 1, f"sequence parallelism (sequence_parallel_size={sp})"),
+            ("zero_optimization.zero_quantized_gradients", zero.get("zero_quantized_gradients") is True, "zero_quantized_gradients"),
+            ("zero_optimization.zero_hpz_partition_size", _whole(zero.get("zero_hpz_partition_size")) and zero["zero_hpz_partition_size"] > 1,
+             f"hpZeRO secondary tensor groups (zero_hpz_partition_size={zero.get('zero_hpz_partition_size')})"),
+        ):
+            if bad:
+                yield _f("ZP253", key, f"AutoEP with ZeRO Stage 3 does not support {what} yet (DeepSpeed raises AssertionError)",
+                         f"turn off {key.rsplit('.', 1)[-1]}, or use ZeRO stage 1/2 with AutoEP")
+    tp_block = ctx.cfg.get("tensor_parallel")
+    tp = tp_block.get("autotp_size", 1) if isinstance(tp_block, dict) else 1
+    if _whole(tp) and tp > 1:
+        ep = block.get("autoep_size", 1)
+        if ep == 1:
+            yield _f("ZP253", f"{path}.autoep_size", "AutoEP+AutoTP folding requires expert_parallel.autoep_size > 1",
+                     "set expert_parallel.autoep_size > 1 or tensor_parallel.autotp_size to 1")
+        if sp > 1:
+            yield _f("ZP253", "sequence_parallel_size",
+                     f"tensor_parallel.autotp_size and Ulysses sequence parallelism are mutually exclusive for AutoEP folding (autotp_size={tp}, sp_size={sp})",
+                     "use one of them")
+        if ctx.offload("offload_optimizer") or ctx.offload("offload_param"):
+            yield _f("ZP253", "zero_optimization", "ZeRO optimizer/parameter offload with AutoEP+AutoTP folding is not validated yet",
+                     "disable offload, or tensor_parallel.autotp_size 1")
