@@ -261,7 +261,7 @@ def _render_table(
         rows.append((
             {
                 "#": str(i),
-                "stage": p.stage_name(est.engine) + (f"/{p.layout_label}" if p.layout_label else ""),
+                "stage": p.stage_name(est.engine),
                 "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
                 "layout": p.layout_label or "dp",
                 "ckpt": p.checkpointing + ("+tiledmlp" if p.tiled_mlp else ""),
