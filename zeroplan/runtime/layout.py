@@ -79,7 +79,12 @@ def with_layout(config: dict, *, sp: int = 1, tp: int = 1, world_size: int) -> d
     (parallel_state_sp) the world is ``dist.get_world_size() / sp``; a plain script's AutoTP
     config is parsed before the engine builds its tp groups (deepspeed/__init__.py ``initialize``
     passes ``mpu=None``), so the tp ranks are counted as data-parallel ones there (measured: tp=2
-    on 2 ranks with train_batch_size 1 fails "1 != 1 * 1 * 2").
+    on 2 ranks with train_batch_size 1 fails "1 != 1 * 1 * 2"). Under ZeRO-3 the config is parsed
+    a second time, by ``zero.Init`` inside the stage-3 optimizer (zero/partition_parameters.py
+    ``Init.__init__``: ``DeepSpeedConfig(config, mpu)`` with ``mpu`` = DeepSpeed's tp groups, whose
+    data-parallel world is world / tp), and no ``train_batch_size`` satisfies both (measured: tp=2,
+    ZeRO-3, 2 ranks: "2 != 1 * 1 * 1"). So with AutoTP the key is left out, and DeepSpeed derives it
+    from micro batch × accumulation in each parse (config.py ``_set_batch_related_parameters``).
     """
     out = copy.deepcopy(config)
     if sp > 1:
@@ -90,7 +95,9 @@ def with_layout(config: dict, *, sp: int = 1, tp: int = 1, world_size: int) -> d
         out["tensor_parallel"] = block
     dp = world_size // max(sp, 1)
     micro, accum = out.get("train_micro_batch_size_per_gpu"), out.get("gradient_accumulation_steps", 1)
-    if isinstance(micro, int) and isinstance(accum, int) and "train_batch_size" in out:
+    if tp > 1 and isinstance(micro, int):
+        out.pop("train_batch_size", None)
+    elif isinstance(micro, int) and isinstance(accum, int) and "train_batch_size" in out:
         out["train_batch_size"] = micro * accum * dp
     return out
 
