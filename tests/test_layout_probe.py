@@ -67,3 +67,22 @@ def test_sp2_and_tp2_give_the_plain_step0_loss(tmp_path):
         assert abs(rank_losses[0] - plain[0]) <= 1e-5, (plain, sp2, tp2)
     # A wrong layout would show: ranks that each ran their own tokens (no broadcast / no shard) differ.
     assert len(sp2) == len(tp2) == 2
+
+
+@pytest.mark.slow
+def test_hf_trainer_sp2_gives_the_plain_step0_loss(tmp_path):
+    """The Trainer path: accelerate builds the ParallelismConfig from the environment the rank sets,
+    registers Ulysses, adapts the data loader and computes the loss (deepspeed_sp_compute_loss)."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                                  "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 1}}))
+    losses = {}
+    for name, gpus, sp in (("plain", 1, 1), ("sp2", 2, 2)):
+        workdir = tmp_path / name
+        proc = run_zeroplan("probe", str(EXAMPLES / "train_hf_trainer.py"), "--config", str(config), "--config-arg", "--deepspeed",
+                            "--gpus", str(gpus), "--sp", str(sp), "--steps", "1", "--warmup", "1", "--workdir", str(workdir),
+                            "--", "--use_cpu", "--per_device_train_batch_size", "1", "--report_to", "none", timeout=240)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        losses[name] = [json.loads(p.read_text())["losses"][0] for p in sorted(workdir.glob("rank-*.json"))]
+    assert len(losses["sp2"]) == 2
+    assert all(abs(x - losses["plain"][0]) <= 1e-5 for x in losses["sp2"]), losses

@@ -120,8 +120,11 @@ def accelerate_environment(layout: Layout, config: dict | None) -> dict[str, str
     accelerate reads ``tensor_parallel.autotp_size`` from the DeepSpeed config."""
     if layout.sp <= 1:
         return {}
+    # accelerate's DeepSpeedSequenceParallelConfig leaves the attention unset unless told; sdpa is
+    # its documented default and what a CPU run has (export PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION
+    # to run another: the rank only sets what is not set).
     return {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_SP_SIZE": str(layout.sp),
-            "PARALLELISM_CONFIG_SP_BACKEND": "deepspeed"}
+            "PARALLELISM_CONFIG_SP_BACKEND": "deepspeed", "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION": "sdpa"}
 
 
 def _micro_batch(kwargs: dict, config: dict | None) -> int:
@@ -246,3 +249,30 @@ def apply_probe_layout(config: dict | None, plan, *, sp: int, tp: int, world_siz
     if plan is not None and (plan.sp, plan.tp) != (sp, tp):
         plan = dataclasses.replace(plan, sp=sp, tp=tp)
     return config, plan
+
+
+def init_comm_before_ulysses(layout: Layout) -> None:
+    """Under sp, make ``register_with_transformers`` find deepspeed.comm initialised.
+
+    accelerate registers Ulysses before ``deepspeed.initialize`` (accelerator.py
+    ``_prepare_deepspeed``), and parallel_state_sp.py ``initialize_sequence_parallel`` asserts
+    ``deepspeed.comm.is_initialized()``; on CPU (``--use_cpu``) accelerate has set up
+    torch.distributed only, so the assertion fails (measured: HF Trainer, sp=2, 2 CPU ranks).
+    ``deepspeed.init_distributed`` over the existing process group is what the engine would do next.
+    """
+    if layout.sp <= 1:
+        return
+    import deepspeed
+    import deepspeed.comm as ds_comm
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    original = UlyssesSPAttentionHF.register_with_transformers.__func__
+
+    def register_with_transformers(cls, *args, **kwargs):
+        if not ds_comm.is_initialized():
+            import torch.distributed as dist
+
+            deepspeed.init_distributed(dist_backend=dist.get_backend() if dist.is_initialized() else None)
+        return original(cls, *args, **kwargs)
+
+    UlyssesSPAttentionHF.register_with_transformers = classmethod(register_with_transformers)

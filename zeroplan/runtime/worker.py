@@ -246,6 +246,9 @@ def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
 
     state["layout"], state["config"] = environment_for(spec)
     _wrap_deepspeed(meter, state)
+    from zeroplan.runtime.layout import init_comm_before_ulysses
+
+    init_comm_before_ulysses(state["layout"])
     meter.report("imported")
     if state.get("host") is not None:
         state["host"].start()
