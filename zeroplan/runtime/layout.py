@@ -276,3 +276,46 @@ def init_comm_before_ulysses(layout: Layout) -> None:
         return original(cls, *args, **kwargs)
 
     UlyssesSPAttentionHF.register_with_transformers = classmethod(register_with_transformers)
+
+
+def fix_gloo_all_gather(layout: Layout) -> None:
+    """Under sp on gloo, give ``torch.distributed.nn.functional.all_gather`` a backward that works
+    in a group without global rank 0.
+
+    The sp-group loss (transformers' ``deepspeed_sp_compute_loss``, the Trainer's and the probe's)
+    gathers the ranks' losses with that differentiable all_gather. On gloo its backward emulates
+    reduce-scatter with ``_AlltoAll``, which calls ``dist.scatter(..., src=i, group=group)`` with
+    the *group* rank ``i`` where scatter takes a global rank (torch/distributed/nn/functional.py
+    ``_AlltoAll.forward``): every sp group but the first fails with "Global rank 0 is not part of
+    group" (measured: sp=2 × dp=2 on 4 CPU ranks). The replacement's backward is the same sum —
+    each rank's gradient for its own entry summed over the group — as an all_reduce. NCCL keeps
+    torch's own path.
+    """
+    if layout.sp <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_fn
+
+    original = dist_fn.all_gather
+
+    class _GatherSum(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, group, tensor):
+            ctx.group = group
+            out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group=group))]
+            dist.all_gather(out, tensor.contiguous(), group=group)
+            return tuple(out)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            stacked = torch.stack([g.contiguous() for g in grads])
+            dist.all_reduce(stacked, group=ctx.group)
+            return None, stacked[dist.get_rank(group=ctx.group)]
+
+    def all_gather(tensor, group=dist.group.WORLD):
+        if dist.get_backend(group=group) != dist.Backend.GLOO:
+            return original(tensor, group=group)
+        return _GatherSum.apply(group, tensor)
+
+    dist_fn.all_gather = all_gather

@@ -246,9 +246,10 @@ def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
 
     state["layout"], state["config"] = environment_for(spec)
     _wrap_deepspeed(meter, state)
-    from zeroplan.runtime.layout import init_comm_before_ulysses
+    from zeroplan.runtime.layout import fix_gloo_all_gather, init_comm_before_ulysses
 
     init_comm_before_ulysses(state["layout"])
+    fix_gloo_all_gather(state["layout"])
     meter.report("imported")
     if state.get("host") is not None:
         state["host"].start()
@@ -283,9 +284,10 @@ def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
 
         if not spec.get("config_given"):
             _write_plan_config(spec, plan, training, task)
-        from zeroplan.runtime.layout import environment_for
+        from zeroplan.runtime.layout import environment_for, fix_gloo_all_gather
 
         state["layout"], state["config"] = environment_for(spec)
+        fix_gloo_all_gather(state["layout"])
         _wrap_deepspeed(meter, state)
         run_deepspeed(task, config_path=spec["config_path"], plan=plan, meter=meter)
     else:
