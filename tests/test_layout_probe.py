@@ -1,8 +1,9 @@
 """Probing sequence- and tensor-parallel layouts (zeroplan.runtime.layout) on the real engine.
 
 The reference for the slow tests is the plain run: a tiny Llama from examples/tiny_llama/config.json
-(random weights, seed 0) gives the same step-0 loss under Ulysses sp=2 and AutoTP tp=2 on two
-CPU ranks as on one rank without a layout, as DeepSpeed's and transformers' own code computes it.
+(and a tiny Qwen3, examples/tiny_qwen3; random weights, seed 0) gives the same step-0 loss under
+Ulysses sp=2 and AutoTP tp=2 on two CPU ranks as on one rank without a layout, as DeepSpeed's and
+transformers' own code computes it; so does the HF Trainer example under sp=2.
 """
 
 from __future__ import annotations
@@ -60,13 +61,25 @@ def _losses(tmp_path: Path, name: str, gpus: int, *flags: str) -> list[list[floa
 
 @pytest.mark.slow
 def test_sp2_and_tp2_give_the_plain_step0_loss(tmp_path):
+    """A plain DeepSpeed loop (examples/train_hf_causal_lm.py) that knows nothing of layouts."""
     (plain,) = _losses(tmp_path, "plain", 1)
-    sp2 = _losses(tmp_path, "sp2", 2, "--sp", "2")
+    # sp 2 × dp 2 on 4 ranks: the first sp group runs rank 0's sample, the second rank 2's (its
+    # loss backward crossed torch's gloo all_gather bug before runtime/layout.fix_gloo_all_gather).
+    sp2 = _losses(tmp_path, "sp2", 4, "--sp", "2")
     tp2 = _losses(tmp_path, "tp2", 2, "--tp", "2")
-    for rank_losses in sp2 + tp2:
+    for rank_losses in sp2[:2] + tp2:
         assert abs(rank_losses[0] - plain[0]) <= 1e-5, (plain, sp2, tp2)
-    # A wrong layout would show: ranks that each ran their own tokens (no broadcast / no shard) differ.
-    assert len(sp2) == len(tp2) == 2
+    assert sp2[2][0] == sp2[3][0] and abs(sp2[2][0] - plain[0]) > 1e-4  # one sample per sp group, another sample
+    assert len(sp2) == 4 and len(tp2) == 2
+
+
+@pytest.mark.slow
+def test_qwen3_sp2_gives_the_plain_step0_loss(tmp_path):
+    """Qwen3 (q/k norms on the head dimension, tied embeddings) under Ulysses."""
+    qwen = ("--", "--model-config", str(EXAMPLES / "tiny_qwen3"))
+    (plain,) = _losses(tmp_path, "plain", 1, *qwen)
+    sp2 = _losses(tmp_path, "sp2", 2, "--sp", "2", *qwen)
+    assert len(sp2) == 2 and all(abs(r[0] - plain[0]) <= 1e-5 for r in sp2), (plain, sp2)
 
 
 @pytest.mark.slow
@@ -86,3 +99,12 @@ def test_hf_trainer_sp2_gives_the_plain_step0_loss(tmp_path):
         losses[name] = [json.loads(p.read_text())["losses"][0] for p in sorted(workdir.glob("rank-*.json"))]
     assert len(losses["sp2"]) == 2
     assert all(abs(x - losses["plain"][0]) <= 1e-5 for x in losses["sp2"]), losses
+
+
+def test_probe_refuses_a_layout_the_engine_refuses(capsys):
+    # 4 heads (examples/tiny_llama) do not split over sp 3: UlyssesSPAttentionHF would raise on every rank.
+    code, _, err = run_main(["probe", str(SCRIPT), "--gpus", "3", "--stage", "1", "--sp", "3", "--model", str(EXAMPLES / "tiny_llama" / "config.json")],
+                            capsys)
+    assert code == 2 and "ZP261" in err and "Attention head count 4 is not divisible by SP size 3" in err and "nothing launched" in err
+    code, _, err = run_main(["probe", str(SCRIPT), "--gpus", "2", "--stage", "1", "--sp", "2", "--seq-len", "63"], capsys)
+    assert code == 2 and "ZP263" in err and "Traceback" not in err

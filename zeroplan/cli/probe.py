@@ -316,6 +316,10 @@ def probe(
         if backend == "fsdp" and (sp > 1 or tp > 1):
             raise SpecError("--sp and --tp run on --backend deepspeed (Ulysses and AutoTP are DeepSpeed features)")
         ds_config, plan = apply_probe_layout(ds_config, plan, sp=sp, tp=tp, world_size=gpus)
+        if plan is not None and (plan.sp > 1 or plan.tp > 1):
+            from zeroplan.runtime.layout import check_probe_layout
+
+            check_probe_layout(plan, world_size=gpus, model=model_spec, seq_len=seq_len)
     if backend == "fsdp" and plan is not None and (plan.zero_hpz_partition_size > 1 or plan.zero_quantized_weights or plan.zero_quantized_gradients):
         raise SpecError("--backend fsdp has no ZeRO++ (hpZ, qwZ, qgZ are DeepSpeed features); drop them from the config or use --backend deepspeed")
     if optimizer_impl is not None and plan is not None:

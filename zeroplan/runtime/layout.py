@@ -41,7 +41,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Layout", "layout_of_config", "with_layout", "accelerate_environment", "prepare_initialize", "adapt_engine"]
+__all__ = [
+    "Layout", "layout_of_config", "with_layout", "apply_probe_layout", "environment_for", "accelerate_environment",
+    "prepare_initialize", "adapt_engine", "init_comm_before_ulysses", "fix_gloo_all_gather", "check_probe_layout",
+]
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def read_config(spec: dict) -> dict | None:
         return None
 
 
-def accelerate_environment(layout: Layout, config: dict | None) -> dict[str, str]:
+def accelerate_environment(layout: Layout) -> dict[str, str]:
     """accelerate's ``ParallelismConfig`` from the environment, for a Trainer script without one
     (accelerate/parallelism_config.py ``__post_init__``; accelerate/accelerator.py builds it only
     when ``ACCELERATE_USE_PARALLELISM_CONFIG`` is true). Empty without sp: AutoTP needs none,
@@ -223,7 +226,7 @@ def environment_for(spec: dict) -> tuple[Layout, dict | None]:
     config = read_config(spec)
     layout = layout_of_config(config)
     if spec.get("kind") == "script":
-        for key, value in accelerate_environment(layout, config).items():
+        for key, value in accelerate_environment(layout).items():
             os.environ.setdefault(key, value)
     return layout, config
 
@@ -319,3 +322,15 @@ def fix_gloo_all_gather(layout: Layout) -> None:
         return _GatherSum.apply(group, tensor)
 
     dist_fn.all_gather = all_gather
+
+
+def check_probe_layout(plan, *, world_size: int, model=None, seq_len: int | None = None) -> None:
+    """What ``validate`` knows of the layout (ZP26x with the model's heads and the sequence, when
+    given), as one error line before anything is launched."""
+    from zeroplan.dsconfig.rules.layout import layout_findings
+    from zeroplan.spec import SpecError, TrainingSpec
+
+    training = TrainingSpec(seq_len=seq_len) if seq_len else None
+    errors = [f for f in layout_findings(plan, world_size=world_size, model=model, training=training) if f.severity == "error"]
+    if errors:
+        raise SpecError(f"--sp {plan.sp} --tp {plan.tp}: {errors[0].rule_id} {errors[0].message}; {errors[0].fix}; nothing launched")
