@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_layout_memory.py                       # CPU: live tensor storage
     PYTHONPATH=. python benchmarks/bench_layout_memory.py --repeats 2 -o benchmarks/results/layout_memory.txt \
         --json benchmarks/results/layout_memory.json
+    PYTHONPATH=. python benchmarks/bench_layout_memory.py --from-json benchmarks/results/layout_memory.json   # re-estimate only
 
 A tiny Llama (examples/tiny_llama/config.json, random weights) in a plain DeepSpeed loop
 (examples/train_hf_causal_lm.py), ZeRO-1, micro batch 1, fp32, on ``--nproc`` ranks for every
@@ -51,14 +52,10 @@ def _load() -> str:
 
 
 def measure(name: str, args, model, training, cluster) -> dict:
-    from zeroplan import estimator
     from zeroplan.runtime import ProbeRequest, run_probe
-    from zeroplan.runtime.prediction import comparable_estimate
-    from zeroplan.spec import Plan
 
     sp, tp, tiled = LAYOUTS[name]
-    h2 = model.hidden_size ** 2
-    plan = Plan(stage=args.stage, micro_batch=1, sp=sp, tp=tp, reduce_bucket_size=h2, allgather_bucket_size=h2)
+    plan = layout_plan(name, stage=args.stage, hidden=model.hidden_size)
     script_args = ("--model-config", str(MODEL.parent), "--seq-len", str(args.seq_len)) + (("--tiled-mlp",) if tiled else ())
     peaks, step_times, errors = [], [], []
     for _ in range(args.repeats):
@@ -70,10 +67,36 @@ def measure(name: str, args, model, training, cluster) -> dict:
             continue
         peaks.append(list(result.peak_memory_per_rank))
         step_times.append(result.step_time)
-    est = estimator.estimate_plan(model, cluster, training, plan, device="cpu")
     return {"layout": name, "sp": sp, "tp": tp, "tiled_mlp": tiled, "plan": plan.label_for("deepspeed"),
             "measured_peak_per_rank": peaks, "step_time_s": step_times, "errors": errors,
-            "estimated_peak": comparable_estimate(est, on_cpu=True, ranks_per_node=args.nproc)}
+            "estimated_peak": estimate(name, stage=args.stage, nproc=args.nproc, model=model, training=training, cluster=cluster)}
+
+
+def layout_plan(name: str, *, stage: int, hidden: int):
+    from zeroplan.spec import Plan
+
+    sp, tp, _ = LAYOUTS[name]
+    return Plan(stage=stage, micro_batch=1, sp=sp, tp=tp, reduce_bucket_size=hidden ** 2, allgather_bucket_size=hidden ** 2)
+
+
+def estimate(name: str, *, stage: int, nproc: int, model, training, cluster) -> int:
+    """The estimator's comparable per-rank peak for the layout's Plan (a tiled row's Plan has no
+    TiledMLP option yet: the untiled figure)."""
+    from zeroplan import estimator
+    from zeroplan.runtime.prediction import comparable_estimate
+
+    plan = layout_plan(name, stage=stage, hidden=model.hidden_size)
+    est = estimator.estimate_plan(model, cluster, training, plan, device="cpu")
+    return comparable_estimate(est, on_cpu=True, ranks_per_node=nproc)
+
+
+def tiled_mlp_saving_bytes(model, *, seq_len: int, sp: int, dtype_bytes: int = 4) -> int:
+    """What TiledMLP frees per rank: the MLP intermediates autograd keeps for backward, per layer
+    gate_proj's output (SiLU's input), SiLU's output and up_proj's output (the product's inputs)
+    and their product (down_proj's input): 4 × tokens × ffn elements (torch saves them for
+    silu/mul/linear backward; TiledMLP keeps only the MLP input, ulysses_sp.py TiledMLP.forward
+    runs the shards under no_grad and recomputes them in backward)."""
+    return model.num_layers * 4 * (seq_len // sp) * model.ffn_size * dtype_bytes
 
 
 def _ratio(rows: dict, a: str, b: str, key: str) -> float | None:
@@ -96,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default="table", choices=("table", "json"))
     p.add_argument("-o", "--output", type=Path)
     p.add_argument("--json", type=Path, help="also write the raw results (every rank, every run) as JSON here")
+    p.add_argument("--from-json", type=Path, help="no probes: re-read a --json file and estimate its layouts with the current estimator")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.layouts.split(",") if n.strip()]
     if unknown := [n for n in names if n not in LAYOUTS]:
@@ -115,7 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     cluster = ClusterSpec(gpus=args.nproc, gpus_per_node=args.nproc, gpu=gpu)
     load_before, started = _load(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = {}
-    for name in names:
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        for key in ("seq_len", "nproc", "stage", "repeats"):
+            setattr(args, key, saved[key])
+        training = TrainingSpec(precision="fp32", seq_len=args.seq_len, loss="hf")
+        cluster = ClusterSpec(gpus=args.nproc, gpus_per_node=args.nproc, gpu=gpu)
+        load_before, started = saved["load_before"], saved["date"]
+        for row in saved["layouts"]:
+            row["estimated_peak"] = estimate(row["layout"], stage=args.stage, nproc=args.nproc, model=model, training=training, cluster=cluster)
+            rows[row["layout"]] = row
+    for name in [] if args.from_json else names:
         print(f"probing {name} ...", file=sys.stderr, flush=True)
         row = measure(name, args, model, training, cluster)
         flat = [x for run in row["measured_peak_per_rank"] for x in run]
@@ -129,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "tiled/untiled sp1": (_ratio(rows, "sp1+tiled", "sp1", "measured_peak"), _ratio(rows, "sp1+tiled", "sp1", "estimated_peak")),
         "tiled/untiled sp2": (_ratio(rows, "sp2+tiled", "sp2", "measured_peak"), _ratio(rows, "sp2+tiled", "sp2", "estimated_peak")),
     }
-    meta = {"date": started, "load_before": load_before, "load_after": _load(), "nproc": args.nproc, "seq_len": args.seq_len,
+    meta = {"date": started, "load_before": load_before, "load_after": saved["load_after"] if args.from_json else _load(), "nproc": args.nproc, "seq_len": args.seq_len,
             "stage": args.stage, "repeats": args.repeats, "model": model.as_dict()}
     text = json.dumps({**meta, "layouts": list(rows.values()), "ratios": ratios}, indent=2)
     if args.json:
@@ -160,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
         ratio_table.add_row(name, fmt(meas), fmt(est), "—" if meas is None or est is None else f"{est - meas:+.3f}")
     out.print(ratio_table)
+    for sp_name, tiled_name in (("sp1", "sp1+tiled"), ("sp2", "sp2+tiled")):
+        if rows.get(sp_name, {}).get("measured_peak") and rows.get(tiled_name, {}).get("measured_peak"):
+            saved_bytes = rows[sp_name]["measured_peak"] - rows[tiled_name]["measured_peak"]
+            expected = tiled_mlp_saving_bytes(model, seq_len=args.seq_len, sp=rows[sp_name]["sp"])
+            out.print(f"TiledMLP at {sp_name}: saves {saved_bytes / 2**20:,.2f} MiB per rank; the MLP intermediates autograd keeps, "
+                      f"layers × 4 × tokens × ffn × 4 B = {expected / 2**20:,.2f} MiB ({(expected - saved_bytes) / saved_bytes:+.1%})")
     out.print("measured: live tensor storage per rank (CPU run, DS_ACCELERATOR=cpu); spread: (max - min) / max over ranks and runs")
     return 0 if all(not r["errors"] for r in rows.values()) else 1
 
