@@ -40,7 +40,9 @@ class RandomTokens(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict:
         ids = torch.randint(0, self.vocab, (self.seq_len,), generator=torch.Generator().manual_seed(index))
-        return {"input_ids": ids, "labels": ids.clone()}
+        # position_ids: Ulysses sequence parallelism shards them with the tokens (accelerate's
+        # UlyssesSPDataLoaderAdapter requires them); without sp they are the positions Llama uses anyway.
+        return {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(self.seq_len)}
 
 
 def main() -> None:
@@ -54,6 +56,7 @@ def main() -> None:
         num_key_value_heads=model_args.kv_heads,
         max_position_embeddings=model_args.seq_len,
     )
+    torch.manual_seed(training_args.seed)  # the same weights on every run (runs of two layouts compare)
     model = LlamaForCausalLM(config)
     dataset = RandomTokens(model_args.samples, model_args.seq_len, model_args.vocab)
     Trainer(model=model, args=training_args, train_dataset=dataset).train()

@@ -21,7 +21,7 @@ from typing import Optional
 
 __all__ = [
     "BASE", "benchmark", "BENCHMARKS", "CASES", "example", "EXAMPLES", "GPT_TASK", "H", "make", "make_space",
-    "Replay", "ROOT", "run_case", "run_main", "run_mains", "run_zeroplan", "SMALL", "WORLD", "zeroplan_env",
+    "Replay", "ROOT", "run_case", "run_main", "run_mains", "run_zeroplan", "SMALL", "TINY_LLAMA", "tiny_llama_heads", "WORLD", "zeroplan_env",
 ]  # and _DELETE, make()'s marker for a removed key
 
 #: The repository root (the folder holding pyproject.toml).
@@ -395,3 +395,40 @@ def run_case(cfg: dict, kwargs: dict, *, clean: bool):
         kw = clean_kwargs
     kw.setdefault("world_size", WORLD)
     return validate_config(cfg, **kw)
+
+
+# Parallel layouts (zeroplan/dsconfig/rules/layout.py); the engine's own errors on 4 CPU ranks:
+# tests/test_layout_rules.py. A tiny Llama's shape: 4 heads, 2 KV heads. BASE's batch (2 × 4 × 2
+# data-parallel ranks) holds for sp 2 on 4 GPUs and sp 4 on 8.
+import dataclasses  # noqa: E402
+
+from zeroplan.spec import TrainingSpec  # noqa: E402
+
+TINY_LLAMA = ModelSpec(name="tiny-llama", params=158_016, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                       ffn_size=176, vocab_size=512, gated_mlp=True, tied_embeddings=False)
+_TP2 = {"autotp_size": 2}
+
+
+def tiny_llama_heads(heads: int, kv_heads: int) -> ModelSpec:
+    """TINY_LLAMA with other head counts (head size 16)."""
+    return dataclasses.replace(TINY_LLAMA, hidden_size=16 * heads, num_heads=heads, num_kv_heads=kv_heads)
+
+
+_SP2 = make(sequence_parallel_size=2)
+LAYOUT_CASES = [
+    ("ZP260", make(zero_optimization={"stage": 3}, tensor_parallel=_TP2),
+     make(zero_optimization={"stage": 3}, tensor_parallel=_TP2, train_batch_size=_DELETE), {}, False),
+    ("ZP261", make(sequence_parallel_size=4), _SP2,
+     {"world_size": 8, "model": tiny_llama_heads(6, 2),
+      "_clean_kwargs": {"world_size": 4, "model": tiny_llama_heads(6, 2)}}, False),
+    ("ZP262", _SP2, _SP2, {"world_size": 4, "model": tiny_llama_heads(6, 3),
+                           "_clean_kwargs": {"world_size": 4, "model": TINY_LLAMA}}, False),
+    ("ZP263", _SP2, _SP2, {"world_size": 4, "training": TrainingSpec(seq_len=4095),
+                           "_clean_kwargs": {"world_size": 4, "training": TrainingSpec(seq_len=4096)}}, False),
+    ("ZP264", _SP2, _SP2, {"world_size": 4, "attn_implementation": "eager",
+                           "_clean_kwargs": {"world_size": 4, "attn_implementation": "sdpa"}}, False),
+    ("ZP265", make(tensor_parallel={"autotp_size": 3}), make(tensor_parallel=_TP2), {"world_size": 4}, False),
+    ("ZP265", make(sequence_parallel_size=2, tensor_parallel=_TP2), make(sequence_parallel_size=2, tensor_parallel=_TP2),
+     {"world_size": 2, "_clean_kwargs": {"world_size": 4}}, False),
+]
+CASES.extend(LAYOUT_CASES)

@@ -83,6 +83,8 @@ TorchrunArgOpt = Annotated[
     typer.Option("--torchrun-arg", help="Extra torchrun argument, repeatable (e.g. --torchrun-arg=--nnodes=2).", rich_help_panel=_PROBE),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Stream the job's log to stderr.", rich_help_panel=_PROBE)]
+SpProbeOpt = Annotated[int, typer.Option("--sp", help="Ulysses sequence-parallel degree (DeepSpeed sequence_parallel_size; HF models).", rich_help_panel=_PROBE)]
+TpProbeOpt = Annotated[int, typer.Option("--tp", help="AutoTP tensor-parallel degree (DeepSpeed tensor_parallel.autotp_size).", rich_help_panel=_PROBE)]
 SeqLenProbeOpt = Annotated[
     Optional[int], typer.Option("--seq-len", help="Tokens per sample (for tokens/s and the estimate) [default: the task's].", rich_help_panel="Training")
 ]
@@ -217,6 +219,8 @@ def probe(
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvEndpointOpt = None,
     rdzv_timeout: RdzvTimeoutOpt = 120.0,
+    sp: SpProbeOpt = 1,
+    tp: TpProbeOpt = 1,
 ) -> None:
     """Run SCRIPT for a few optimizer steps (ranks forked from a warm process, or torchrun) and print measured vs estimated.
 
@@ -264,6 +268,10 @@ def probe(
         raise SpecError(f"script {script} does not exist or is not a file")
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
     ds_config = load_config(config).config if config is not None else None
+    if ds_config is not None and (sp > 1 or tp > 1):
+        from zeroplan.runtime.layout import apply_probe_layout
+
+        ds_config, _ = apply_probe_layout(ds_config, None, sp=sp, tp=tp, world_size=gpus)
     if ds_config is not None:
         for note in check_probe_config(ds_config, config, world_size=gpus):
             print(f"zeroplan: note: {note}", file=sys.stderr)
@@ -302,6 +310,16 @@ def probe(
         )
     elif backend == "fsdp" or ds_config is None:
         raise SpecError("give a DeepSpeed config (--config ds.json) or a plan (--stage 0|1|2|3, --micro-batch ...)")
+    if sp > 1 or tp > 1 or plan is not None:
+        from zeroplan.runtime.layout import apply_probe_layout
+
+        if backend == "fsdp" and (sp > 1 or tp > 1):
+            raise SpecError("--sp and --tp run on --backend deepspeed (Ulysses and AutoTP are DeepSpeed features)")
+        ds_config, plan = apply_probe_layout(ds_config, plan, sp=sp, tp=tp, world_size=gpus)
+        if plan is not None and (plan.sp > 1 or plan.tp > 1):
+            from zeroplan.runtime.layout import check_probe_layout
+
+            check_probe_layout(plan, world_size=gpus, model=model_spec, seq_len=seq_len)
     if backend == "fsdp" and plan is not None and (plan.zero_hpz_partition_size > 1 or plan.zero_quantized_weights or plan.zero_quantized_gradients):
         raise SpecError("--backend fsdp has no ZeRO++ (hpZ, qwZ, qgZ are DeepSpeed features); drop them from the config or use --backend deepspeed")
     if optimizer_impl is not None and plan is not None:

@@ -19,6 +19,7 @@ def validate_config(
     duplicate_keys: tuple[str, ...] = (),
     syntax: str = "json",
     accelerator: str | None = None,
+    attn_implementation: str | None = None,
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
@@ -30,7 +31,9 @@ def validate_config(
     guess from the config's activation_checkpointing block; ``duplicate_keys`` comes from
     :func:`zeroplan.dsconfig.parse.load_config`, and so does ``syntax`` (``json``/``hjson``);
     ``accelerator`` is DeepSpeed's accelerator name where the job runs (``cuda``, ``cpu``, ``xpu``,
-    ``hpu``, ``npu``, ``mps``; None: unknown), for the rules on CUDA-only features (ZP208-ZP211).
+    ``hpu``, ``npu``, ``mps``; None: unknown), for the rules on CUDA-only features (ZP208-ZP211);
+    ``attn_implementation`` is the model's Hugging Face attention (``sdpa``, ``eager``, …), for
+    Ulysses' refusal of eager (ZP264).
     """
     if not isinstance(cfg, dict):
         raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
@@ -56,6 +59,7 @@ def validate_config(
         duplicate_keys=tuple(duplicate_keys),
         syntax=syntax,
         accelerator=accelerator,
+        attn_implementation=attn_implementation,
     )
     findings: list[Finding] = []
     for rule in RULES.values():

@@ -194,6 +194,10 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json) or a plan")
         config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.world_size, model=request.model,
                                  workdir=workdir, optimizer_impl=request.optimizer_impl)
+        if request.plan.sp > 1 or request.plan.tp > 1:  # the layout's DeepSpeed keys (zeroplan.runtime.layout)
+            from zeroplan.runtime.layout import with_layout
+
+            config = with_layout(config, sp=request.plan.sp, tp=request.plan.tp, world_size=request.world_size)
     if config is not None:
         config_path = workdir / "ds_config.json"
         config_path.write_text(json.dumps(config, indent=2))

@@ -79,7 +79,10 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         if host is not None:
             host.enter("engine_init")
         from zeroplan.runtime.dsops import watch_op_waits
+        from zeroplan.runtime.layout import Layout, adapt_engine, prepare_initialize
 
+        layout = state.get("layout") or Layout()
+        sp_state = prepare_initialize(args, kwargs, layout, state.get("config"))
         stop_watch = watch_op_waits()  # says so in the log while the engine waits on an op build or lock
         try:
             outputs = original(*args, **kwargs)
@@ -89,6 +92,7 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             host.enter("step")
             _wrap_saves(outputs[0], host)
         engine = outputs[0]
+        adapt_engine(engine, layout, sp_state)
         if state.get("discover") and "first_batch" not in state:
             from zeroplan.runtime.discover_worker import batch_shape
 
@@ -134,6 +138,7 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         # micro-step counter that ``step`` advances, so it answers for the current micro-step here.)
         def backward(*a, **kw):
             boundary = engine.is_gradient_accumulation_boundary()
+            _record_loss(state, a[0] if a else kw.get("loss"))
             out = engine_backward(*a, **kw)
             if meter.micro_mode and not boundary:
                 meter.micro_step_done(False)
@@ -161,6 +166,14 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         return outputs
 
     deepspeed.initialize = initialize
+
+
+def _record_loss(state: dict, loss) -> None:
+    """The first micro-steps' losses as the engine's backward receives them (a layout's step-0 loss
+    is compared with the plain run's: tests/test_layout_probe.py)."""
+    losses = state.setdefault("losses", [])
+    if len(losses) < 4 and hasattr(loss, "detach"):
+        losses.append(float(loss.detach().float()))
 
 
 def _trace_if_not_transformer(state: dict, module, args: tuple, kwargs: dict) -> None:
@@ -229,7 +242,14 @@ def _wrap_saves(engine, host) -> None:
 
 
 def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
+    from zeroplan.runtime.layout import environment_for
+
+    state["layout"], state["config"] = environment_for(spec)
     _wrap_deepspeed(meter, state)
+    from zeroplan.runtime.layout import fix_gloo_all_gather, init_comm_before_ulysses
+
+    init_comm_before_ulysses(state["layout"])
+    fix_gloo_all_gather(state["layout"])
     meter.report("imported")
     if state.get("host") is not None:
         state["host"].start()
@@ -264,6 +284,10 @@ def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
 
         if not spec.get("config_given"):
             _write_plan_config(spec, plan, training, task)
+        from zeroplan.runtime.layout import environment_for, fix_gloo_all_gather
+
+        state["layout"], state["config"] = environment_for(spec)
+        fix_gloo_all_gather(state["layout"])
         _wrap_deepspeed(meter, state)
         run_deepspeed(task, config_path=spec["config_path"], plan=plan, meter=meter)
     else:
@@ -281,6 +305,10 @@ def _write_plan_config(spec: dict, plan, training, task) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config = config_for_plan(plan, training, world_size=world_size, model=model, workdir=Path(spec["result_dir"]),
                              optimizer_impl=spec.get("optimizer_impl"))
+    if plan is not None and (plan.sp > 1 or plan.tp > 1):
+        from zeroplan.runtime.layout import with_layout
+
+        config = with_layout(config, sp=plan.sp, tp=plan.tp, world_size=world_size)
     path = Path(spec["config_path"])
     tmp = path.with_name(f".{path.name}.rank{os.environ.get('RANK', '0')}")
     tmp.write_text(json.dumps(config, indent=2))
@@ -383,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     result["peak_memory"] = memory.peak_bytes
     if state.get("host_set_aside") is not None:
         result["host_tensors_set_aside"] = state["host_set_aside"]
+    if state.get("losses"):
+        result["losses"] = state["losses"]
     if "parameter_sizes" in state:
         result["parameter_sizes"] = state["parameter_sizes"]
     if "trainable_params" in state:

@@ -191,5 +191,6 @@ def _sequence_parallel(ctx: Context) -> Iterator[Finding]:
     sp = int(sp)
     if ctx.gpus % sp:
         yield _f("ZP106", "sequence_parallel_size",
-                 f"{ctx.gpus} GPUs are not divisible by sequence_parallel_size {sp}",
+                 f"{ctx.gpus} GPUs are not divisible by sequence_parallel_size {sp}: Ulysses raises \"world_size ({ctx.gpus}) "
+                 f"is not divisible by sequence_parallel_size {sp})\" (parallel_state_sp.py)",
                  f"run on a multiple of {sp} GPUs, or set sequence_parallel_size to a divisor of {ctx.gpus}")
