@@ -75,13 +75,13 @@ def measure(name: str, args, model, training, cluster) -> dict:
 def layout_plan(name: str, *, stage: int, hidden: int):
     from zeroplan.spec import Plan
 
-    sp, tp, _ = LAYOUTS[name]
-    return Plan(stage=stage, micro_batch=1, sp=sp, tp=tp, reduce_bucket_size=hidden ** 2, allgather_bucket_size=hidden ** 2)
+    sp, tp, tiled = LAYOUTS[name]
+    return Plan(stage=stage, micro_batch=1, sp=sp, tp=tp, tiled_mlp=tiled, reduce_bucket_size=hidden ** 2, allgather_bucket_size=hidden ** 2)
 
 
 def estimate(name: str, *, stage: int, nproc: int, model, training, cluster) -> int:
-    """The estimator's comparable per-rank peak for the layout's Plan (a tiled row's Plan has no
-    TiledMLP option yet: the untiled figure)."""
+    """The estimator's comparable per-rank peak for the layout's Plan (TiledMLP rows with
+    ``Plan.tiled_mlp``)."""
     from zeroplan import estimator
     from zeroplan.runtime.prediction import comparable_estimate
 
