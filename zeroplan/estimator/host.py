@@ -40,7 +40,7 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from zeroplan.estimator.memory import largest_param_numel
 
@@ -56,6 +56,7 @@ from zeroplan.spec import (
 
 __all__ = [
     "BUILDS",
+    "plan_host_phases",
     "HOST_PHASES",
     "HostPhase",
     "HostPhases",
@@ -398,3 +399,32 @@ def host_phases(
     )
     return HostPhases(phases=phases, build=build, pin_memory=pin_memory, pinned=tuple(pinned_names))
 
+
+#: Plan fields :func:`host_phases` does not read: micro-batch, accumulation and recomputation
+#: change activations and time, not the host's buffers (checkpoints kept on the CPU come in as
+#: ``checkpoint_bytes_on_cpu``). Every other field, including one added later, keys the cache.
+_NOT_ON_HOST = frozenset({"micro_batch", "gradient_accumulation_steps", "checkpointing"})
+_HOST_FIELDS = tuple(f.name for f in fields(Plan) if f.name not in _NOT_ON_HOST)
+_HOST_CACHE: dict[tuple, tuple[ModelSpec, ClusterSpec, TrainingSpec, HostPhases]] = {}
+
+
+def plan_host_phases(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, device: str, build: str | None,
+    checkpoint_bytes_on_cpu: int,
+) -> HostPhases:
+    """:func:`host_phases` with its other defaults, computed once for the plans that differ only in
+    micro-batch, accumulation or checkpointing (an estimate's 196 plans have a dozen host layouts).
+    The result is shared between them: read it, do not change it.
+
+    The specs are keyed by identity (a cluster holds dicts, so it has no hash); each entry keeps
+    its specs alive, so an identity cannot be reused by another spec while the entry exists."""
+    key = (id(model), id(cluster), id(training), tuple(getattr(plan, name) for name in _HOST_FIELDS), device, build,
+           checkpoint_bytes_on_cpu)
+    found = _HOST_CACHE.get(key)
+    if found is not None and found[0] is model and found[1] is cluster and found[2] is training:
+        return found[3]
+    if len(_HOST_CACHE) >= 4096:
+        _HOST_CACHE.clear()
+    phases = host_phases(model, cluster, training, plan, device=device, build=build, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu)
+    _HOST_CACHE[key] = (model, cluster, training, phases)
+    return phases

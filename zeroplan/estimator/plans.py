@@ -9,7 +9,7 @@ from zeroplan.estimator.activations import ActivationMemory, activation_memory, 
 from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
 from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.embedding_backward import embedding_backward
-from zeroplan.estimator.host import HostPhases, host_phases
+from zeroplan.estimator.host import HostPhases, plan_host_phases
 from zeroplan.estimator.memory import (
     EngineOverhead,
     HostMemory,
@@ -361,7 +361,7 @@ def estimate_plan(
             "with the transients freed there kept cached by the allocator"
         )
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
-    phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build)
+    phases = plan_host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build)
     worst = phases.worst
     comm = comm_volume(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
