@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -11,6 +10,7 @@ import typer
 
 from zeroplan import __version__
 from zeroplan.cli import app
+from zeroplan.cli.jsontext import dumps_indented
 from zeroplan.cli.common import (
     AdapterOpt,
     AllgatherBucketOpt,
@@ -450,7 +450,7 @@ def estimate(
             doc["activation_trace"] = {"note": trace_note, **traced.as_dict()}
             for entry, est in zip(doc["plans"], estimates):
                 entry["activations_formula"] = activation_memory(model_spec, training, est.plan).total
-        write_output(json.dumps(doc, indent=2, default=str), output)
+        write_output(dumps_indented(doc), output)
     elif fmt == "csv":
         import pandas as pd
 
