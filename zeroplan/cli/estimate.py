@@ -224,6 +224,8 @@ def _render_table(
 ) -> None:
     from rich.table import Table
 
+    from zeroplan.cli.table_fit import widest_table
+
     console = console or _table_console()
     name = model.name if model.source != "derived" else "model"
     if model.peft is not None:
@@ -290,6 +292,8 @@ def _render_table(
     dropped: list[str] = []
     t = build(columns)
     for col in _DROP_ORDER:
+        if widest_table((cells for cells, _ in rows), columns, min_widths={"verdict": 10}) <= console.width:
+            break  # fits for certain (cli/table_fit.py); else rich measures it
         if console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
             break
         columns.remove(col)
