@@ -27,8 +27,11 @@ def _nvml_library_missing() -> bool:
         return False
     import importlib.util
 
-    if importlib.util.find_spec("pynvml") is None:
-        return False  # `import pynvml` below says it is not installed
+    try:
+        if importlib.util.find_spec("pynvml") is None:
+            return False  # `import pynvml` below says it is not installed
+    except (ImportError, ValueError):
+        return False  # an odd install: `import pynvml` below says what is wrong
     import ctypes
 
     try:
