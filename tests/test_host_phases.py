@@ -161,7 +161,7 @@ def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_rea
     leaves out of the key must not change host_phases' answer, and every other field must key it."""
     from dataclasses import replace
 
-    from zeroplan.estimator.host import _HOST_FIELDS, _NOT_ON_HOST, plan_host_phases
+    from zeroplan.estimator.host import _HOST_CACHE, _NOT_ON_HOST, plan_host_phases
     from zeroplan.spec import derive_shape_from_params
 
     model = derive_shape_from_params(13e9)
@@ -169,7 +169,7 @@ def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_rea
     training = TrainingSpec()
     varied = {"micro_batch": 8, "gradient_accumulation_steps": 4, "checkpointing": "full"}
     assert set(varied) == _NOT_ON_HOST
-    assert set(_HOST_FIELDS) | _NOT_ON_HOST == set(Plan.__dataclass_fields__)
+    assert set(_HOST_CACHE.keyed_fields) | _NOT_ON_HOST == set(Plan.__dataclass_fields__)
     for stage, opt, par in ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme"), (0, "none", "none")):
         plan = Plan(stage=stage, offload_optimizer=opt, offload_param=par)
         other = replace(plan, **varied)

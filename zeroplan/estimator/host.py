@@ -40,9 +40,10 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from zeroplan.estimator.memory import largest_param_numel
+from zeroplan.estimator.plan_cache import PlanCache
 
 from zeroplan.spec import (
     ClusterSpec,
@@ -404,8 +405,7 @@ def host_phases(
 #: change activations and time, not the host's buffers (checkpoints kept on the CPU come in as
 #: ``checkpoint_bytes_on_cpu``). Every other field, including one added later, keys the cache.
 _NOT_ON_HOST = frozenset({"micro_batch", "gradient_accumulation_steps", "checkpointing"})
-_HOST_FIELDS = tuple(f.name for f in fields(Plan) if f.name not in _NOT_ON_HOST)
-_HOST_CACHE: dict[tuple, tuple[ModelSpec, ClusterSpec, TrainingSpec, HostPhases]] = {}
+_HOST_CACHE = PlanCache(host_phases, ignores=_NOT_ON_HOST)
 
 
 def plan_host_phases(
@@ -413,18 +413,6 @@ def plan_host_phases(
     checkpoint_bytes_on_cpu: int,
 ) -> HostPhases:
     """:func:`host_phases` with its other defaults, computed once for the plans that differ only in
-    micro-batch, accumulation or checkpointing (an estimate's 196 plans have a dozen host layouts).
-    The result is shared between them: read it, do not change it.
-
-    The specs are keyed by identity (a cluster holds dicts, so it has no hash); each entry keeps
-    its specs alive, so an identity cannot be reused by another spec while the entry exists."""
-    key = (id(model), id(cluster), id(training), tuple(getattr(plan, name) for name in _HOST_FIELDS), device, build,
-           checkpoint_bytes_on_cpu)
-    found = _HOST_CACHE.get(key)
-    if found is not None and found[0] is model and found[1] is cluster and found[2] is training:
-        return found[3]
-    if len(_HOST_CACHE) >= 4096:
-        _HOST_CACHE.clear()
-    phases = host_phases(model, cluster, training, plan, device=device, build=build, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu)
-    _HOST_CACHE[key] = (model, cluster, training, phases)
-    return phases
+    micro-batch, accumulation or checkpointing (an estimate's 196 plans have a dozen host layouts;
+    :class:`~zeroplan.estimator.plan_cache.PlanCache`). The result is shared: read it, do not change it."""
+    return _HOST_CACHE(model, cluster, training, plan, device=device, build=build, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu)

@@ -10,6 +10,7 @@ from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
 from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import HostPhases, plan_host_phases
+from zeroplan.estimator.plan_cache import PlanCache
 from zeroplan.estimator.memory import (
     EngineOverhead,
     HostMemory,
@@ -290,7 +291,7 @@ def estimate_plan(
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
         notes.append(duplicate)
-    extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device, optimizer_impl=impl)
+    extra: EngineOverhead = _ENGINE_OVERHEAD(model, cluster, training, plan, device=device, optimizer_impl=impl)
     after_loss = None
     if activation_bytes is None:
         acts: Optional[ActivationMemory] = activation_memory(model, training, plan)
@@ -363,7 +364,7 @@ def estimate_plan(
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
     phases = plan_host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build)
     worst = phases.worst
-    comm = comm_volume(model, cluster, training, plan)
+    comm = _COMM_VOLUME(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
     tps = tokens / timing.total if timing.total > 0 else 0.0
@@ -428,6 +429,11 @@ def estimate_plan(
         model_build=phases.build,
     )
 
+
+#: The engine's extra allocations and the bytes communicated do not read the micro-batch (only
+#: activations and step time do): computed once for the plans that differ only in it.
+_ENGINE_OVERHEAD = PlanCache(engine_overhead, ignores=frozenset({"micro_batch"}))
+_COMM_VOLUME = PlanCache(comm_volume, ignores=frozenset({"micro_batch"}))
 
 #: Large model-state tensors DeepSpeed keeps alive: its flat 16-bit, fp32 and moment buffers per
 #: parameter group (two groups, weight decay or not) — each wastes part of a 2 MiB round-up.
