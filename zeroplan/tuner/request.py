@@ -127,7 +127,7 @@ class TuneListener:
     """
 
     def event(self, kind: str, **data: Any) -> None:
-        """One thing that happened (kinds in docs/tune.md, "Events")."""
+        """One thing that happened (the kinds: docs/design.md, "`tune`: data flow")."""
 
     def busy(self, kind: str, **data: Any) -> AbstractContextManager:
         """Around a slow step of ``kind``."""
