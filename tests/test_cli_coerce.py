@@ -82,11 +82,11 @@ def test_estimate_starts_without_pydantic_or_the_other_commands():
         "out = io.StringIO()\n"
         "try:\n"
         "    with contextlib.redirect_stdout(out):\n"
-        "        main(['estimate', '--params', '7e9', '--gpus', '8', '--gpu-memory', '80', '-o', '/dev/null'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
+        "        main(['estimate', '--params', '7e9', '--gpus', '8', '--gpu-memory', '80', '--format', 'json', '-o', '/dev/null'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
         "print(sorted(m for m in sys.modules if m.startswith('pydantic') or m.startswith('zeroplan.cli.')))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=zeroplan_env(), cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "['zeroplan.cli.coerce', 'zeroplan.cli.common', 'zeroplan.cli.estimate', 'zeroplan.cli.surface']"
+    assert r.stdout.strip() == "['zeroplan.cli.coerce', 'zeroplan.cli.common', 'zeroplan.cli.estimate', 'zeroplan.cli.jsontext', 'zeroplan.cli.surface']"
