@@ -62,7 +62,11 @@ def _children_cpu_s() -> float:
 
 def timed(cmd: list[str]) -> tuple[float, float, str]:
     """(wall s, process CPU s, stdout) of ``cmd`` run as a child process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Bytecode cached as an installed package has it (pip compiles on install; DeepSpeed's is):
+    # a PYTHONDONTWRITEBYTECODE inherited from the shell would make every zeroplan run compile
+    # its ~100 modules from source (~0.15 s) and DeepSpeed's not. The warm-up run writes it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(ROOT)
     cpu0 = _children_cpu_s()
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)

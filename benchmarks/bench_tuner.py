@@ -47,10 +47,10 @@ from rich.table import Table  # noqa: E402
 
 from zeroplan.profiles import resolve_cluster  # noqa: E402
 from zeroplan.spec import TrainingSpec  # noqa: E402
-from zeroplan.tuner import ProbeRunner, TuneSettings, Tuner, make_sampler, open_study, storage_url, tune_space  # noqa: E402
+from zeroplan.tuner import ProbeRunner, TuneSettings, tune_space  # noqa: E402
 from zeroplan.tuner.checks import task_declaration  # noqa: E402
-from zeroplan.tuner.cpu_profile import time_model_for_probes  # noqa: E402
-from zeroplan.tuner.probetime import startup_floor_s  # noqa: E402
+from zeroplan.tuner.request import TuneListener, TuneRequest  # noqa: E402
+from zeroplan.tuner.usecase import run_tune  # noqa: E402
 
 console = Console(highlight=False, width=140)
 TASK = ROOT / "examples" / "gpt_task.py"
@@ -99,44 +99,63 @@ def grid(space, runner) -> dict:
             "failed": {k: o.status for k, o in results.items() if not o.ok}}
 
 
-def zeroplan_search(space, runner, *, trials: int, workdir: Path, seed: int, grid_values: Optional[dict] = None) -> dict:
-    """zeroplan's tuner on a fresh study, as ``zeroplan tune`` runs it; with ``grid_values``, the
-    probe (and seconds) at which its best so far first reached 95% of the grid's best — by its
-    own measurement and by the grid's measurement of the same plan."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    study = open_study(storage_url(None, workdir), resume=False, sampler=make_sampler("tpe", seed=seed))
-    done = []
-    start = time.monotonic()
-    grid_best = max(grid_values.values()) if grid_values else None
-    reached: dict = {}
+class _Collect(TuneListener):
+    """The events of a zeroplan search, as the benchmark reads them: each finished probe (printed,
+    with the grid's measurement of the same plan), the time model, when the search began."""
 
-    def on_event(kind, **data):
-        if kind == "end":
-            done.append((data["candidate"].key, data["outcome"]))
-            o = data["outcome"]
-            in_grid = grid_values.get(data["candidate"].key, 0.0) if grid_values else 0.0
-            console.print(f"  tuner trial {len(done):>2}: {data['candidate'].key:<34} {o.status} {o.samples_per_second:.2f} samples/s"
-                          + (f" (grid: {in_grid:.2f}, {100 * in_grid / grid_best:.0f}% of its best)" if grid_best else ""))
-            if grid_best:
-                if o.ok and o.samples_per_second >= 0.95 * grid_best:
-                    reached.setdefault("own", (len(done), time.monotonic() - start))
-                if in_grid >= 0.95 * grid_best:
-                    reached.setdefault("grid", (len(done), time.monotonic() - start))
+    def __init__(self, grid_values: Optional[dict]) -> None:
+        self.grid_values = grid_values
+        self.grid_best = max(grid_values.values()) if grid_values else None
+        self.done: list = []
+        self.reached: dict = {}
+        self.time_model = ""
+        self.start = time.monotonic()
+        self.search_start: Optional[float] = None
 
-    tuner = Tuner(study, space, runner, TuneSettings(trials=trials), on_event=on_event, expected_probe_s=getattr(runner, "expected_s", None))
-    tuner.prepare(resume=False)
-    summary = tuner.run()
-    wall = time.monotonic() - start
-    best = tuner.best()
+    def event(self, kind: str, **data) -> None:
+        if kind == "time_model":
+            self.time_model = data["text"]
+        if kind != "end":
+            return
+        self.done.append((data["candidate"].key, data["outcome"]))
+        o, grid_best = data["outcome"], self.grid_best
+        in_grid = self.grid_values.get(data["candidate"].key, 0.0) if self.grid_values else 0.0
+        console.print(f"  tuner trial {len(self.done):>2}: {data['candidate'].key:<34} {o.status} {o.samples_per_second:.2f} samples/s"
+                      + (f" (grid: {in_grid:.2f}, {100 * in_grid / grid_best:.0f}% of its best)" if grid_best else ""))
+        if grid_best:
+            if o.ok and o.samples_per_second >= 0.95 * grid_best:
+                self.reached.setdefault("own", (len(self.done), time.monotonic() - self.start))
+            if in_grid >= 0.95 * grid_best:
+                self.reached.setdefault("grid", (len(self.done), time.monotonic() - self.start))
+
+    def searching(self, tuner):
+        self.search_start = time.monotonic()
+        return super().searching(tuner)
+
+
+def zeroplan_search(request: TuneRequest, *, grid_values: Optional[dict] = None) -> dict:
+    """zeroplan's tuning run as ``zeroplan tune`` makes it (:func:`zeroplan.tuner.usecase.run_tune`)
+    on a fresh study; with ``grid_values``, the probe (and seconds) at which its best so far first
+    reached 95% of the grid's best — by its own measurement and by the grid's measurement of the
+    same plan. ``wall_s`` runs from the call (warm server, study, space, this CPU's time model) to
+    the results written; ``search_s`` from the first probe's start."""
+    collect = _Collect(grid_values)
+    outcome = run_tune(request, collect)
+    end = time.monotonic()
+    best = outcome.tuner.best()
+    summary = outcome.summary
     return {
         "probes": summary.probes_in_study,
-        "wall_s": wall,
+        "wall_s": end - collect.start,
+        "search_s": end - (collect.search_start or collect.start),
         "best": best.user_attrs["plan_key"] if best else None,
         "best_value": summary.best_value or 0.0,
         "trust": summary.trust.text if summary.trust else "",
-        "order": [k for k, _ in done],
-        "reached": reached,
-        "outcomes": done,
+        "order": [k for k, _ in collect.done],
+        "reached": collect.reached,
+        "outcomes": collect.done,
+        "time_model": collect.time_model,
+        "space": outcome.space,
     }
 
 
@@ -184,20 +203,18 @@ def part1(args, tmp: Path) -> None:
         console.print(f"grid: {g['probes']} probes in {g['wall_s']:.0f} s (load average {os.getloadavg()[0]:.1f}); measurements in {tmp / 'probes-2'}")
     if args.grid_only:
         return
-    # The tuner as `zeroplan tune` runs it on CPU: this machine's quick time model orders the
-    # search, probes time micro-steps and stop at a ±10% interval, timeouts are derived.
-    tuned_cluster, time_model = time_model_for_probes(cluster(2), on_cuda=False, gpu_given=False)
-    tuned_space = tune_space(model, tuned_cluster, training, script_kind="task", device="cpu")
-    console.print(time_model)
-    predicted = {c.key: c.predicted_samples_per_second for c in tuned_space.fitting}
+    # The tuner as `zeroplan tune` runs it on CPU (run_tune): this machine's quick time model orders
+    # the search, probes time micro-steps and stop at a ±10% interval, timeouts are derived.
+    trials = args.tuner_trials or budget
+    request = TuneRequest(
+        script=TASK, script_kind="task", gpus=2, nproc=2, global_batch=args.global_batch, settings=TuneSettings(trials=trials),
+        seed=args.seed, output=tmp / "study-2",
+    )
+    z = zeroplan_search(request, grid_values=g["values"])
+    console.print(z["time_model"])
+    predicted = {c.key: c.predicted_samples_per_second for c in z["space"].fitting}
     common = [k for k in g["values"] if k in predicted]
     rho = spearman([predicted[k] for k in common], [g["values"][k] for k in common]) if len(common) > 2 else float("nan")
-    tuner_runner = ProbeRunner(
-        script=TASK, nproc=2, training=training, model=model, workdir=tmp / "probes-tuner", steps=5, warmup=2, timeout_s=300,
-        target_ci=0.1, predicted_step_time=tuned_space.predicted_step_time, startup_floor_s=startup_floor_s(),
-    )
-    trials = args.tuner_trials or budget
-    z = zeroplan_search(tuned_space, tuner_runner, trials=trials, workdir=tmp / "study-2", seed=args.seed, grid_values=g["values"])
     # The tuner's pick as measured by the grid separates search quality from measurement noise.
     pick_in_grid = g["values"].get(z["best"], 0.0)
 
@@ -360,37 +377,28 @@ def part2_once(args, tmp: Path, model, training, *, deepspeed_first: bool = True
 
     load_start = os.getloadavg()[0]
     ds = deepspeed_autotuner(args, tmp) if deepspeed_first else None
-    # As `zeroplan tune` runs on CPU (zeroplan/cli/tune.py): the warm server starts while this
-    # process imports torch for the quick time model, micro-step probes stop at ±10%, derived
+    # As `zeroplan tune` runs on CPU (run_tune, which the command calls): the warm server starts while
+    # this process imports torch for the quick time model, micro-step probes stop at ±10%, derived
     # timeouts, 5 measured steps at most. Everything from here is part of zeroplan's wall time.
     from zeroplan.runtime import warm
 
     warm.shutdown()  # the search pays the warm server's start, as `zeroplan tune` does
-    tune_start = time.monotonic()
     # The script stops after --steps optimizer steps: leave room for warm-up plus the measured ones.
     script_args = ("--steps", str(args.steps + 10))
-    runner = ProbeRunner(
-        script=DS_SCRIPT, nproc=1, training=training, model=model, workdir=tmp / "probes-1", script_args=script_args, steps=5, warmup=2,
-        timeout_s=300, target_ci=0.1, launcher=args.launcher,
+    request = TuneRequest(
+        script=DS_SCRIPT, script_kind="script", gpus=1, nproc=1, script_args=script_args, model_spec=model, seq_len=training.seq_len,
+        launcher=args.launcher, settings=TuneSettings(trials=args.trials_1), seed=args.seed, max_micro_batch=args.max_micro_batch,
+        output=tmp / "study-1",
     )
-    warm_ready = runner.begin_warm_server()
-    warm_s: list = []
-    one, time_model = time_model_for_probes(cluster(1), on_cuda=False, gpu_given=False, before_measuring=lambda: warm_s.append(warm_ready()))
-    floor = warm_s[0] if warm_s and warm_s[0] is not None else startup_floor_s()
-    before_s = time.monotonic() - tune_start
-    console.print(time_model)
-    space = tune_space(model, one, training, script_kind="script", max_micro_batch=args.max_micro_batch, device="cpu")
-    runner.predicted_step_time = space.predicted_step_time
-    runner.startup_floor_s = floor
-    z = zeroplan_search(space, runner, trials=args.trials_1, workdir=tmp / "study-1", seed=args.seed)
-    search_s = z["wall_s"]
-    z["wall_s"] = time.monotonic() - tune_start
-    console.print(phase_table(f"Part 2 — where zeroplan's wall time went (launcher {args.launcher}); before the search {before_s:.1f} s: "
-                              f"this CPU's time model (torch imported) and the start-up floor ({floor:.1f} s: "
-                              f"{'the warm server, started alongside' if warm_s and warm_s[0] is not None else 'an interpreter importing torch'})",
-                              z["outcomes"], search_s))
-    console.print(f"  building the space and the study: {z['wall_s'] - search_s - before_s:.1f} s; zeroplan's total {z['wall_s']:.1f} s"
+    z = zeroplan_search(request)
+    console.print(z["time_model"])
+    before_s = z["wall_s"] - z["search_s"]
+    console.print(phase_table(f"Part 2 — where zeroplan's wall time went (launcher {args.launcher}); before the first probe {before_s:.1f} s: "
+                              "the warm server started alongside, the study and the space built, this CPU's time model (torch imported)",
+                              z["outcomes"], z["search_s"]))
+    console.print(f"  zeroplan's total {z['wall_s']:.1f} s"
                   + (" (a probe's 'server' phase: waiting for the warm server's preloads)" if args.launcher == "warm" else ""))
+    space = z["space"]
 
     if ds is None:
         ds = deepspeed_autotuner(args, tmp)

@@ -44,6 +44,22 @@ COMMANDS: dict[str, list[str]] = {
     "export_mistral_lora_hf.json": ["export", "--model", "mistral-7b", "--gpus", "16", "--cpu-memory", "256", "--lora-rank", "16", "--for", "hf"],
 }
 
+#: Help pages, usage errors and the listings: how the command line itself answers.
+for _command in ("calibrate", "doctor", "estimate", "export", "probe", "profiles", "tune", "validate"):
+    COMMANDS[f"help_{_command}.txt"] = [_command, "-h"]
+COMMANDS.update({
+    "help_root.txt": ["-h"],
+    "no_args.txt": [],
+    "profiles.txt": ["profiles"],
+    "error_whole_number.txt": ["estimate", "--params", "7e9", "--gpus", "eight"],
+    "error_number.txt": ["estimate", "--params", "7e9", "--gpu-memory", "lots"],
+    "error_no_value.txt": ["estimate", "--params", "7e9", "--gpus"],
+    "error_no_such_option.txt": ["estimate", "--params", "7e9", "--gpuz", "8"],
+    "error_no_such_command.txt": ["estimat", "--params", "7e9"],
+    "error_missing_script.txt": ["tune"],
+    "error_export_stage.txt": ["export", "--params", "7e9", "--stage", "x"],
+})
+
 SPACE_SNIPPET = """
 from zeroplan.profiles import load_gpu, load_model_preset
 from zeroplan.spec import ClusterSpec, TrainingSpec

@@ -154,3 +154,31 @@ def test_zero3_gather_on_save_is_rank0_only():
     save = host_phases(model, cl, TrainingSpec(), plan, gather_16bit_on_save=True).get("checkpoint_save")
     step = host_phases(model, cl, TrainingSpec(), plan).get("step")
     assert save.per_node_bytes - step.per_node_bytes == 2 * model.params  # once per node, not per rank
+
+
+def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_read():
+    """estimate_plan computes host phases once per host layout (plan_host_phases); the fields it
+    leaves out of the key must not change host_phases' answer, and every other field must key it."""
+    from dataclasses import replace
+
+    from zeroplan.estimator.host import _HOST_CACHE, _NOT_ON_HOST, plan_host_phases
+    from zeroplan.spec import derive_shape_from_params
+
+    model = derive_shape_from_params(13e9)
+    cluster = ClusterSpec(gpus=16, gpus_per_node=8, gpu=A100, gpu_memory_bytes=80 * GiB, cpu_memory_per_node_bytes=512 * GiB)
+    training = TrainingSpec()
+    varied = {"micro_batch": 8, "gradient_accumulation_steps": 4, "checkpointing": "full"}
+    assert set(varied) == _NOT_ON_HOST
+    assert set(_HOST_CACHE.keyed_fields) | _NOT_ON_HOST == set(Plan.__dataclass_fields__)
+    for stage, opt, par in ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme"), (0, "none", "none")):
+        plan = Plan(stage=stage, offload_optimizer=opt, offload_param=par)
+        other = replace(plan, **varied)
+        assert host_phases(model, cluster, training, plan) == host_phases(model, cluster, training, other)
+        shared = plan_host_phases(model, cluster, training, plan, device="cuda", build=None, checkpoint_bytes_on_cpu=0)
+        assert plan_host_phases(model, cluster, training, other, device="cuda", build=None, checkpoint_bytes_on_cpu=0) is shared
+        assert shared == host_phases(model, cluster, training, plan)
+    # A field host_phases reads keys a layout of its own.
+    a = plan_host_phases(model, cluster, training, Plan(stage=3, offload_optimizer="cpu"), device="cuda", build=None, checkpoint_bytes_on_cpu=0)
+    b = plan_host_phases(model, cluster, training, Plan(stage=3, offload_optimizer="cpu", offload_param="cpu"), device="cuda", build=None,
+                         checkpoint_bytes_on_cpu=0)
+    assert a != b

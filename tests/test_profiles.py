@@ -190,6 +190,26 @@ def test_default_gpu_without_nvml_here():
     assert detect_gpu()[1] == note + "; set --gpu"
 
 
+def test_detection_without_a_driver_says_what_pynvml_says():
+    """Without NVML's library, detection answers before importing pynvml, in pynvml's own words:
+    the note equals the one pynvml's nvmlInit gives (same process kind, pynvml imported first)."""
+    import subprocess
+    import sys
+
+    from helpers import zeroplan_env
+
+    code = "import sys\n{}\nfrom zeroplan.profiles import detect_gpu\nprint(detect_gpu()[1]); print('pynvml' in sys.modules)"
+    lazy = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True, text=True, env=zeroplan_env(), timeout=60)
+    eager = subprocess.run([sys.executable, "-c", code.format("import pynvml")], capture_output=True, text=True, env=zeroplan_env(),
+                           timeout=60)
+    assert lazy.returncode == 0 == eager.returncode, lazy.stderr + eager.stderr
+    note, imported = lazy.stdout.splitlines()
+    if "detected" in eager.stdout:
+        pytest.skip("an NVIDIA driver is present: pynvml is imported and asked")
+    assert note == eager.stdout.splitlines()[0]
+    assert imported == "False"
+
+
 class _NVMLError(Exception):
     pass
 

@@ -1,20 +1,57 @@
 """The ``zeroplan`` command line: parses options, calls the API, renders. No logic of its own.
 
-Each command lives in its own module and registers itself on :data:`app`; heavy libraries
-(torch, deepspeed, optuna, pandas) are imported inside the command functions, so
-``zeroplan estimate`` starts without them. Every command's help and usage errors follow
+Each command lives in its own module and registers itself on :data:`app`; :func:`main` imports
+only the module of the command it runs (every module for the root help, ``--version`` or a
+misspelt command), and heavy libraries (torch, deepspeed, optuna, pandas) are imported inside
+the command functions, so ``zeroplan estimate`` starts without them or the other commands'
+modules. ``zeroplan.cli.app`` read from outside is the whole command line, every command loaded. Every command's help and usage errors follow
 :mod:`zeroplan.cli.surface` (``-h``, grouped options, one-line errors).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
 import typer
 
+from typer.core import TyperGroup
+
+from zeroplan.cli.coerce import install_plain_coercion
 from zeroplan.cli.surface import HELP_OPTION_NAMES, ZeroplanCommand, is_no_args, is_usage_error, usage_error_line
 from zeroplan.spec.errors import SpecError
+
+#: Every command and the module that registers it, in the order ``zeroplan -h`` lists them.
+COMMANDS = {
+    "estimate": "zeroplan.cli.estimate",
+    "profiles": "zeroplan.cli.profiles",
+    "export": "zeroplan.cli.export",
+    "validate": "zeroplan.cli.validate",
+    "probe": "zeroplan.cli.probe",
+    "tune": "zeroplan.cli.tune",
+    "calibrate": "zeroplan.cli.calibrate",
+    "doctor": "zeroplan.cli.doctor",
+}
+
+
+class _Group(TyperGroup):
+    """The root command: lists the commands in :data:`COMMANDS`' order, whichever was imported
+    first, and converts its options' plain values without pydantic (:mod:`zeroplan.cli.coerce`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        install_plain_coercion(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            install_plain_coercion([option])
+        return option
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        order = list(COMMANDS)
+        return sorted(super().list_commands(ctx), key=lambda name: order.index(name) if name in order else len(order))
 
 
 class _App(typer.Typer):
@@ -24,8 +61,9 @@ class _App(typer.Typer):
         return super().command(*args, cls=cls or ZeroplanCommand, **kwargs)
 
 
-app = _App(
+_app = _App(
     name="zeroplan",
+    cls=_Group,
     help="Memory planner and auto-tuner for ZeRO-style distributed training.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -45,21 +83,39 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Memory planner and auto-tuner for ZeRO-style distributed training."""
 
-# Command modules register themselves on `app` when imported.
-from zeroplan.cli import estimate as _estimate  # noqa: E402,F401
-from zeroplan.cli import profiles as _profiles  # noqa: E402,F401
-from zeroplan.cli import export as _export  # noqa: E402,F401
-from zeroplan.cli import validate as _validate  # noqa: E402,F401
-from zeroplan.cli import probe as _probe  # noqa: E402,F401
-from zeroplan.cli import tune as _tune  # noqa: E402,F401
-from zeroplan.cli import calibrate as _calibrate  # noqa: E402,F401
-from zeroplan.cli import doctor as _doctor  # noqa: E402,F401
+_loading = False
+
+
+def load_commands(names: list[str] | None = None) -> None:
+    """Import the modules of the commands ``names`` (all by default); each registers itself on :data:`app`."""
+    global _loading
+    was, _loading = _loading, True
+    try:
+        for name in names or COMMANDS:
+            importlib.import_module(COMMANDS[name])
+    finally:
+        _loading = was
+
+
+def _commands_for(argv: list[str]) -> list[str] | None:
+    """The one command ``argv`` runs, when its first word names one; None (all) otherwise."""
+    return [argv[0]] if argv and argv[0] in COMMANDS else None
+
+
+def __getattr__(name: str) -> Any:
+    # `app` from outside: the whole command line. A command module importing it while the
+    # commands load gets the instance as it is (the loader finishes the rest).
+    if name == "app":
+        if not _loading:
+            load_commands()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,8 +125,10 @@ def main(argv: list[str] | None = None) -> None:
     being printed as a usage block plus a boxed panel; ``--help`` and ``typer.Exit`` return their
     exit code.
     """
+    args = sys.argv[1:] if argv is None else list(argv)
+    load_commands(_commands_for(args))
     try:
-        code = app(args=argv, prog_name="zeroplan", standalone_mode=False)
+        code = _app(args=args, prog_name="zeroplan", standalone_mode=False)
     except SpecError as exc:
         print(f"zeroplan: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -89,4 +147,4 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "app", "load_commands", "main"]

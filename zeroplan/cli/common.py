@@ -15,16 +15,13 @@ from typing import Annotated, Optional
 import typer
 
 from zeroplan.profiles.lora import PeftOptions
-from zeroplan.profiles.resolve import resolve_cluster, resolve_model
+from zeroplan.profiles.resolve import check_choice_option, resolve_cluster, resolve_model, resolve_training
 from zeroplan.spec import (
     CHECKPOINTING,
     CHECKPOINTING_ALIASES,
     OFFLOADS,
-    OPTIMIZERS,
-    PRECISIONS,
     ModelSpec,
     SpecError,
-    TrainingSpec,
 )
 
 __all__ = [
@@ -297,39 +294,6 @@ def resolve_gpus(gpus: Optional[int], *, runs_here: bool) -> int:
 def with_peft(model_spec: ModelSpec, model_arg: Optional[str], *, precision: str, **options) -> ModelSpec:
     """``PeftOptions(**options).apply(model_spec, model_arg, precision=precision)``."""
     return PeftOptions(**options).apply(model_spec, model_arg, precision=precision)
-
-
-def check_choice_option(option: str, value: Optional[str], choices: tuple[str, ...]) -> None:
-    """SpecError naming the flag unless ``value`` is None or one of ``choices``."""
-    if value is not None and value not in choices:
-        raise SpecError(f"{option} {value!r} is not valid; choose one of {', '.join(choices)}")
-
-
-def resolve_training(
-    *,
-    precision: str,
-    optimizer: str,
-    seq_len: int,
-    micro_batch: Optional[int],
-    global_batch: Optional[int],
-    grad_accum: Optional[int],
-) -> TrainingSpec:
-    """Training options → TrainingSpec (checks name the flag)."""
-    check_choice_option("--precision", precision, PRECISIONS)
-    check_choice_option("--optimizer", optimizer, OPTIMIZERS)
-    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--global-batch", global_batch), ("--grad-accum", grad_accum)):
-        if value is not None and value < 1:
-            raise SpecError(f"{flag} {value} is not valid; give a whole number >= 1")
-    if global_batch is not None and grad_accum is not None and micro_batch is None:
-        raise SpecError("--global-batch with --grad-accum also needs --micro-batch (or drop --grad-accum)")
-    return TrainingSpec(
-        precision=precision,
-        optimizer=optimizer,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        global_batch=global_batch,
-        grad_accum=grad_accum,
-    )
 
 
 def check_plan_options(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -11,6 +10,7 @@ import typer
 
 from zeroplan import __version__
 from zeroplan.cli import app
+from zeroplan.cli.jsontext import dumps_indented
 from zeroplan.cli.common import (
     AdapterOpt,
     AllgatherBucketOpt,
@@ -233,6 +233,8 @@ def _render_table(
 ) -> None:
     from rich.table import Table
 
+    from zeroplan.cli.table_fit import widest_table
+
     console = console or _table_console()
     name = model.name if model.source != "derived" else "model"
     if model.peft is not None:
@@ -301,6 +303,8 @@ def _render_table(
     dropped: list[str] = []
     t = build(columns)
     for col in _DROP_ORDER:
+        if widest_table((cells for cells, _ in rows), columns, min_widths={"verdict": 10}) <= console.width:
+            break  # fits for certain (cli/table_fit.py); else rich measures it
         if console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
             break
         columns.remove(col)
@@ -468,7 +472,7 @@ def estimate(
             doc["activation_trace"] = {"note": trace_note, **traced.as_dict()}
             for entry, est in zip(doc["plans"], estimates):
                 entry["activations_formula"] = activation_memory(model_spec, training, est.plan).total
-        write_output(json.dumps(doc, indent=2, default=str), output)
+        write_output(dumps_indented(doc), output)
     elif fmt == "csv":
         import pandas as pd
 

@@ -1,5 +1,6 @@
 """``zeroplan tune``'s live view on a terminal: progress over probes, the plan being probed with
-its latest log line, and the best plan so far (rich ``Live``)."""
+its latest log line, and the best plan so far (rich ``Live``); and :class:`TuneRender`, which
+prints the events of :func:`zeroplan.tuner.usecase.run_tune`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from rich.markup import escape
 
-__all__ = ["LiveView"]
+__all__ = ["LiveView", "TuneRender"]
 
 
 class LiveView:
@@ -105,3 +106,71 @@ class LiveView:
                 self.console.print(f"[dim]trial #{data['number']:<3} {escape(str(data.get('key') or '–')):<34} "
                                    f"{data.get('status', 'skipped')}: {escape(str(data.get('reason', '')))}[/]")
         self._refresh()
+
+
+class TuneRender:
+    """The command line's :class:`~zeroplan.tuner.request.TuneListener`: the run's messages as
+    lines, its slow steps as a spinner, the search in a :class:`LiveView`."""
+
+    def __init__(self, console: Any, trials: int) -> None:
+        self.console = console
+        self.view = LiveView(console, trials)
+
+    def event(self, kind: str, **data: Any) -> None:
+        line = _LINES.get(kind)
+        if line is None:
+            self.view.event(kind, **data)  # the search's own events
+        else:
+            self.console.print(line(data), markup=True, highlight=False)
+
+    def busy(self, kind: str, **data: Any) -> Any:
+        if kind == "discovering":
+            return self.console.status(f"discovering the model: running {data['script'].name} once until it creates its engine ...")
+        return self.console.status(f"compiling DeepSpeed's {data['names']} op (first use on this machine; a few minutes on CPUs) ...")
+
+    def searching(self, tuner: Any) -> Any:
+        from zeroplan.cli.tune_summary import best_text
+
+        self.view.done = tuner.probes_in_study()
+        self.view.best = best_text(tuner)
+        best_so_far = tuner.best()
+        self.view.best_value = best_so_far.value if best_so_far is not None else 0.0
+        return self.view.live()
+
+
+def _one_line(text: str) -> str:
+    """``text`` as one line for rich (markup escaped)."""
+    return escape(" ".join(text.split()))
+
+
+def _tight(d: dict) -> str:
+    from zeroplan.estimator.verdict import TIGHT_MARGIN
+
+    return (f"[dim]{d['tight']} of {d['fitting']} plans that fit are tight (within {TIGHT_MARGIN * 100:.0f} % of the "
+            f"GPU's or the node's memory): they are probed only after the {d['fitting'] - d['tight']} that fit with margin[/]")
+
+
+#: How each of run_tune's own events reads (the search's go to the live view).
+_LINES = {
+    "auto_keys": lambda d: (
+        f"[yellow]note[/]: {escape(str(d['config']))} keeps \"auto\" at {', '.join(d['keys'][:4])}{' ...' if len(d['keys']) > 4 else ''}; "
+        f"{escape(d['script'].name)} is not a Hugging Face Trainer script, so unless it fills them (accelerate does for some) DeepSpeed "
+        "will refuse the config"
+    ),
+    "model_discovered": lambda d: f"model {escape(d['description'])}" + (" [dim](cached)[/]" if d["cached"] else ""),
+    "loss": lambda d: f"[dim]loss: {d['loss']} ({d['origin']}; --loss sets it), for the estimates that prune and rank plans[/]",
+    "tight": _tight,
+    "budget": lambda d: (
+        f"[dim]time budget {d['time_budget_s']:g} s: one probe takes at least {d['floor_s']:.0f} s here, so at most {d['probes']} probes "
+        "(no probe starts that its expected duration would take past the budget)[/]"
+    ),
+    "ops_failed": lambda d: f"[yellow]note[/]: {_one_line(d['text'])}; the probes that need it will report it",
+    "ops_built": lambda d: (
+        f"[dim]compiled DeepSpeed's {', '.join(f'{k} in {v:.0f} s' for k, v in d['seconds'].items())}, once for this machine; "
+        "not part of any probe[/]"
+    ),
+    "time_model": lambda d: f"[dim]{d['text']}[/]",
+    "prepared": lambda d: f"[dim]{d['text']}[/]",
+    "plot_missing": lambda d: f"[yellow]note[/]: {escape(d['text'])}; every other output is written",
+    "interrupted": lambda d: f"[yellow]interrupted[/]: the study in {d['storage']} is intact; run again with --resume to continue",
+}

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zeroplan.estimator.memory import largest_param_numel
+from zeroplan.estimator.plan_cache import PlanCache
 
 from zeroplan.spec import (
     ClusterSpec,
@@ -56,6 +57,7 @@ from zeroplan.spec import (
 
 __all__ = [
     "BUILDS",
+    "plan_host_phases",
     "HOST_PHASES",
     "HostPhase",
     "HostPhases",
@@ -402,3 +404,20 @@ def host_phases(
     )
     return HostPhases(phases=phases, build=build, pin_memory=pin_memory, pinned=tuple(pinned_names))
 
+
+#: Plan fields :func:`host_phases` does not read: micro-batch, accumulation and recomputation
+#: change activations and time, not the host's buffers (checkpoints kept on the CPU come in as
+#: ``checkpoint_bytes_on_cpu``). Every other field, including one added later, keys the cache.
+_NOT_ON_HOST = frozenset({"micro_batch", "gradient_accumulation_steps", "checkpointing"})
+_HOST_CACHE = PlanCache(host_phases, ignores=_NOT_ON_HOST)
+
+
+def plan_host_phases(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, device: str, build: str | None,
+    checkpoint_bytes_on_cpu: int, built_params: int | None = None,
+) -> HostPhases:
+    """:func:`host_phases` with its other defaults, computed once for the plans that differ only in
+    micro-batch, accumulation or checkpointing (an estimate's 196 plans have a dozen host layouts;
+    :class:`~zeroplan.estimator.plan_cache.PlanCache`). The result is shared: read it, do not change it."""
+    return _HOST_CACHE(model, cluster, training, plan, device=device, build=build, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu,
+                       built_params=built_params)

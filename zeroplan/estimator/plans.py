@@ -11,7 +11,8 @@ from zeroplan.estimator.comm import CommVolume, comm_volume
 from zeroplan.estimator.attention_kernel import with_attention_kernel
 from zeroplan.estimator.expert_parallel import expert_parallel_states
 from zeroplan.estimator.embedding_backward import embedding_backward
-from zeroplan.estimator.host import HostPhases, host_phases
+from zeroplan.estimator.host import HostPhases, plan_host_phases
+from zeroplan.estimator.plan_cache import PlanCache
 from zeroplan.estimator.memory import (
     EngineOverhead,
     HostMemory,
@@ -311,7 +312,7 @@ def estimate_plan(
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
         notes.append(duplicate)
-    extra: EngineOverhead = engine_overhead(model, cluster, training, plan, device=device, optimizer_impl=impl)
+    extra: EngineOverhead = _ENGINE_OVERHEAD(model, cluster, training, plan, device=device, optimizer_impl=impl)
     after_loss = None
     if activation_bytes is not None and layout:
         # A trace is of one rank holding the whole sequence and model; the layout's split is the formula's.
@@ -386,10 +387,10 @@ def estimate_plan(
             "with the transients freed there kept cached by the allocator"
         )
     host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
-    phases = host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build,
-                         built_params=full_model.total_params if plan.tp > 1 else None)
+    phases = plan_host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build,
+                              built_params=full_model.total_params if plan.tp > 1 else None)
     worst = phases.worst
-    comm = comm_volume(model, cluster, training, plan)
+    comm = _COMM_VOLUME(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
     layout_traffic = None
     if layout or plan.tiled_mlp:
@@ -461,6 +462,11 @@ def estimate_plan(
         layout_comm=layout_traffic,
     )
 
+
+#: The engine's extra allocations and the bytes communicated do not read the micro-batch (only
+#: activations and step time do): computed once for the plans that differ only in it.
+_ENGINE_OVERHEAD = PlanCache(engine_overhead, ignores=frozenset({"micro_batch"}))
+_COMM_VOLUME = PlanCache(comm_volume, ignores=frozenset({"micro_batch"}))
 
 #: Large model-state tensors DeepSpeed keeps alive: its flat 16-bit, fp32 and moment buffers per
 #: parameter group (two groups, weight decay or not) — each wastes part of a 2 MiB round-up.

@@ -11,8 +11,40 @@ from zeroplan.spec import GiB, GpuSpec
 __all__ = ["detect_gpu", "default_gpu", "gpu_is_here", "local_gpu_count"]
 
 
+#: pynvml's text for NVML_ERROR_LIBRARY_NOT_FOUND (pynvml.py, ``NVMLError._errcode_to_string``).
+NVML_LIBRARY_NOT_FOUND = "NVML Shared Library Not Found"
+
+
+def _nvml_library_missing() -> bool:
+    """Whether NVML's library cannot be loaded here, tried as pynvml's ``nvmlInit`` first tries it
+    on Linux (pynvml.py, ``_LoadNvmlLibrary``: ``CDLL("libnvidia-ml.so.1")``).
+
+    Checked before pynvml is imported (its ~2,000 ctypes definitions take ~10 ms, a tenth of
+    ``zeroplan estimate``'s start-up) on a machine without a driver, when nothing imported it yet."""
+    import sys
+
+    if not sys.platform.startswith("linux") or "pynvml" in sys.modules:
+        return False
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("pynvml") is None:
+            return False  # `import pynvml` below says it is not installed
+    except (ImportError, ValueError):
+        return False  # an odd install: `import pynvml` below says what is wrong
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return True
+    return False
+
+
 def _nvml_device() -> tuple[str, int, int] | str:
     """(device name, memory bytes, device count) of NVML device 0, or why there is none."""
+    if _nvml_library_missing():
+        return f"no NVIDIA driver: {NVML_LIBRARY_NOT_FOUND}"
     try:
         import pynvml
     except ImportError:

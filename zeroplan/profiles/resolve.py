@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from zeroplan.spec import ClusterSpec, GiB, ModelSpec, SpecError
+from zeroplan.spec import OPTIMIZERS, PRECISIONS, ClusterSpec, GiB, ModelSpec, SpecError, TrainingSpec
 
-__all__ = ["resolve_model", "resolve_cluster", "gib_option", "model_from_params"]
+__all__ = ["check_choice_option", "resolve_model", "resolve_cluster", "resolve_training", "gib_option", "model_from_params"]
 
 
 def gib_option(option: str, value: Optional[float], *, allow_zero: bool = False) -> Optional[int]:
@@ -153,4 +153,37 @@ def resolve_cluster(
         notes=tuple(notes),
         node=host.node.name if host.node else "",
         cpu_memory_source=host.source,
+    )
+
+
+def check_choice_option(option: str, value: Optional[str], choices: tuple[str, ...]) -> None:
+    """SpecError naming the flag unless ``value`` is None or one of ``choices``."""
+    if value is not None and value not in choices:
+        raise SpecError(f"{option} {value!r} is not valid; choose one of {', '.join(choices)}")
+
+
+def resolve_training(
+    *,
+    precision: str,
+    optimizer: str,
+    seq_len: int,
+    micro_batch: Optional[int],
+    global_batch: Optional[int],
+    grad_accum: Optional[int],
+) -> TrainingSpec:
+    """Training options → TrainingSpec (checks name the flag)."""
+    check_choice_option("--precision", precision, PRECISIONS)
+    check_choice_option("--optimizer", optimizer, OPTIMIZERS)
+    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--global-batch", global_batch), ("--grad-accum", grad_accum)):
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} {value} is not valid; give a whole number >= 1")
+    if global_batch is not None and grad_accum is not None and micro_batch is None:
+        raise SpecError("--global-batch with --grad-accum also needs --micro-batch (or drop --grad-accum)")
+    return TrainingSpec(
+        precision=precision,
+        optimizer=optimizer,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        global_batch=global_batch,
+        grad_accum=grad_accum,
     )

@@ -1,0 +1,58 @@
+"""The width bound that lets estimate skip rich's measurement is an upper bound of rich's own
+measurement, and the table printed is the same with and without it, at every terminal width."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from zeroplan.cli.table_fit import widest_table
+
+
+@pytest.fixture(scope="module")
+def estimates():
+    from zeroplan.estimator import enumerate_plans, estimate_all
+    from zeroplan.profiles import load_gpu
+    from zeroplan.spec import ClusterSpec, GiB, ModelSpec, TrainingSpec
+
+    model, training = ModelSpec.from_params(70e9), TrainingSpec()
+    cluster = ClusterSpec(gpus=8, gpus_per_node=8, gpu=load_gpu("a100-80gb"), cpu_memory_per_node_bytes=512 * GiB)
+    return model, cluster, training, estimate_all(model, cluster, training, enumerate_plans(model, cluster, training))
+
+
+def _render(estimates, width: int) -> str:
+    from zeroplan.cli.estimate import _render_table
+
+    model, cluster, training, found = estimates
+    console = Console(file=io.StringIO(), width=width, no_color=True)
+    _render_table(model, cluster, training, found, found[:40], total_plans=len(found), extra_notes=[], console=console)
+    return console.file.getvalue()
+
+
+def test_same_table_with_and_without_the_bound(estimates, monkeypatch):
+    widths = range(70, 260, 9)
+    with_bound = {w: _render(estimates, w) for w in widths}
+    monkeypatch.setattr("zeroplan.cli.table_fit.widest_table", lambda *a, **k: 10**9)  # always measured by rich
+    for w in widths:
+        assert _render(estimates, w) == with_bound[w], w
+
+
+@pytest.mark.parametrize("cells", [
+    ["8", "z3+opt:cpu", "oom: GPU 81.2 GiB > 80.0 GiB, CPU 600 GiB/node > 512 GiB"],
+    ["[bold]x[/bold]", ":thumbs_up: yes", "全角の文字"],
+    ["", "a", "b"],
+])
+def test_bound_is_at_least_richs_measurement(cells):
+    columns = ["#", "stage", "verdict"]
+    rows = [dict(zip(columns, cells)), dict(zip(columns, ("10", "z0", "fits 12 %")))]
+    table = Table(title="t")
+    for column in columns:
+        table.add_column(column, no_wrap=column != "verdict", min_width=10 if column == "verdict" else None)
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    console = Console(file=io.StringIO(), width=200)
+    measured = console.measure(table, options=console.options.update(max_width=10_000)).maximum
+    assert widest_table(rows, columns, min_widths={"verdict": 10}) >= measured
