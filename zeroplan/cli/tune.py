@@ -440,9 +440,9 @@ def tune(
 
             (output / "probes").mkdir(parents=True, exist_ok=True)
             (output / "probes" / FOLLOW_DONE).touch()  # the other nodes' followers stop
-    from zeroplan.tuner.search import REMEASURED_ATTR
+    from zeroplan.tuner.search import remeasurements
 
-    frame = write_results(study.get_trials(deepcopy=False), output, meta, remeasured=study.user_attrs.get(REMEASURED_ATTR))
+    frame = write_results(study.get_trials(deepcopy=False), output, meta, remeasured=remeasurements(study.user_attrs))
     print_summary(console, frame, summary, output, cluster.gpus, trainer=trainer)
 
 

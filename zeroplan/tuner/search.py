@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from zeroplan.tuner.admission import Knowledge, Rejection, admit, duplicate, knowledge_from_trials, memory_overshoot, not_enumerated
 from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspect_rank
-from zeroplan.tuner.ledger import ClaimsLedger, first_line, storage_call
+from zeroplan.tuner.ledger import REMEASURED_ATTR, ClaimsLedger, first_line, remeasurements, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
 from zeroplan.tuner.probetime import Gap, predicted_gap
 from zeroplan.tuner.seeding import NEAR_BEST, SAMPLERS, initial_candidates, make_sampler, space_signature
@@ -35,13 +35,10 @@ from zeroplan.tuner.settings import Trust, TuneSettings, TuneSummary
 from zeroplan.tuner.space import Candidate, SearchSpace
 from zeroplan.tuner.storage import StorageError, fail_stale_trials, heartbeat
 
-__all__ = ["NEAR_BEST", "REMEASURED_ATTR", "SAMPLERS", "Trust", "TuneSettings", "TuneSummary", "Tuner", "initial_candidates", "make_sampler", "space_signature"]
+__all__ = ["NEAR_BEST", "REMEASURED_ATTR", "SAMPLERS", "remeasurements", "Trust", "TuneSettings", "TuneSummary", "Tuner", "initial_candidates", "make_sampler", "space_signature"]
 
 _LOG_TAIL_CHARS = 2000
 
-#: Study attribute holding the re-measurements: {plan key: [samples/s, ...]} (a finished trial's
-#: attributes cannot change in Optuna, the study's can).
-REMEASURED_ATTR = "remeasured_samples_per_second"
 
 #: The error recorded for a probe that ended ``ok`` without a step time.
 NO_THROUGHPUT = "the probe ran but measured no step time, so it has no throughput to rank"
@@ -112,7 +109,7 @@ class Tuner:
 
     def measurements(self, trial: Any) -> list[float]:
         """Every throughput measured for a COMPLETE trial's plan: its probe's, then its re-measurements."""
-        again = (self.ledger.study_attr(REMEASURED_ATTR) or {}).get(trial.user_attrs.get("plan_key", ""), [])
+        again = self.ledger.remeasurements().get(trial.user_attrs.get("plan_key", ""), [])
         return [float(trial.value), *(float(v) for v in again)]
 
     def best(self) -> Any:
@@ -332,7 +329,6 @@ class Tuner:
             return None
         top = done[: self.settings.remeasure_top]
         if len(top) >= 2:
-            stored = dict(self.ledger.study_attr(REMEASURED_ATTR) or {})
             for t in reversed(top):
                 key = t.user_attrs.get("plan_key", "")
                 cand = self.space.get(key)
@@ -346,11 +342,10 @@ class Tuner:
                     self.on_event("warning", text=f"re-measuring {key} failed: {first_line(exc)}")
                     continue
                 if outcome.ok and outcome.samples_per_second > 0:
-                    stored[key] = [*stored.get(key, []), outcome.samples_per_second]
+                    self.ledger.add_remeasurement(key, outcome.samples_per_second)
                     self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second)
                 else:
                     self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands")
-            self.ledger.set_study_attr(REMEASURED_ATTR, stored)
         ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
         medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
         spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
