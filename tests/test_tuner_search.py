@@ -422,3 +422,18 @@ def test_workers_sharing_a_study_keep_each_others_remeasurements(tmp_path):
     for key, value in base.items():
         assert sorted(again[key]) == [value + 0.25, value + 0.5, value + 0.75], again
     assert third.measurements(next(t for t in first_study.trials if t.user_attrs.get("plan_key") == key)) == [value, *again[key]]
+
+
+def test_trust_line_says_when_the_plans_work_repeats_but_the_wall_time_does_not():
+    """At load the same plan's wall time may differ by 90% while the CPU its rank used per step
+    differs by 10% (runtime.threads: one thread per CPU rank): the line says both."""
+    from zeroplan.tuner.settings import Trust
+
+    loaded = Trust(best_key="a", runner_up_key="b", gap=0.12, repeat_spread=0.93, load_1m=(15.0, 17.0), cores=2, cpu_repeat_spread=0.1)
+    assert not loaded.firm
+    assert "differs by up to 93%, its CPU time per step by up to 10% (load 15.0–17.0 on 2 cores)" in loaded.text
+    assert "their wall time is their share of cores other jobs use" in loaded.text
+    noisy = Trust(best_key="a", runner_up_key="b", gap=0.12, repeat_spread=0.93, load_1m=(1.0, 1.0), cores=2, cpu_repeat_spread=0.8)
+    assert "share of cores" not in noisy.text and "not told apart" in noisy.text
+    gpu = Trust(best_key="a", runner_up_key="b", gap=0.3, repeat_spread=0.05, load_1m=(0.1, 0.2), cores=8)
+    assert gpu.firm and "CPU time" not in gpu.text

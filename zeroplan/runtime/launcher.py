@@ -233,6 +233,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     info: dict = {}
     cmd = build_command(request, spec_path, info)
     env = probe_environment(request)
+    load_start = os.getloadavg()[0]
     started = time.monotonic()
     clock = PhaseClock(started, on_line)
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
@@ -372,7 +373,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         **host,
     )
     clock.mark("report")
-    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s)
+    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s,
+                                 cpu_step_time=summary.get("cpu_step_time"), load_average=(load_start, os.getloadavg()[0]))
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:
         record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}

@@ -41,16 +41,21 @@ ENQUEUED_PARAMS = "enqueued_params"
 REMEASURED_ATTR = "remeasured_samples_per_second"
 
 
-def remeasurements(study_attrs: dict[str, Any]) -> dict[str, list[float]]:
-    """{plan key: [samples/s, ...]} from a study's user attributes, each plan's in the order measured."""
-    out: dict[str, list[tuple[float, float]]] = {}
+def remeasurement_records(study_attrs: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """{plan key: [{"samples_per_second", "cpu_step_time_s", "load_average", "time"}, ...]} from a study's
+    user attributes, each plan's in the order measured (keys other than samples/s may be absent)."""
+    out: dict[str, list[dict[str, Any]]] = {}
     for key, values in (study_attrs.get(REMEASURED_ATTR) or {}).items():
-        out.setdefault(key, []).extend((-1.0, float(v)) for v in values)
+        out.setdefault(key, []).extend({"samples_per_second": float(v), "time": -1.0} for v in values)
     for name, value in study_attrs.items():
         if name.startswith(REMEASURED_ATTR + "/") and isinstance(value, dict):
-            plan = name[len(REMEASURED_ATTR) + 1:].rsplit("/", 2)[0]
-            out.setdefault(plan, []).append((float(value.get("time", 0.0)), float(value["samples_per_second"])))
-    return {plan: [v for _, v in sorted(pairs, key=lambda p: p[0])] for plan, pairs in out.items()}
+            out.setdefault(name[len(REMEASURED_ATTR) + 1:].rsplit("/", 2)[0], []).append(value)
+    return {plan: sorted(records, key=lambda r: float(r.get("time", 0.0))) for plan, records in out.items()}
+
+
+def remeasurements(study_attrs: dict[str, Any]) -> dict[str, list[float]]:
+    """{plan key: [samples/s, ...]} from a study's user attributes, each plan's in the order measured."""
+    return {plan: [float(r["samples_per_second"]) for r in records] for plan, records in remeasurement_records(study_attrs).items()}
 
 
 #: Trials this long in RUNNING without a claim are considered abandoned (crash between ask and claim).
@@ -132,19 +137,30 @@ class ClaimsLedger:
         with storage_call("writing the study"):
             self.study.set_user_attr(name, value)
 
-    def add_remeasurement(self, plan_key: str, samples_per_second: float) -> None:
+    def add_remeasurement(self, plan_key: str, samples_per_second: float, *, cpu_step_time_s: Optional[float] = None,
+                          load_average: Optional[tuple] = None) -> None:
         """Store one more measurement of ``plan_key`` under an attribute no other worker writes."""
         import time
         import uuid
 
         name = f"{REMEASURED_ATTR}/{plan_key}/{this_worker()}/{uuid.uuid4().hex[:12]}"
+        record = {"samples_per_second": float(samples_per_second), "time": time.time()}
+        if cpu_step_time_s:
+            record["cpu_step_time_s"] = float(cpu_step_time_s)
+        if load_average:
+            record["load_average"] = [round(float(x), 2) for x in load_average]
         with storage_call("writing the study"):
-            self.study.set_user_attr(name, {"samples_per_second": float(samples_per_second), "time": time.time()})
+            self.study.set_user_attr(name, record)
 
     def remeasurements(self) -> dict[str, list[float]]:
         """{plan key: [samples/s, ...]}: every worker's re-measurements (:func:`remeasurements`)."""
         with storage_call("reading the study"):
             return remeasurements(self.study.user_attrs)
+
+    def remeasurement_records(self) -> dict[str, list[dict[str, Any]]]:
+        """Every worker's re-measurements with their CPU time and load (:func:`remeasurement_records`)."""
+        with storage_call("reading the study"):
+            return remeasurement_records(self.study.user_attrs)
 
     def add_trial(self, frozen: Any) -> None:
         with storage_call("recording a pruned plan"):

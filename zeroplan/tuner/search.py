@@ -342,19 +342,26 @@ class Tuner:
                     self.on_event("warning", text=f"re-measuring {key} failed: {first_line(exc)}")
                     continue
                 if outcome.ok and outcome.samples_per_second > 0:
-                    self.ledger.add_remeasurement(key, outcome.samples_per_second)
+                    self.ledger.add_remeasurement(key, outcome.samples_per_second, cpu_step_time_s=outcome.cpu_step_time_s, load_average=outcome.load_average)
                     self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second)
                 else:
                     self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands")
         ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
         medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
         spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
+        records = self.ledger.remeasurement_records()
+        cpu_spreads = []
+        for t in ranked[:2]:
+            cpu = [t.user_attrs.get("cpu_step_time_s")] + [r.get("cpu_step_time_s") for r in records.get(t.user_attrs.get("plan_key", ""), [])]
+            if len(cpu) > 1 and all(cpu):
+                cpu_spreads.append((max(cpu) - min(cpu)) / statistics.median(cpu))
         load = self._load or [os.getloadavg()[0]]
         return Trust(
             best_key=ranked[0].user_attrs.get("plan_key", ""),
             runner_up_key=ranked[1].user_attrs.get("plan_key", "") if len(ranked) > 1 else None,
             gap=medians[0] / medians[1] - 1.0 if len(medians) > 1 and medians[1] > 0 else 0.0,
             repeat_spread=max(spreads) if spreads else 0.0,
+            cpu_repeat_spread=max(cpu_spreads) if cpu_spreads else None,
             load_1m=(min(load), max(load)),
             cores=os.cpu_count() or 1,
         )
@@ -433,6 +440,10 @@ class Tuner:
             measured["waits_s"] = {k: round(v, 1) for k, v in outcome.waits_s.items()}
         if outcome.retried:
             measured["retried"] = outcome.retried
+        if outcome.cpu_step_time_s:
+            measured["cpu_step_time_s"] = outcome.cpu_step_time_s
+        if outcome.load_average:
+            measured["load_average"] = [round(float(x), 2) for x in outcome.load_average]
         self.ledger.set_attrs(trial, measured)
         if outcome.ok:
             self.ledger.tell(trial, outcome.samples_per_second)
