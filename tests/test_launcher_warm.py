@@ -8,6 +8,7 @@ tests/test_runtime_faults.py, which runs on the default launcher.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -41,6 +42,22 @@ def test_which_probes_use_the_warm_launcher():
     assert not uses_warm_launcher(ProbeRequest(script=SCRIPT, nodes=two))
 
 
+def test_cpu_ranks_compute_with_one_thread_unless_the_user_says(monkeypatch):
+    from zeroplan.runtime.launcher import probe_environment
+    from zeroplan.runtime.threads import rank_threads
+
+    assert rank_threads(2, on_cuda=False, env={}) == 1
+    assert rank_threads(1, on_cuda=False, env={"OMP_NUM_THREADS": "8"}) == 8
+    assert rank_threads(1, on_cuda=False, env={"OMP_NUM_THREADS": "lots"}) == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert rank_threads(4, on_cuda=True, env={}) == 4
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("zeroplan.profiles.detect.local_gpu_count", lambda: None)
+    assert probe_environment(ProbeRequest(script=SCRIPT, nproc=1))["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert probe_environment(ProbeRequest(script=SCRIPT, nproc=1))["OMP_NUM_THREADS"] == "3"
+
+
 def test_cli_bad_launcher_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "zeroplan", "probe", str(SCRIPT), "--gpus", "2", "--stage", "1", "--launcher", "fork"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -71,6 +88,12 @@ def test_warm_measures_what_torchrun_measures(tmp_path):
     # Both report where the time went, from the worker's start to the report.
     for r in (torchrun, warm):
         assert {"launch", "imports", "script", "engine", "warmup", "measure", "teardown"} <= set(r.phases_s), r.phases_s
+    # Each rank computes with the same intra-op pool under both, as torch in the rank reports it:
+    # one thread per CPU rank (zeroplan.runtime.threads), also in ranks forked from the server.
+    for launcher in ("torchrun", "warm"):
+        for rank in (0, 1):
+            threads = json.loads((tmp_path / launcher / f"rank-{rank}.json").read_text())["threads"]
+            assert threads["torch_threads"] == 1 and threads["env"]["OMP_NUM_THREADS"] == "1", (launcher, threads)
 
 
 @pytest.mark.slow

@@ -317,3 +317,38 @@ def test_tune_compiles_the_optimizer_ops_its_plans_load_once_and_drops_a_killed_
     built.write_bytes(b"")
     assert dsops.drop_stale_locks(since=time.time() + 5) == [] and built.exists()  # taken before the probe: kept
     assert dsops.drop_stale_locks(since=time.time() - 5) == ["fused_adam"] and not built.exists()
+
+
+def test_meter_times_the_cpu_a_step_uses_apart_from_its_wall_time():
+    """Micro-step mode records each step's CPU seconds (this process, all threads) beside its wall
+    time: a step that computes for 20 ms of CPU reads ~20 ms of CPU, one that sleeps 20 ms reads ~0
+    (time.sleep uses no CPU), whatever else runs on the machine."""
+    import time
+
+    from zeroplan.runtime.meter import ProbeDone, StepMeter
+
+    def run(work) -> StepMeter:
+        meter = StepMeter(warmup=1, steps=4, target_ci=1e-9)
+        meter.start()
+        with pytest.raises(ProbeDone):
+            for _ in range(10):
+                work()
+                meter.micro_step_done(True)
+        return meter
+
+    def burn():
+        end = time.process_time() + 0.02
+        while time.process_time() < end:
+            pass
+
+    busy, idle = run(burn), run(lambda: time.sleep(0.02))
+    assert len(busy.step_cpu_times) == len(busy.boundary_times) == 4
+    assert all(0.019 <= c <= 0.03 for c in busy.step_cpu_times), busy.step_cpu_times
+    assert all(c < 0.005 for c in idle.step_cpu_times) and all(t >= 0.02 for t in idle.boundary_times), idle.step_cpu_times
+    assert busy.as_dict()["boundary_times"] == busy.boundary_times
+
+
+def test_summary_takes_the_busiest_ranks_median_cpu_time_per_step():
+    ranks = [_ok(0, step_cpu_times=[0.05, 0.06, 0.5]), _ok(1, step_cpu_times=[0.07, 0.08, 0.07])]
+    assert summarize_ranks(ranks)["cpu_step_time"] == pytest.approx(0.07)
+    assert "cpu_step_time" not in summarize_ranks([_ok(0, step_cpu_times=[0.05]), _ok(1)])  # not every rank measured it

@@ -20,7 +20,7 @@ import pytest
 
 from zeroplan.spec import Plan
 from zeroplan.tuner import ProbeOutcome, StorageError, TuneSettings, Tuner, make_sampler, open_study, storage_url
-from zeroplan.tuner.ledger import trial_reason, trial_status
+from zeroplan.tuner.ledger import remeasurements, trial_reason, trial_status
 from zeroplan.tuner.results import CSV_COLUMNS, write_results
 from zeroplan.tuner.storage import open_storage
 
@@ -379,9 +379,61 @@ def test_top_plans_are_measured_again_before_the_best_is_named(tmp_path):
     assert (trust.best_key, trust.runner_up_key) == (second, first)
     assert trust.gap == pytest.approx(9 / 8 - 1) and trust.repeat_spread == pytest.approx(0.5) and not trust.firm
     assert "not told apart at this load" in trust.text
-    from zeroplan.tuner.search import REMEASURED_ATTR
+    from zeroplan.tuner.search import remeasurements
 
-    frame = write_results(study.get_trials(), tmp_path, {"script": "x.py", "plans": 18, "pruned": 0}, remeasured=study.user_attrs[REMEASURED_ATTR])
+    frame = write_results(study.get_trials(), tmp_path, {"script": "x.py", "plans": 18, "pruned": 0}, remeasured=remeasurements(study.user_attrs))
     assert json.loads((tmp_path / "ds_config.json").read_text()) == {"k": second}
     ranked = dict(zip(frame["plan"], frame["ranked_samples_per_second"]))
     assert ranked[first] == 8.0 and ranked[second] == 9.0
+
+
+def test_workers_sharing_a_study_keep_each_others_remeasurements(tmp_path):
+    """Two workers re-measure the same two plans in one SQLite study, the second while the first is
+    still measuring: every re-measurement of both stays in the study (one read-modify-written
+    attribute kept only the last writer's)."""
+    space = make_space(global_batch=2)
+    url = storage_url(None, tmp_path)
+    base = {}
+
+    def make_runner(step: float, during=None):
+        def runner(plan, *, trial_number, on_line=None):
+            from zeroplan.tuner import plan_key
+
+            key = plan_key(plan)
+            if key not in base:
+                base[key] = 10.0 - len(base)
+                return ProbeOutcome(status="ok", samples_per_second=base[key], peak_memory_bytes=1, ds_config={})
+            if during is not None and during:
+                during.pop()()  # the other worker re-measures while this one measures
+            return ProbeOutcome(status="ok", samples_per_second=base[key] + step, peak_memory_bytes=1, ds_config={})
+
+        return runner
+
+    first_study = open_study(url, resume=False, sampler=make_sampler("tpe", seed=1))
+    first = Tuner(first_study, space, make_runner(0.5), TuneSettings(trials=2, n_initial=2))
+    first.prepare(resume=False)
+    first.run()  # probes two plans, re-measures both (+0.5)
+    second = Tuner(open_study(url, resume=True, sampler=make_sampler("tpe", seed=1)), space, make_runner(0.25), TuneSettings(trials=2, n_initial=2))
+    third = Tuner(open_study(url, resume=True, sampler=make_sampler("tpe", seed=1)), space, make_runner(0.75, during=[second.remeasure]),
+                  TuneSettings(trials=2, n_initial=2))
+    third.remeasure()
+    again = remeasurements(first_study.user_attrs)
+    assert sorted(again) == sorted(base)
+    for key, value in base.items():
+        assert sorted(again[key]) == [value + 0.25, value + 0.5, value + 0.75], again
+    assert third.measurements(next(t for t in first_study.trials if t.user_attrs.get("plan_key") == key)) == [value, *again[key]]
+
+
+def test_trust_line_says_when_the_plans_work_repeats_but_the_wall_time_does_not():
+    """At load the same plan's wall time may differ by 90% while the CPU its rank used per step
+    differs by 10% (runtime.threads: one thread per CPU rank): the line says both."""
+    from zeroplan.tuner.settings import Trust
+
+    loaded = Trust(best_key="a", runner_up_key="b", gap=0.12, repeat_spread=0.93, load_1m=(15.0, 17.0), cores=2, cpu_repeat_spread=0.1)
+    assert not loaded.firm
+    assert "differs by up to 93%, its CPU time per step by up to 10% (load 15.0–17.0 on 2 cores)" in loaded.text
+    assert "their wall time is their share of cores other jobs use" in loaded.text
+    noisy = Trust(best_key="a", runner_up_key="b", gap=0.12, repeat_spread=0.93, load_1m=(1.0, 1.0), cores=2, cpu_repeat_spread=0.8)
+    assert "share of cores" not in noisy.text and "not told apart" in noisy.text
+    gpu = Trust(best_key="a", runner_up_key="b", gap=0.3, repeat_spread=0.05, load_1m=(0.1, 0.2), cores=8)
+    assert gpu.firm and "CPU time" not in gpu.text

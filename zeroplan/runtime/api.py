@@ -198,6 +198,13 @@ class ProbeResult:
     """Seconds the probe waited on something that is not its plan, not charged to its timeout:
     ``launcher`` (the warm server's start and its answer), ``op build`` (a DeepSpeed op being
     compiled while the ranks waited to load it)."""
+    cpu_step_time: float | None = None
+    """CPU seconds per measured optimizer step (median) of the rank that used most: the work of its
+    own threads. With one thread per CPU rank (zeroplan.runtime.threads) other jobs on the machine
+    change it little, where they change step_time by their share of the cores; it leaves out time
+    spent blocked (waiting on a collective)."""
+    load_average: tuple[float, float] | None = None
+    """The machine's 1-minute load average when the probe started and when it reported."""
 
     @property
     def host_worst_phase(self) -> str | None:
@@ -271,4 +278,6 @@ class ProbeResult:
             "launcher_note": self.launcher_note,
             "phases_s": dict(self.phases_s),
             "waits_s": dict(self.waits_s),
+            "cpu_step_time": self.cpu_step_time,
+            "load_average": list(self.load_average) if self.load_average else None,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 
 from zeroplan.runtime.moe_leaf import LEAF_WARNING_PREFIX
 
@@ -102,6 +103,9 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["steps"] = max((int(r.get("steps") or 0) for r in ranks), default=0)
         return out
     out["steps"] = min(int(r.get("steps") or 0) for r in ok)
+    cpu = [statistics.median(r["step_cpu_times"]) for r in ok if r.get("step_cpu_times")]
+    if cpu and len(cpu) == len(ok):
+        out["cpu_step_time"] = max(cpu)
     times = [r["step_time"] for r in ok if r.get("step_time")]
     if times:
         step_time = max(times)

@@ -81,7 +81,8 @@ def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = No
 
 
 def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the job: zeroplan importable, unbuffered output, threads split per rank.
+    """Environment for the job: zeroplan importable, unbuffered output, intra-op threads per rank
+    (:func:`zeroplan.runtime.threads.rank_threads`: one on CPU, the cores split between ranks on CUDA).
 
     ``DS_ACCELERATOR=cpu`` (DeepSpeed 0.19 on CPU over gloo) is set by the worker itself when
     torch sees no CUDA device, so it is right on every node of a multi-node job.
@@ -91,7 +92,12 @@ def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None)
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     if "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // request.nproc))
+        # One intra-op thread per CPU rank: a pool as wide as the cores measures the machine's
+        # other work, not the plan (zeroplan.runtime.threads has the measurement).
+        from zeroplan.profiles.detect import local_gpu_count
+        from zeroplan.runtime.threads import rank_threads
+
+        env["OMP_NUM_THREADS"] = str(rank_threads(request.nproc, on_cuda=bool(local_gpu_count()), env=env))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # DeepSpeed 0.19 calls deprecated c10d names on every collective; one warning per call
     # would fill the log tail that explains failures.
@@ -231,6 +237,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     info: dict = {}
     cmd = build_command(request, spec_path, info)
     env = probe_environment(request)
+    load_start = os.getloadavg()[0]
     started = time.monotonic()
     clock = PhaseClock(started, on_line)
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
@@ -370,7 +377,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         **host,
     )
     clock.mark("report")
-    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s)
+    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s,
+                                 cpu_step_time=summary.get("cpu_step_time"), load_average=(load_start, os.getloadavg()[0]))
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:
         record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}

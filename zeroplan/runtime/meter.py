@@ -151,6 +151,8 @@ class StepMeter:
             self._synchronize()
             dt = time.perf_counter() - self._last
             (self.boundary_times if boundary else self.micro_times).append(dt)
+            if boundary and self._last_cpu is not None:
+                self.step_cpu_times.append(time.process_time() - self._last_cpu)
         if not boundary:
             self._last = time.perf_counter()
             return
@@ -176,6 +178,7 @@ class StepMeter:
             done = False  # the boundary that ends warm-up
         self._synchronize()
         self._last = time.perf_counter()  # the agreement's collective is not the next micro-step's
+        self._last_cpu = time.process_time()
         if done:
             if self.estimate is not None:
                 self._report(
@@ -201,6 +204,8 @@ class StepMeter:
         }
         if self.estimate is not None:
             out |= {"step_time_ci": self.estimate.half_width_s, "micro_steps": self.estimate.micro_steps}
+        if self.micro_mode:
+            out |= {"micro_times": self.micro_times, "boundary_times": self.boundary_times}
         return out
 
 

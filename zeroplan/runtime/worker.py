@@ -341,6 +341,17 @@ def _record_discovery(result: dict, state: dict, spec: dict) -> None:
     result["seq_len"] = result.get("seq_len") or (1 if found.activations else seq)
 
 
+def _thread_setup(torch) -> dict:
+    """What the rank computed with: torch's intra-op threads, the cores it may run on, the thread
+    variables it was given (a probe's throughput is only comparable between equal setups)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
+    return {"torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(), "cpus": cpus,
+            "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
@@ -405,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update(meter.as_dict())
     result.update(state["host"].as_dict())
     result["pid"] = os.getpid()
+    result["threads"] = _thread_setup(torch)
     result["model_build"] = state.get("model_build")
     result["seq_len"] = spec.get("seq_len") or getattr(state.get("task"), "seq_len", None)
     result["engine_batch"] = state.get("engine_batch")

@@ -25,10 +25,38 @@ from zeroplan.spec import SpecError
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.storage import StorageError, this_worker
 
-__all__ = ["ClaimsLedger", "ENQUEUED_PARAMS", "UNCLAIMED_GRACE_S", "storage_call", "trial_status", "trial_reason", "first_line"]
+__all__ = ["ClaimsLedger", "ENQUEUED_PARAMS", "REMEASURED_ATTR", "UNCLAIMED_GRACE_S", "remeasurements", "storage_call", "trial_status",
+           "trial_reason", "first_line"]
 
 #: User attr of an enqueued trial holding its parameters (read back by :meth:`ClaimsLedger.waiting_params`).
 ENQUEUED_PARAMS = "enqueued_params"
+
+#: Prefix of the study attributes holding re-measurements (a finished trial's attributes cannot
+#: change in Optuna, the study's can). Each re-measurement is its own attribute,
+#: ``<prefix>/<plan key>/<worker>/<random id>`` → {"samples_per_second": v, "time": t}: workers sharing a
+#: study never read-modify-write one value, so none overwrites another's (a single
+#: {plan: [values]} attribute, read before a re-measurement and written after, lost the
+#: measurements another worker stored meanwhile). An attribute named exactly the prefix holding
+#: {plan key: [samples/s, ...]} (studies written before) is read too.
+REMEASURED_ATTR = "remeasured_samples_per_second"
+
+
+def remeasurement_records(study_attrs: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """{plan key: [{"samples_per_second", "cpu_step_time_s", "load_average", "time"}, ...]} from a study's
+    user attributes, each plan's in the order measured (keys other than samples/s may be absent)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, values in (study_attrs.get(REMEASURED_ATTR) or {}).items():
+        out.setdefault(key, []).extend({"samples_per_second": float(v), "time": -1.0} for v in values)
+    for name, value in study_attrs.items():
+        if name.startswith(REMEASURED_ATTR + "/") and isinstance(value, dict):
+            out.setdefault(name[len(REMEASURED_ATTR) + 1:].rsplit("/", 2)[0], []).append(value)
+    return {plan: sorted(records, key=lambda r: float(r.get("time", 0.0))) for plan, records in out.items()}
+
+
+def remeasurements(study_attrs: dict[str, Any]) -> dict[str, list[float]]:
+    """{plan key: [samples/s, ...]} from a study's user attributes, each plan's in the order measured."""
+    return {plan: [float(r["samples_per_second"]) for r in records] for plan, records in remeasurement_records(study_attrs).items()}
+
 
 #: Trials this long in RUNNING without a claim are considered abandoned (crash between ask and claim).
 UNCLAIMED_GRACE_S = 300.0
@@ -108,6 +136,31 @@ class ClaimsLedger:
     def set_study_attr(self, name: str, value: Any) -> None:
         with storage_call("writing the study"):
             self.study.set_user_attr(name, value)
+
+    def add_remeasurement(self, plan_key: str, samples_per_second: float, *, cpu_step_time_s: Optional[float] = None,
+                          load_average: Optional[tuple] = None) -> None:
+        """Store one more measurement of ``plan_key`` under an attribute no other worker writes."""
+        import time
+        import uuid
+
+        name = f"{REMEASURED_ATTR}/{plan_key}/{this_worker()}/{uuid.uuid4().hex[:12]}"
+        record = {"samples_per_second": float(samples_per_second), "time": time.time()}
+        if cpu_step_time_s:
+            record["cpu_step_time_s"] = float(cpu_step_time_s)
+        if load_average:
+            record["load_average"] = [round(float(x), 2) for x in load_average]
+        with storage_call("writing the study"):
+            self.study.set_user_attr(name, record)
+
+    def remeasurements(self) -> dict[str, list[float]]:
+        """{plan key: [samples/s, ...]}: every worker's re-measurements (:func:`remeasurements`)."""
+        with storage_call("reading the study"):
+            return remeasurements(self.study.user_attrs)
+
+    def remeasurement_records(self) -> dict[str, list[dict[str, Any]]]:
+        """Every worker's re-measurements with their CPU time and load (:func:`remeasurement_records`)."""
+        with storage_call("reading the study"):
+            return remeasurement_records(self.study.user_attrs)
 
     def add_trial(self, frozen: Any) -> None:
         with storage_call("recording a pruned plan"):

@@ -63,6 +63,10 @@ class ProbeOutcome:
     """The estimator's host peak per node for the probe, bytes; 0 when not estimated."""
     memory_limit: str = ""
     """For an ``oom``: ``host`` or ``device``."""
+    cpu_step_time_s: Optional[float] = None
+    """CPU seconds per step of the busiest rank (``zeroplan.runtime.ProbeResult.cpu_step_time``)."""
+    load_average: Optional[tuple[float, float]] = None
+    """The machine's 1-minute load average at the probe's start and report."""
     step_time_ci_s: Optional[float] = None
     """Half-width of the step time's 95% confidence interval, seconds (micro-step measurement)."""
     micro_steps: int = 0
@@ -344,4 +348,6 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Opti
         launcher=str(getattr(result, "launcher", "") or ""),
         phases_s=dict(getattr(result, "phases_s", None) or {}),
         waits_s=dict(getattr(result, "waits_s", None) or {}),
+        cpu_step_time_s=getattr(result, "cpu_step_time", None),
+        load_average=tuple(getattr(result, "load_average", None) or ()) or None,
     )

@@ -81,6 +81,8 @@ CSV_COLUMNS = [
     "retried",
     "remeasured_samples_per_second",
     "ranked_samples_per_second",
+    "cpu_step_time_s",
+    "load_average",
 ]
 
 
@@ -159,6 +161,8 @@ def trials_frame(trials: list[Any], remeasured: Optional[dict] = None) -> Any:
                 if status == "ok" else None,
                 "ranked_samples_per_second": statistics.median([attrs["measured_samples_per_second"], *remeasured.get(attrs.get("plan_key", ""), [])])
                 if status == "ok" and attrs.get("measured_samples_per_second") else None,
+                "cpu_step_time_s": attrs.get("cpu_step_time_s"),
+                "load_average": ";".join(f"{v:.1f}" for v in attrs.get("load_average") or ()) or None,
             }
         )
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)

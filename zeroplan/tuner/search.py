@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from zeroplan.tuner.admission import Knowledge, Rejection, admit, duplicate, knowledge_from_trials, memory_overshoot, not_enumerated
 from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspect_rank
-from zeroplan.tuner.ledger import ClaimsLedger, first_line, storage_call
+from zeroplan.tuner.ledger import REMEASURED_ATTR, ClaimsLedger, first_line, remeasurements, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
 from zeroplan.tuner.probetime import Gap, predicted_gap
 from zeroplan.tuner.seeding import NEAR_BEST, SAMPLERS, initial_candidates, make_sampler, space_signature
@@ -35,13 +35,10 @@ from zeroplan.tuner.settings import Trust, TuneSettings, TuneSummary
 from zeroplan.tuner.space import Candidate, SearchSpace
 from zeroplan.tuner.storage import StorageError, fail_stale_trials, heartbeat
 
-__all__ = ["NEAR_BEST", "REMEASURED_ATTR", "SAMPLERS", "Trust", "TuneSettings", "TuneSummary", "Tuner", "initial_candidates", "make_sampler", "space_signature"]
+__all__ = ["NEAR_BEST", "REMEASURED_ATTR", "SAMPLERS", "remeasurements", "Trust", "TuneSettings", "TuneSummary", "Tuner", "initial_candidates", "make_sampler", "space_signature"]
 
 _LOG_TAIL_CHARS = 2000
 
-#: Study attribute holding the re-measurements: {plan key: [samples/s, ...]} (a finished trial's
-#: attributes cannot change in Optuna, the study's can).
-REMEASURED_ATTR = "remeasured_samples_per_second"
 
 #: The error recorded for a probe that ended ``ok`` without a step time.
 NO_THROUGHPUT = "the probe ran but measured no step time, so it has no throughput to rank"
@@ -112,7 +109,7 @@ class Tuner:
 
     def measurements(self, trial: Any) -> list[float]:
         """Every throughput measured for a COMPLETE trial's plan: its probe's, then its re-measurements."""
-        again = (self.ledger.study_attr(REMEASURED_ATTR) or {}).get(trial.user_attrs.get("plan_key", ""), [])
+        again = self.ledger.remeasurements().get(trial.user_attrs.get("plan_key", ""), [])
         return [float(trial.value), *(float(v) for v in again)]
 
     def best(self) -> Any:
@@ -332,7 +329,6 @@ class Tuner:
             return None
         top = done[: self.settings.remeasure_top]
         if len(top) >= 2:
-            stored = dict(self.ledger.study_attr(REMEASURED_ATTR) or {})
             for t in reversed(top):
                 key = t.user_attrs.get("plan_key", "")
                 cand = self.space.get(key)
@@ -346,20 +342,26 @@ class Tuner:
                     self.on_event("warning", text=f"re-measuring {key} failed: {first_line(exc)}")
                     continue
                 if outcome.ok and outcome.samples_per_second > 0:
-                    stored[key] = [*stored.get(key, []), outcome.samples_per_second]
+                    self.ledger.add_remeasurement(key, outcome.samples_per_second, cpu_step_time_s=outcome.cpu_step_time_s, load_average=outcome.load_average)
                     self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second)
                 else:
                     self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands")
-            self.ledger.set_study_attr(REMEASURED_ATTR, stored)
         ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
         medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
         spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
+        records = self.ledger.remeasurement_records()
+        cpu_spreads = []
+        for t in ranked[:2]:
+            cpu = [t.user_attrs.get("cpu_step_time_s")] + [r.get("cpu_step_time_s") for r in records.get(t.user_attrs.get("plan_key", ""), [])]
+            if len(cpu) > 1 and all(cpu):
+                cpu_spreads.append((max(cpu) - min(cpu)) / statistics.median(cpu))
         load = self._load or [os.getloadavg()[0]]
         return Trust(
             best_key=ranked[0].user_attrs.get("plan_key", ""),
             runner_up_key=ranked[1].user_attrs.get("plan_key", "") if len(ranked) > 1 else None,
             gap=medians[0] / medians[1] - 1.0 if len(medians) > 1 and medians[1] > 0 else 0.0,
             repeat_spread=max(spreads) if spreads else 0.0,
+            cpu_repeat_spread=max(cpu_spreads) if cpu_spreads else None,
             load_1m=(min(load), max(load)),
             cores=os.cpu_count() or 1,
         )
@@ -438,6 +440,10 @@ class Tuner:
             measured["waits_s"] = {k: round(v, 1) for k, v in outcome.waits_s.items()}
         if outcome.retried:
             measured["retried"] = outcome.retried
+        if outcome.cpu_step_time_s:
+            measured["cpu_step_time_s"] = outcome.cpu_step_time_s
+        if outcome.load_average:
+            measured["load_average"] = [round(float(x), 2) for x in outcome.load_average]
         self.ledger.set_attrs(trial, measured)
         if outcome.ok:
             self.ledger.tell(trial, outcome.samples_per_second)

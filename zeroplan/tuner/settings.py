@@ -89,6 +89,9 @@ class Trust:
     load_1m: tuple[float, float]
     """Lowest and highest 1-minute load average seen at the start of each probe."""
     cores: int
+    cpu_repeat_spread: Optional[float] = None
+    """As ``repeat_spread`` for the CPU seconds per step of the busiest rank (None: not measured,
+    e.g. on CUDA): the plan's own work, which other jobs on the machine change little."""
 
     @property
     def firm(self) -> bool:
@@ -101,5 +104,10 @@ class Trust:
         if self.runner_up_key is None:
             return f"ranking: only {self.best_key} worked ({load})"
         verdict = "the ranking holds" if self.firm else "not told apart at this load: either may be the faster"
+        cpu = ""
+        if self.cpu_repeat_spread is not None and self.repeat_spread > 0:
+            cpu = f", its CPU time per step by up to {self.cpu_repeat_spread:.0%}"
+            if not self.firm and self.cpu_repeat_spread < self.repeat_spread / 2:
+                verdict += " (the plans' work repeats; their wall time is their share of cores other jobs use)"
         return (f"ranking: {self.best_key} ahead of {self.runner_up_key} by {self.gap:.0%}, while one plan measured twice "
-                f"differs by up to {self.repeat_spread:.0%} ({load}): {verdict}")
+                f"differs by up to {self.repeat_spread:.0%}{cpu} ({load}): {verdict}")

@@ -107,9 +107,9 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         _build_optimizer_ops(listener, space, training, base_config=base_config, optimizer_impl=request.optimizer_impl)
     summary, tuner = _search(request, listener, study, space, runner, meta, url=url, time_model=time_model)
     from zeroplan.tuner.results import write_results
-    from zeroplan.tuner.search import REMEASURED_ATTR
+    from zeroplan.tuner.search import remeasurements
 
-    frame = write_results(study.get_trials(deepcopy=False), output, meta, remeasured=study.user_attrs.get(REMEASURED_ATTR))
+    frame = write_results(study.get_trials(deepcopy=False), output, meta, remeasured=remeasurements(study.user_attrs))
     return TuneOutcome(frame=frame, summary=summary, output=output, gpus=cluster.gpus, trainer=trainer, tuner=tuner, space=space)
 
 
