@@ -136,11 +136,11 @@ KNOWN_DISAGREEMENTS = {
     # Reported OOM, estimated 14.8 of 24 GiB: where in the run it failed (evaluation, saving,
     # loading under zero.Init) is not said.
     "lf-5070-qwen2.5-7b-lora-z3-2x4090",
-    # Held-out rows (never used to choose anything): a host OOM at ZeRO-3 offload estimated at 84 %
-    # of the node's RAM; a litgpt LoRA run over FSDP reported OOM at 59 % GPU headroom. (The two
-    # single-GPU litgpt LoRA OOMs at micro-batch 4 read tight since the RMSNorms' fp32 inputs are
-    # counted: zeroplan.estimator.norms.)
-    "lf-6755-qwen2.5-32b-full-z3-offload-1xh100nvl-host",
+    # Held-out rows (never used to choose anything): a litgpt LoRA run over FSDP reported OOM at
+    # 59 % GPU headroom. (The two single-GPU litgpt LoRA OOMs at micro-batch 4 read tight since the
+    # RMSNorms' fp32 inputs are counted, zeroplan.estimator.norms; the host OOM under ZeRO-3
+    # offload on one H100, at 99 % of 744 GiB since ZeRO-3's per-parameter pinned partitions are,
+    # zeroplan.estimator.host.zero3_pinned_param_blocks.)
     "litgpt-llama2-13b-lora-fsdp-mb1-2xa100-40g",
 }
 
