@@ -17,9 +17,16 @@ Mistral, Qwen2 and Qwen3 copy it)::
 
 torch's ``mul`` saves ``other`` only when ``self`` needs a gradient and vice versa, so the
 normalized e-byte copy is kept only for the weight's gradient. torchtitan's Llama ``RMSNorm``
-(``self._norm(x.float()).type_as(x) * self.weight``) saves the same tensors. Measured with
-autograd's saved tensors on a transformers 5.24 ``LlamaDecoderLayer`` (tests/test_norms.py):
-bf16 full fine-tune, 4·sbh + 2·sbh per norm; with frozen norms (LoRA), 4·sbh per norm.
+(torchtitan/models/norms.py:96-100 at d4c86e375, ``self._norm(x.float()).type_as(x) *
+self.weight``) saves the same tensors. Measured with autograd's saved tensors on a transformers
+5.24 ``LlamaDecoderLayer`` (tests/test_norms.py): bf16 full fine-tune, 4·sbh + 2·sbh per norm;
+with frozen norms (LoRA), 4·sbh per norm.
+
+Not modelled: fused RMSNorm kernels save the e-byte input and the rstd only, as a LayerNorm
+does — torchtitan's ``fused_rmsnorm`` (norms.py:253 at 0413364, the ``norm_type`` of its
+llama2_7b/13b configs there), Liger's ``LigerRMSNorm`` — so a run that uses one holds 4·sbh
+per norm less than counted here ((4 − e)·sbh with a frozen weight); and T5's ``T5LayerNorm`` in 16-bit also keeps
+the e-byte input (in fp32 it matches).
 """
 
 from __future__ import annotations
