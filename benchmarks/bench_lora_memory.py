@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
 
     task = _task_module()
-    training = TrainingSpec(precision="bf16", seq_len=args.seq_len)
+    # examples/lora_task.py lm_loss drops the model's logits when it returns the loss: the "plain"
+    # loss (the Hugging Face loop's returned logits are not held through backward).
+    training = TrainingSpec(precision="bf16", seq_len=args.seq_len, loss="plain")
     gpu, _ = profiles.default_gpu()
     cluster = ClusterSpec(gpus=args.nproc, gpus_per_node=args.nproc, gpu=gpu)
     base_args = ["--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab),
@@ -137,7 +139,7 @@ def _reestimate(rows: list[dict], settings: dict) -> None:
     task = _task_module()
     gpu, _ = profiles.default_gpu()
     cluster = ClusterSpec(gpus=settings["nproc"], gpus_per_node=settings["nproc"], gpu=gpu)
-    training = TrainingSpec(precision="bf16", seq_len=settings["seq_len"])
+    training = TrainingSpec(precision="bf16", seq_len=settings["seq_len"], loss="plain")  # lm_loss drops the logits
     for r in rows:
         script_args = ["--layers", str(settings["layers"]), "--hidden", str(settings["hidden"]), "--vocab", str(settings["vocab"]),
                        "--seq-len", str(settings["seq_len"]), "--rank", str(r["rank"])]

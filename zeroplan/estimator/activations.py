@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.estimator.norms import norm_bytes
 from zeroplan.spec import LOSSES, ModelSpec, Plan, TrainingSpec, bytes_per_param
 from zeroplan.spec.errors import check_choice
 from zeroplan.estimator.mla import mla_layer_bytes
@@ -35,7 +36,9 @@ def layer_activation_bytes(
     masks where the model trains with dropout (``ModelSpec.has_dropout``: GPT-style models unless
     the spec says otherwise; ``gated_mlp`` models, the Llama family, have none):
 
-    * norms: each LayerNorm/RMSNorm keeps its input: 2 · e·sbh
+    * norms: each LayerNorm keeps its input: 2 · e·sbh; each of the Llama family's RMSNorms its
+      fp32 upcast input, a per-token rsqrt and (the weight training) its e-byte normalized copy
+      (:mod:`zeroplan.estimator.norms`)
     * QKV projection input: e·sbh; Q: e·sbh; K and V: e·sb·kv each
     * attention core: softmax output e·as²b, with dropout also its mask as²b and output e·as²b
       (5as²b in 16-bit); flash attention keeps its output and fp32 log-sum-exp (4·asb) instead,
@@ -52,7 +55,7 @@ def layer_activation_bytes(
     sbh = s * b * h
     dropout = model.has_dropout
     terms: dict[str, int] = {
-        "norm_inputs": 2 * e * sbh,
+        "norm_inputs": 2 * norm_bytes(model, tokens=s * b, precision=precision, weight_trains=True),
         "qkv_input": e * sbh,
         "query": e * sbh,
         "key_value": 2 * e * s * b * kv,
@@ -345,17 +348,15 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
     if plan.cpu_checkpointing and plan.checkpointing == "full":
         on_cpu, layers = layers, per_layer
     dropout = model.has_dropout
-    embeddings = (s * b * h if dropout else 0) + e * s * b * h
+    # The final norm's saved tensors (frozen under LoRA: no normalized copy for its weight).
+    lora = model.peft is not None and model.peft.method == "lora"
+    embeddings = (s * b * h if dropout else 0) + norm_bytes(model, tokens=s * b, precision=training.precision, weight_trains=not lora)
     if model.peft is None and training.loss != "fused":
         # A trainable output projection saves its input (the final norm's output) for its weight
         # gradient, beside the final norm's own saved input: two e·sbh tensors at the top of the
         # model (saved-tensor hooks on the example GPT: ln_f's input and the head's input, the
         # rest per block). Liger's fused loss takes the gradients in forward and saves no input.
         embeddings += e * s * b * h
-    if model.peft is not None and model.peft.method == "lora" and model.gated_mlp:
-        # Frozen final RMSNorm and LM head save neither the normalized tensor nor the head's input
-        # (zeroplan.estimator.peft.frozen_base_activation_terms).
-        embeddings -= e * s * b * h
     # At the loss's backward: log-softmax's saved fp32 output, the fp32 gradient arriving at it
     # and the fp32 gradient it produces (12·sbV, measured on probes: docs/notes/memory-gaps.md),
     # plus the e-byte logits themselves, which Hugging Face models return in their output and

@@ -56,7 +56,7 @@ from zeroplan.spec import ModelSpec, Plan, bytes_per_param, resolve_engine_knobs
 
 __all__ = [
     "EngineWork", "MEMORY_OPT_ALLREDUCE_SIZE", "ParameterTensors", "Stage3Gathers", "bucket_flushes", "engine_work",
-    "module_trace", "parameter_tensors", "stage3_gathers", "straddle_calls",
+    "module_trace", "parameter_tensor_sizes", "parameter_tensors", "stage3_gathers", "straddle_calls",
 ]
 
 #: Elements per all-reduce bucket of stage 0 (deepspeed/runtime/engine.py, MEMORY_OPT_ALLREDUCE_SIZE).
@@ -101,6 +101,14 @@ def _modules(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
     unnamed = model.params - named
     extra = [("embedding", (unnamed,))] if unnamed > 0 else []
     return [("embedding", (model.vocab_size * h,))] + extra + block * model.num_layers + [norm] + head
+
+
+def parameter_tensor_sizes(model: ModelSpec) -> tuple[int, ...]:
+    """Elements of each of the base model's parameter tensors, in creation order (as :func:`_modules`
+    lists them; the real model's sizes for a discovered non-transformer)."""
+    if model.parameter_sizes:
+        return tuple(n for n, count in model.parameter_sizes for _ in range(count))
+    return tuple(n for _, tensors in _modules(model) for n in tensors)
 
 
 def _hook_order(modules: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zeroplan.estimator.engine_work import parameter_tensor_sizes
 from zeroplan.estimator.memory import largest_param_numel
 from zeroplan.estimator.plan_cache import PlanCache
 
@@ -134,6 +135,41 @@ def pinned_bytes(nbytes: int) -> int:
     if nbytes <= 0:
         return 0
     return 1 << (nbytes - 1).bit_length()
+
+
+def zero3_pinned_param_blocks(sizes: tuple[int, ...], *, world_size: int, bytes_per_param: int, persistence_threshold: int) -> dict[int, int]:
+    """Pinned host blocks (block bytes → count) that ZeRO-3 with ``offload_param`` cpu and
+    ``pin_memory`` leaves behind, one per parameter.
+
+    DeepSpeed 0.19.8 zero/partition_parameters.py:1836-1843 (``_partition_param``): each
+    parameter's partition, ⌈numel/N⌉ elements, is its own ``torch.empty`` on the CPU, pinned with
+    ``get_accelerator().pin_memory`` — one CachingHostAllocator block per parameter, rounded up to a
+    power of two (:func:`pinned_bytes`). Parameters of at most ``stage3_param_persistence_threshold``
+    elements stay whole on the device (``ds_persist``, line 1830). zero/stage3.py:975-1000 then pins
+    one flat buffer per trainable parameter group (``_create_param_groups_fp16_flat_cpu_memory``,
+    line 906) and ``_move_to_flat_buffer`` (lines 856-884: ``dest.data.copy_(src.data); src.data =
+    dest.data``) points every trainable partition into it, so their own blocks are freed (a frozen
+    parameter's stays in use) — to the allocator's free list: ATen/core/CachingHostAllocator.h ``maybe_cache_block``
+    caches every freed block up to ``pinned_max_cached_size`` (unlimited by default), and only
+    ``empty_cache`` unpins them. They stay resident beside the flat buffer.
+    """
+    blocks: dict[int, int] = {}
+    for numel in sizes:
+        if numel > persistence_threshold:
+            block = pinned_bytes(bytes_per_param * -(-numel // world_size))
+            blocks[block] = blocks.get(block, 0) + 1
+    return blocks
+
+
+def reuse_cached_blocks(cached: dict[int, int], request_bytes: int) -> int:
+    """Bytes a new pinned request of ``request_bytes`` adds, given freed blocks ``cached`` (bytes →
+    count, consumed here): the caching host allocator serves a request from a free block of its own
+    power-of-two size (CachingHostAllocator.h ``get_free_block(roundSize)``), else pins a new one."""
+    block = pinned_bytes(request_bytes)
+    if cached.get(block, 0) > 0:
+        cached[block] -= 1
+        return 0
+    return block
 
 
 @dataclass(frozen=True)
@@ -257,8 +293,10 @@ def host_phases(
       fp32 master 4s, 16-bit staging p·s, fp32 gradient partition 4s, gradient staging p·L.
       Stage 3 with CPU offload: fp32 master 4s, gradient partition p·s, one fp32 gradient buffer
       per sub-group 4s, and while it runs a transient fp32 buffer of the largest sub-group's
-      partition (4·min(s, sub_group_size)). offload_param cpu: the 16-bit partition p·s. NVMe: the
-      pinned swap buffers.
+      partition (4·min(s, sub_group_size)). offload_param cpu: the 16-bit partition p·s; pinned
+      (CUDA), stage 3 keeps every parameter's own power-of-two block beside the flat buffer
+      (:func:`zero3_pinned_param_blocks`; model_build under ``zero_init`` holds those blocks).
+      NVMe: the pinned swap buffers.
     * step: engine_init (less the transient) + Adam's two fp32 moments 8s (CPU Adam allocates them
       at the first step).
     * checkpoint_save: step + the 16-bit model gathered on rank 0 (p·Ψ) with
@@ -320,6 +358,13 @@ def host_phases(
 
     # -- model build --------------------------------------------------------------------------
     host_partition = plan.offload_param == "cpu" or device == "cpu"
+    # ZeRO-3's per-parameter pinned partitions (zero.Init, or the engine's own Init of a built model).
+    param_blocks: dict[int, int] = {}
+    if plan.stage == 3 and plan.offload_param == "cpu" and pinned_on:
+        param_blocks = zero3_pinned_param_blocks(
+            parameter_tensor_sizes(model), world_size=n, bytes_per_param=p, persistence_threshold=knobs["stage3_param_persistence_threshold"]
+        )
+    cached = dict(param_blocks)
     # A tied output layer is first built as its own V×h matrix (nn.Linear in the model's __init__,
     # GPT-2 and Hugging Face models alike), then replaced by the embedding (tie_weights): both
     # exist for a moment while the whole model is built.
@@ -334,7 +379,7 @@ def host_phases(
     elif build == "zero_init":
         built = {"layer_being_built_fp32": 4 * model.largest_layer_params}
         if host_partition:
-            built["param_partition_16bit"] = p * s
+            built["param_partition_16bit"] = sum(b * c for b, c in param_blocks.items()) if param_blocks else p * s
     else:
         built = {"layer_being_loaded_fp32": 4 * model.largest_layer_params}
     # rank0: the other ranks build on the meta device; rank 0 alone holds the loaded 16-bit model
@@ -356,7 +401,12 @@ def host_phases(
             n_sub = -(-s_t // sub_group)
             if plan.offload_optimizer == "cpu":
                 init["fp32_master_partition"] = 4 * s_t
-                init["fp32_grad_per_subgroup"] = n_sub * pin(4 * sub_group) if n_sub > 1 else pin(4 * s_t)
+                if pinned_on:
+                    # Allocated after the per-parameter blocks were freed: a block of the same size serves.
+                    per_group = [4 * sub_group] * n_sub if n_sub > 1 else [4 * s_t]
+                    init["fp32_grad_per_subgroup"] = sum(reuse_cached_blocks(cached, nbytes) for nbytes in per_group)
+                else:
+                    init["fp32_grad_per_subgroup"] = 4 * s_t
                 pinned_names.append("fp32_grad_per_subgroup")
             else:
                 init["optimizer_swap_buffers"] = optimizer_swap_buffers * pin(4 * sub_group)
@@ -367,8 +417,13 @@ def host_phases(
             # line 1847): the largest sub-group's partition, at most about sub_group_size.
             transient["init_fp32_grad_buffer"] = 4 * min(s_t, knobs["sub_group_size"])
     if plan.offload_param == "cpu":
-        init["param_partition_16bit"] = pin(p * s)
+        # The flat buffers hold the trainable parameters' partitions (stage3.py:891-907 sums the
+        # trainable groups); a frozen base keeps its per-parameter pinned partitions.
+        init["param_partition_16bit"] = pin(p * (s_t if param_blocks else s))
         pinned_names.append("param_partition_16bit")
+        if param_blocks:
+            init["param_partitions_per_parameter"] = sum(b * c for b, c in cached.items())
+            pinned_names.append("param_partitions_per_parameter")
     elif plan.offload_param == "nvme":
         # partitioned_param_swapper.py: one pinned tensor of buffer_count × buffer_size elements.
         init["param_swap_buffers"] = pin(p * param_swap_elements)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.estimator.norms import norm_bytes, uses_rmsnorm
 from zeroplan.spec import ModelSpec, bytes_per_param
 
 __all__ = [
@@ -161,9 +162,9 @@ def frozen_base_activation_terms(
 
     * ``norm_inputs`` of RMSNorm models (the gated-MLP Llama family): Hugging Face's RMSNorm
       returns ``weight * x_normed``, and the product saves ``x_normed`` only for the weight's
-      gradient: with frozen norms it is not saved (measured on the small Llama of
-      examples/lora_task.py with saved-tensor hooks: 9 such tensors of s·b·h fewer, 8 block norms
-      and the final one). LayerNorm (GPT-2 style) saves its input either way.
+      gradient: frozen norms keep their fp32 input and rsqrt only
+      (:func:`zeroplan.estimator.norms.rmsnorm_saved_bytes`). LayerNorm (GPT-2 style) saves its
+      input either way.
 
     Q/K/V, the attention core and dropout masks do not depend on the weights training and are
     unchanged. A partial fine-tune (``--trainable-params``) keeps every term:
@@ -182,8 +183,8 @@ def frozen_base_activation_terms(
         out.pop("output_projection_input", None)
     if "mlp_input" not in roles:
         out.pop("mlp_input", None)
-    if model.gated_mlp:
-        out.pop("norm_inputs", None)
+    if uses_rmsnorm(model) and "norm_inputs" in out:
+        out["norm_inputs"] = 2 * norm_bytes(model, tokens=s * b, precision=precision, weight_trains=False)
     if "mlp_output_input" not in roles and "mlp_hidden" in out:
         out["mlp_hidden"] -= e * s * b * model.ffn_size
     per_layer = [m for m in peft.adapted if m.count == model.num_layers]
