@@ -171,6 +171,9 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
       the loss's forward, (e + 4 + 4/C)·N·V (measured to 0.01 %, benchmarks/results/loss_memory.txt).
       Chunking saves only the full fp32 upcast and the 12·N·V of one backward; what torchtune's
       compiled ``compute_cross_entropy`` saves instead is not measured here.
+    * ``trl``: TRL 1.x's fused LM head (trl/trainer/utils.py ``add_fused_lm_head``,
+      trl/kernels/chunked_logprob.py ``ChunkedLogProbFunction``), what its SFT, DPO and GRPO
+      trainers call: :func:`~zeroplan.estimator.recipe_terms.trl_logprob_head_bytes`.
     """
     check_choice("loss", loss, LOSSES)
     n, v, h = seq_len * micro_batch, model.vocab_size, model.hidden_size
@@ -184,6 +187,10 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
     if loss == "fused":
         return {"chunk_logits": e * fused_chunk_rows(n, vocab_size=v, hidden_size=h) * v, "input_gradient": e * n * h,
                 "head_weight_gradient": e * v * h}
+    if loss == "trl":
+        from zeroplan.estimator.recipe_terms import trl_logprob_head_bytes
+
+        return trl_logprob_head_bytes(tokens=n, vocab_size=v, hidden_size=h, precision=precision)
     return {"output_logits": e * n * v, "saved_log_softmax": 4 * n * v, "chunk_upcast": 4 * n * v // LOSS_CHUNKS}
 
 
@@ -358,4 +365,7 @@ def loss_backward_transients(loss_terms: dict[str, int]) -> int:
     if "chunk_upcast" in loss_terms:
         # Eager chunked: one chunk's two fp32 gradients at a time; its logits are gone by backward.
         return 2 * loss_terms["chunk_upcast"]
+    if "fp32_weight_gradient" in loss_terms:
+        # TRL's fused head: its backward's fp32 gradient accumulators, the tile and the casts.
+        return sum(v for k, v in loss_terms.items() if k != "saved_statistics")
     return loss_terms.get("logits_gradient", 0) + loss_terms.get("chunk_logits", 0)

@@ -113,6 +113,8 @@ class PlanEstimate:
     """The verdict with its headroom on GPU and host (:mod:`zeroplan.estimator.verdict`)."""
     model_build: str = ""
     """How each rank builds or loads the model on the host (:data:`~zeroplan.estimator.host.BUILDS`)."""
+    recipe: Optional[dict] = None
+    """A post-training recipe's memory terms (:mod:`zeroplan.estimator.plans_recipe`); None for plain SFT."""
 
     @property
     def verdict(self) -> str:
@@ -185,6 +187,8 @@ class PlanEstimate:
                 "notes": list(self.notes),
             }
         )
+        if self.recipe is not None:
+            d["recipe"] = self.recipe
         return d
 
 
