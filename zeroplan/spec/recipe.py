@@ -107,6 +107,15 @@ class Recipe:
             text += f" ref:{self.reference}"
         return text
 
+    def as_options(self) -> dict:
+        """The command-line options that give this recipe (option name → value; defaults left out)."""
+        default = Recipe(self.kind)
+        return {"recipe": self.kind, **{
+            name: getattr(self, name) for name in ("generations", "completion_len", "vllm_gpu_memory", "reference",
+                                                    "reward_model", "critic_model", "vllm_sleep")
+            if getattr(self, name) != getattr(default, name)
+        }}
+
     def as_dict(self) -> dict:
         """The JSON ``recipe`` object (discovery writes the same keys)."""
         return asdict(self)
