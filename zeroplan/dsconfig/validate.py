@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zeroplan.dsconfig.rules import RULES, SEVERITIES, Context, Finding
 from zeroplan.spec import ClusterSpec, ModelSpec, SpecError, TrainingSpec
+from zeroplan.spec.recipe import Recipe
 
 __all__ = ["validate_config", "has_errors"]
 
@@ -19,6 +20,7 @@ def validate_config(
     duplicate_keys: tuple[str, ...] = (),
     syntax: str = "json",
     accelerator: str | None = None,
+    recipe: Recipe | None = None,
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
@@ -30,7 +32,8 @@ def validate_config(
     guess from the config's activation_checkpointing block; ``duplicate_keys`` comes from
     :func:`zeroplan.dsconfig.parse.load_config`, and so does ``syntax`` (``json``/``hjson``);
     ``accelerator`` is DeepSpeed's accelerator name where the job runs (``cuda``, ``cpu``, ``xpu``,
-    ``hpu``, ``npu``, ``mps``; None: unknown), for the rules on CUDA-only features (ZP208-ZP211).
+    ``hpu``, ``npu``, ``mps``; None: unknown), for the rules on CUDA-only features (ZP208-ZP211);
+    ``recipe`` (DPO/GRPO/PPO) enables the ZP95x rules and makes ZP702 estimate the recipe's memory.
     """
     if not isinstance(cfg, dict):
         raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
@@ -56,6 +59,7 @@ def validate_config(
         duplicate_keys=tuple(duplicate_keys),
         syntax=syntax,
         accelerator=accelerator,
+        recipe=recipe,
     )
     findings: list[Finding] = []
     for rule in RULES.values():
