@@ -7,6 +7,9 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from zeroplan.cli.recipe_options import (
+    CompletionLenOpt, GenerationsOpt, RecipeOpt, ReferenceOpt, VllmGpuMemoryOpt, VllmSleepOpt, resolve_recipe,
+)
 from zeroplan.cli import app
 from zeroplan.cli.common import (
     require_runtime,
@@ -142,6 +145,8 @@ def tune(
         Optional[Path],
         typer.Option("--emit-sbatch", help="Write a Slurm batch script that runs this tune with --launcher slurm, and exit.", rich_help_panel="Nodes"),
     ] = None,
+    recipe: RecipeOpt = None, generations: GenerationsOpt = None, completion_len: CompletionLenOpt = None,
+    vllm_gpu_memory: VllmGpuMemoryOpt = None, vllm_sleep: VllmSleepOpt = False, reference: ReferenceOpt = None,
     ci: Annotated[float, typer.Option("--ci", help="Stop a probe once its step time's 95% interval is within this fraction (micro-steps timed where accumulation is large); 0: time all --steps.", rich_help_panel=_TUNE)] = 0.1,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
@@ -355,6 +360,8 @@ def tune(
         buckets=plan_buckets,
         base_config=base_config,
         activation_bytes=activation_bytes,
+        recipe=resolve_recipe(recipe, generations=generations, completion_len=completion_len, vllm_gpu_memory=vllm_gpu_memory,
+                              vllm_sleep=vllm_sleep, reference=reference),
     )
     # The warm server imports torch and DeepSpeed while this process estimates the plans and imports
     # torch for the time model; it is idle (imports done) before this CPU is measured, then loads the rest.

@@ -38,20 +38,32 @@ def best_plan(
     engine: str = "deepspeed",
     optimizer_impl: Optional[str] = None,
     buckets: Optional[dict] = None,
+    recipe=None,
+    recipe_models: Optional[dict] = None,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
     Enumerates plans with :func:`~zeroplan.estimator.enumerate_plans`, estimates and ranks them
     with :func:`~zeroplan.estimator.estimate_all` (fitting plans first, fastest first) and takes
     the first that fits. ``optimizer_impl`` and ``buckets`` (plan bucket fields, e.g. from
-    ``bucket_sizes``) are passed to both.
+    ``bucket_sizes``) are passed to both. ``recipe`` (a :class:`~zeroplan.spec.recipe.Recipe`)
+    estimates each plan under it (:func:`~zeroplan.estimator.plans_recipe.estimate_recipe_all`,
+    ``recipe_models``: PPO's critic and reward) and keeps only plans whose batch TRL accepts
+    (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`).
     """
     plans = enumerate_plans(
         model, cluster, training,
         stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
         optimizer_impl=optimizer_impl, buckets=buckets,
     )
-    ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
-                          optimizer_impl=optimizer_impl)
+    if recipe is not None:
+        from zeroplan.estimator.plans_recipe import estimate_recipe_all, trl_accepts
+
+        plans = [p for p in plans if trl_accepts(p, cluster.gpus, recipe)]
+        ranked = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, activation_bytes=activation_bytes,
+                                     engine=engine, optimizer_impl=optimizer_impl, **(recipe_models or {}))
+    else:
+        ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
+                              optimizer_impl=optimizer_impl)
     fitting = [e for e in ranked if e.fits]
     return PlanChoice(best=fitting[0] if fitting else None, fitting=len(fitting), considered=len(ranked))

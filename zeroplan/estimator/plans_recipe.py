@@ -35,6 +35,7 @@ from zeroplan.estimator.recipe_terms import (
     kv_cache_bytes,
     no_grad_forward_bytes,
     reference_weight_bytes,
+    trl_logprob_head_bytes,
     vllm_need_bytes,
     weight_sync_gather_bytes,
 )
@@ -42,7 +43,7 @@ from zeroplan.estimator.verdict import judge, judge_plan, tight_note, verdict_ra
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 from zeroplan.spec.recipe import Recipe
 
-__all__ = ["estimate_recipe_all", "estimate_recipe_plan", "training_pass"]
+__all__ = ["estimate_recipe_all", "estimate_recipe_plan", "training_pass", "trl_accepts"]
 
 
 def _gib(n: int) -> str:
@@ -59,6 +60,16 @@ def training_pass(training: TrainingSpec, plan: Plan, recipe: Recipe) -> tuple[T
     if recipe.kind == "dpo":
         plan = replace(plan, micro_batch=2 * plan.micro_batch)
     return training, plan
+
+
+def trl_accepts(plan: Plan, world: int, recipe: Optional[Recipe]) -> bool:
+    """Whether TRL accepts ``plan``'s batch under ``recipe``: GRPO's generation batch
+    (``per_device_train_batch_size × processes × steps_per_generation``, the last defaulting to
+    ``gradient_accumulation_steps``) must be divisible by ``num_generations``
+    (trl/trainer/grpo_config.py:1131-1135; validate's ZP953 says so for a given config)."""
+    if recipe is None or recipe.kind != "grpo":
+        return True
+    return (plan.micro_batch * plan.data_parallel(world) * plan.gradient_accumulation_steps) % recipe.generations == 0
 
 
 def _layer_gather(model: ModelSpec, precision: str) -> int:
@@ -110,6 +121,11 @@ def estimate_recipe_plan(
     if cpu_fold:
         fold = cpu_fold_bytes(tokens=train_plan.micro_batch * s, vocab_size=model.vocab_size, precision=training.precision,
                               backward=True)
+        # The fold's temporaries are freed before the head's gradients are cast back (the last
+        # term of trl_logprob_head_bytes): the larger of the two is the peak.
+        head = trl_logprob_head_bytes(tokens=train_plan.micro_batch * s, vocab_size=model.vocab_size,
+                                      hidden_size=model.hidden_size, precision=training.precision)
+        fold = max(0, fold - head["gradient_casts"])
         terms["head_tile_fold_cpu"] = fold
         above[loss_name] += fold
     peft = model.peft is not None

@@ -29,9 +29,15 @@ VOCAB_CHUNK = 32768
 
 
 def _tile(tokens: int, vocab_size: int) -> int:
-    """Elements of one projection tile: ``mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size))``
-    (chunked_logprob.py:347), the vocabulary chunk capped at V."""
+    """Elements of one projection tile the fold works on: ``tile = mm_buf[:n, : end - start]``
+    (chunked_logprob.py:355), the vocabulary chunk capped at V."""
     return min(tokens, TOKEN_CHUNK) * min(vocab_size, VOCAB_CHUNK)
+
+
+def _tile_buffer(tokens: int) -> int:
+    """Elements of the tile buffer itself: ``mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size))``
+    (chunked_logprob.py:347) — a full 32768 columns even when the vocabulary is smaller."""
+    return min(tokens, TOKEN_CHUNK) * VOCAB_CHUNK
 
 
 def trl_logprob_head_bytes(*, tokens: int, vocab_size: int, hidden_size: int, precision: str) -> dict[str, int]:
@@ -46,7 +52,7 @@ def trl_logprob_head_bytes(*, tokens: int, vocab_size: int, hidden_size: int, pr
     * forward saves the head's input (counted with the activations, as every loss's head input),
       and ``log_z`` (fp32, 4·N; ``ctx.save_for_backward(..., log_z, log_z)`` saves it twice by reference);
     * backward allocates ``grad_hidden`` and ``grad_weight`` in fp32 ("Always accumulate in fp32":
-      4·N·h and 4·V·h), one e-byte tile (``mm_buf``), and returns them cast to the inputs' dtype
+      4·N·h and 4·V·h), one e-byte tile buffer (``mm_buf``, min(N, 4096) × 32768 whatever V), and returns them cast to the inputs' dtype
       while the fp32 accumulators are still alive (e·N·h + e·V·h).
 
     Every position is counted: exact where Triton is absent (CPU; ``compact`` is False and every
@@ -57,7 +63,7 @@ def trl_logprob_head_bytes(*, tokens: int, vocab_size: int, hidden_size: int, pr
     n, v, h = tokens, vocab_size, hidden_size
     return {
         "saved_statistics": 4 * n,
-        "tile": e * _tile(n, v),
+        "tile": e * _tile_buffer(n),
         "fp32_input_gradient": 4 * n * h,
         "fp32_weight_gradient": 4 * v * h,
         "gradient_casts": e * n * h + e * v * h,
@@ -92,7 +98,7 @@ def no_grad_forward_bytes(
     (e·sb(2h + 2kv)) plus, with eager attention, scores and softmax (2·e·a·s²·b); or the MLP's
     widest moment — SwiGLU ``down(act(gate(x)) * up(x))`` holds act, up and the product
     (3·e·sbf), a GELU MLP fc1 and GELU outputs (2·e·sbf) — whichever is larger. The fused head's
-    forward adds its input copy (e·N·h), one tile (e·T) and 7 fp32 statistics per token
+    forward adds its input copy (e·N·h), its tile buffer (e·min(N, 4096)·32768) and 7 fp32 statistics per token
     (chunked_logprob.py:337-346).
     """
     s, b, h = seq_len, sequences, model.hidden_size
@@ -108,7 +114,7 @@ def no_grad_forward_bytes(
         "residual_and_norm": 2 * e * sbh,
         "block_working_set": max(attention, mlp),
         "head_input": e * n * h,
-        "head_tile": e * _tile(n, model.vocab_size),
+        "head_tile": e * _tile_buffer(n),
         "head_statistics": 7 * 4 * n,
     }
 

@@ -43,6 +43,7 @@ def tune_space(
     buckets: Optional[dict] = None,
     base_config: Optional[dict] = None,
     activation_bytes: Optional[Callable[[Plan], int]] = None,
+    recipe=None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
@@ -52,7 +53,8 @@ def tune_space(
     it leaves a key out, ``"auto"`` to the Hugging Face rule) and its ``overlap_comm`` (DeepSpeed's
     per-stage default where absent), so the plans are estimated with them; ``buckets`` (flags)
     win. ``activation_bytes``: a discovered model's activations where the transformer formula
-    does not describe it (its trace). SpecError for nvme without a path."""
+    does not describe it (its trace); ``recipe`` the post-training recipe the plans are estimated
+    under (zeroplan.spec.recipe; None: plain SFT). SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -81,6 +83,7 @@ def tune_space(
         overlap_comm_of=_overlap_comm_of(base_config) if engine == "deepspeed" else None,
         activation_bytes=activation_bytes,
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
+        recipe=recipe,
     )
 
 

@@ -262,6 +262,7 @@ def build_space(
     buckets: Optional[dict] = None,
     overlap_comm_of: Optional[Callable[[int], bool]] = None,
     activation_bytes: Optional[Callable[[Plan], int]] = None,
+    recipe=None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -275,7 +276,9 @@ def build_space(
     ``buckets`` fixed plan bucket fields (``zeroplan.estimator.plans.bucket_sizes``);
     ``overlap_comm_of`` the stage's ``overlap_comm`` where a base config decides it;
     ``activation_bytes`` a plan's activations where they are not the transformer formula's (a
-    discovered model's trace: ``zeroplan.runtime.discover.DiscoveredModel.activation_bytes``).
+    discovered model's trace: ``zeroplan.runtime.discover.DiscoveredModel.activation_bytes``);
+    ``recipe`` (DPO/GRPO/PPO, zeroplan.spec.recipe) estimates each plan under it and leaves out
+    batches TRL refuses (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
     from zeroplan.runtime.prediction import comparable_estimate
@@ -313,9 +316,19 @@ def build_space(
     if not plans:
         raise SpecError("the estimator enumerated no plan for these options; widen --stage/--micro-batch")
 
-    estimates = estimate_all(
-        model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl, activation_bytes=activation_bytes,
-    )
+    if recipe is not None:
+        from zeroplan.estimator.plans_recipe import estimate_recipe_all, trl_accepts
+
+        plans = [p for p in plans if trl_accepts(p, cluster.gpus, recipe)]
+        if not plans:
+            raise SpecError(f"no micro-batch × accumulation gives a generation batch divisible by --generations {recipe.generations}; "
+                            "change --global-batch or --generations")
+        estimates = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, engine=engine,
+                                        optimizer_impl=optimizer_impl, activation_bytes=activation_bytes)
+    else:
+        estimates = estimate_all(
+            model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl, activation_bytes=activation_bytes,
+        )
     fitting: list[Candidate] = []
     pruned: list[Candidate] = []
     for est in estimates:
