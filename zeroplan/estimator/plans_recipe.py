@@ -53,10 +53,13 @@ def _gib(n: int) -> str:
 def training_pass(training: TrainingSpec, plan: Plan, recipe: Recipe) -> tuple[TrainingSpec, Plan]:
     """The shape of the policy's forward and backward under ``recipe``: DPO doubles the
     sequences (``concatenated`` chosen + rejected, dpo_trainer.py:1313 "batch is [chosen,
-    rejected]"); every TRL recipe scores with the fused LM head (loss ``trl``)."""
+    rejected]"); TRL 1.x scores every recipe with its fused LM head, so the default loss (``hf``)
+    becomes ``trl``; another loss given explicitly (older TRL or LLaMA-Factory, whose DPO takes the
+    full logits: ``plain``) is kept."""
     if recipe.kind == "sft":
         return training, plan
-    training = replace(training, loss="trl")
+    if training.loss == "hf":
+        training = replace(training, loss="trl")
     if recipe.kind == "dpo":
         plan = replace(plan, micro_batch=2 * plan.micro_batch)
     return training, plan
@@ -141,7 +144,7 @@ def estimate_recipe_plan(
 
     def scoring_pass(sequences: int) -> int:
         fwd = no_grad_forward_bytes(model, sequences=sequences, seq_len=s, precision=training.precision,
-                                    flash_attention=training.flash_attention)
+                                    flash_attention=training.flash_attention, fused_head=train_training.loss == "trl")
         extra = cpu_fold_bytes(tokens=sequences * s, vocab_size=model.vocab_size, precision=training.precision,
                                backward=False) if device == "cpu" else 0
         return sum(fwd.values()) + extra

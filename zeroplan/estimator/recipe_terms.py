@@ -87,7 +87,7 @@ def cpu_fold_bytes(*, tokens: int, vocab_size: int, precision: str, backward: bo
 
 
 def no_grad_forward_bytes(
-    model: ModelSpec, *, sequences: int, seq_len: int, precision: str, flash_attention: bool
+    model: ModelSpec, *, sequences: int, seq_len: int, precision: str, flash_attention: bool, fused_head: bool = True
 ) -> dict[str, int]:
     """Peak working set of a forward under ``torch.no_grad()`` over ``sequences`` × ``seq_len``
     tokens: the reference model's and the old policy's log-prob passes
@@ -99,7 +99,9 @@ def no_grad_forward_bytes(
     widest moment — SwiGLU ``down(act(gate(x)) * up(x))`` holds act, up and the product
     (3·e·sbf), a GELU MLP fc1 and GELU outputs (2·e·sbf) — whichever is larger. The fused head's
     forward adds its input copy (e·N·h), its tile buffer (e·min(N, 4096)·32768) and 7 fp32 statistics per token
-    (chunked_logprob.py:337-346).
+    (chunked_logprob.py:337-346). Without it (``fused_head=False``: TRL before 1.0, LLaMA-Factory's
+    DPO) the head writes the full e-byte logits and the log-softmax runs over an fp32 copy:
+    (e + 8)·N·V (the logits, the copy and log-softmax's output).
     """
     s, b, h = seq_len, sequences, model.hidden_size
     e = bytes_per_param(precision)
@@ -110,13 +112,10 @@ def no_grad_forward_bytes(
         attention += 2 * e * model.num_heads * s * s * b
     mlp = (3 if model.gated_mlp else 2) * e * s * b * model.ffn_size
     n = s * b
-    return {
-        "residual_and_norm": 2 * e * sbh,
-        "block_working_set": max(attention, mlp),
-        "head_input": e * n * h,
-        "head_tile": e * _tile_buffer(n),
-        "head_statistics": 7 * 4 * n,
-    }
+    terms = {"residual_and_norm": 2 * e * sbh, "block_working_set": max(attention, mlp)}
+    if not fused_head:
+        return {**terms, "full_logits": (e + 8) * n * model.vocab_size}
+    return {**terms, "head_input": e * n * h, "head_tile": e * _tile_buffer(n), "head_statistics": 7 * 4 * n}
 
 
 def reference_weight_bytes(model: ModelSpec, *, stage: int, offload_param: str, data_parallel: int, precision: str) -> int:
