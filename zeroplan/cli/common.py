@@ -178,7 +178,7 @@ BaseQuantOpt = Annotated[
 
 LossOpt = Annotated[
     Optional[str],
-    typer.Option("--loss", help="hf | plain | megatron | fused | chunked: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own].", rich_help_panel=_TRAIN),
+    typer.Option("--loss", help="hf | plain | megatron | fused | chunked | trl: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own; trl under a --recipe].", rich_help_panel=_TRAIN),
 ]
 OptimizerImplOpt = Annotated[
     Optional[str],
