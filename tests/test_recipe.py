@@ -218,3 +218,28 @@ def test_export_writes_trl_values_beside_the_config(tmp_path):
     assert trl["num_generations"] == 8 and trl["deepspeed"] == str(out)
     # The plan export chose passes TRL's own divisibility check.
     assert (trl["per_device_train_batch_size"] * 8 * trl["gradient_accumulation_steps"]) % 8 == 0
+
+
+def test_trl_sft_on_cpu_counts_the_tile_fold():
+    # TRL's SFTTrainer uses the same fused head: --loss trl; on CPU (probes) its fold's temporaries count.
+    from dataclasses import replace
+
+    from zeroplan.estimator import estimate_plan
+    from zeroplan.estimator.plans_recipe import estimate_recipe_plan
+    from zeroplan.profiles.resolve import resolve_cluster
+
+    cluster = resolve_cluster(gpus=2, gpus_per_node=2, gpu="h100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
+    model, training, plan = ModelSpec.from_params(125e6), TrainingSpec(seq_len=256, loss="trl"), Plan(2, micro_batch=2)
+    est = estimate_recipe_plan(model, cluster, training, plan, Recipe("sft"), device="cpu")
+    fold = est.recipe["terms"]["head_tile_fold_cpu"]
+    assert fold > 0
+    base = estimate_plan(model, cluster, training, plan, device="cpu")
+    above = {m.name: m.allocated_above_states for m in base.moments}
+    floor = base.gpu.peak_allocated - max(above.values())
+    # The fold happens at the loss's backward: that moment grows by it, the others do not.
+    assert est.gpu.peak_allocated == floor + max(max(above.values()), above["the loss's backward"] + fold)
+    assert est.recipe["moments"]["the loss's backward"] == above["the loss's backward"] + fold
+    # DPO doubles the scored tokens: twice the fold's tile on top of the doubled pass.
+    dpo = estimate_recipe_plan(model, cluster, training, plan, Recipe("dpo"), device="cpu")
+    assert dpo.recipe["logprob_head"] == estimate_recipe_plan(
+        model, cluster, training, replace(plan, micro_batch=4), Recipe("sft"), device="cpu").recipe["logprob_head"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable, Optional
 
-from zeroplan.estimator.activations import activation_memory
+from zeroplan.estimator.activations import activation_memory, loss_activation_bytes
 from zeroplan.estimator.memory import model_states
 from zeroplan.estimator.plans import PlanEstimate, estimate_plan
 from zeroplan.estimator.recipe_terms import (
@@ -156,7 +156,7 @@ def estimate_recipe_plan(
             saved = (acts.layers + acts.embeddings) if acts is not None else base.gpu.activations
             moments["the reference forward"] = above[loss_name] - (acts.logits if acts is not None else 0) + ref
             moments["the reference forward"] = max(moments["the reference forward"], saved + ref)
-    else:
+    elif recipe.kind in ("grpo", "ppo"):
         g_batch = b * plan.gradient_accumulation_steps  # steps_per_generation defaults to gradient_accumulation_steps
         prompt = s - recipe.completion_len
         vllm = recipe.vllm_gpu_memory is not None
@@ -244,6 +244,9 @@ def estimate_recipe_plan(
         "terms": terms,
         "vllm": vllm_doc,
         "training_pass": {"sequences_per_forward": train_plan.micro_batch, "seq_len": s, "loss": train_training.loss},
+        # The log-prob (loss) terms of the training pass at its backward, by tensor (activations.loss_activation_bytes).
+        "logprob_head": loss_activation_bytes(model, seq_len=s, micro_batch=train_plan.micro_batch,
+                                              precision=training.precision, loss=train_training.loss),
     }
     return replace(base, gpu=gpu, fits=judgement.verdict != "oom", judgement=judgement, notes=tuple(notes + base_notes), recipe=doc)
 
