@@ -121,6 +121,7 @@ def estimate_recipe_plan(
     notes: list[str] = []
     acts = base.activation_breakdown
     loss_name = base.moments[0].name
+    at_loss = above[loss_name]  # before the CPU fold, which comes only in the head's backward
     if cpu_fold:
         fold = cpu_fold_bytes(tokens=train_plan.micro_batch * s, vocab_size=model.vocab_size, precision=training.precision,
                               backward=True)
@@ -154,8 +155,8 @@ def estimate_recipe_plan(
             ref = scoring_pass(2 * b) + ref_gather
             terms["reference_forward"] = ref
             saved = (acts.layers + acts.embeddings) if acts is not None else base.gpu.activations
-            moments["the reference forward"] = above[loss_name] - (acts.logits if acts is not None else 0) + ref
-            moments["the reference forward"] = max(moments["the reference forward"], saved + ref)
+            # The end of the policy's forward: the loss moment without the loss's own arrays.
+            moments["the reference forward"] = max(at_loss - (acts.logits if acts is not None else 0), saved) + ref
     elif recipe.kind in ("grpo", "ppo"):
         g_batch = b * plan.gradient_accumulation_steps  # steps_per_generation defaults to gradient_accumulation_steps
         prompt = s - recipe.completion_len
