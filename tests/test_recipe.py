@@ -243,3 +243,33 @@ def test_trl_sft_on_cpu_counts_the_tile_fold():
     dpo = estimate_recipe_plan(model, cluster, training, plan, Recipe("dpo"), device="cpu")
     assert dpo.recipe["logprob_head"] == estimate_recipe_plan(
         model, cluster, training, replace(plan, micro_batch=4), Recipe("sft"), device="cpu").recipe["logprob_head"]
+
+
+@pytest.mark.parametrize("b,s", [(2, 128), (4, 256)])
+def test_reference_forward_matches_a_no_grad_llama_under_trls_head(b, s):
+    """A reference (or old-policy) pass as TRL runs it: transformers' Llama with TRL's fused head,
+    under no_grad, on CPU; live tensor storage above the weights and inputs."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from zeroplan.estimator.recipe_terms import no_grad_forward_bytes
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+    from zeroplan.runtime.memory import StorageTracker
+
+    shape = dict(vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(torch.bfloat16)
+    add_fused_lm_head(model)
+    ids = torch.randint(0, 1000, (b, s))
+    with StorageTracker() as tracker:
+        tracker.track(*model.parameters(), ids)
+        base = tracker.current_bytes
+        tracker.reset_peak()
+        with torch.no_grad():
+            model(input_ids=ids, labels=ids, fused_lm_head=True, use_cache=False)
+        measured = tracker.peak_bytes - base
+    spec = model_from_hf_dict({"model_type": "llama", **shape}, name="tiny-llama")
+    predicted = sum(no_grad_forward_bytes(spec, sequences=b, seq_len=s, precision="bf16", flash_attention=True, on_cpu=True).values())
+    assert predicted == pytest.approx(measured, rel=0.02)

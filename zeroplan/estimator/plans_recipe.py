@@ -33,6 +33,7 @@ from zeroplan.estimator.recipe_terms import (
     cpu_fold_bytes,
     generation_gather_bytes,
     kv_cache_bytes,
+    no_grad_block_bytes,
     no_grad_forward_bytes,
     reference_weight_bytes,
     trl_logprob_head_bytes,
@@ -145,10 +146,9 @@ def estimate_recipe_plan(
 
     def scoring_pass(sequences: int) -> int:
         fwd = no_grad_forward_bytes(model, sequences=sequences, seq_len=s, precision=training.precision,
-                                    flash_attention=training.flash_attention, fused_head=train_training.loss == "trl")
-        extra = cpu_fold_bytes(tokens=sequences * s, vocab_size=model.vocab_size, precision=training.precision,
-                               backward=False) if device == "cpu" else 0
-        return sum(fwd.values()) + extra
+                                    flash_attention=training.flash_attention, fused_head=train_training.loss == "trl",
+                                    on_cpu=device == "cpu")
+        return sum(fwd.values())
 
     if recipe.kind == "dpo":
         if reference:
@@ -175,9 +175,9 @@ def estimate_recipe_plan(
         else:
             gather = generation_gather_bytes(model, stage=plan.stage, data_parallel=dp, precision=training.precision)
             kv = kv_cache_bytes(model, sequences=g_batch, tokens=s, precision=training.precision)
-            prefill = no_grad_forward_bytes(model, sequences=g_batch, seq_len=prompt, precision=training.precision,
-                                            flash_attention=training.flash_attention)
-            prefill_ws = prefill["residual_and_norm"] + prefill["block_working_set"]
+            # Prefill keeps only the last position's logits: the blocks' working set.
+            prefill_ws = sum(no_grad_block_bytes(model, sequences=g_batch, seq_len=prompt, precision=training.precision,
+                                                 flash_attention=training.flash_attention).values())
             kv_prompt = kv_cache_bytes(model, sequences=g_batch, tokens=prompt, precision=training.precision)
             next_logits = g_batch * model.vocab_size * (e + 4)  # last position's logits and their fp32 copy
             terms.update(generation_gather=gather, kv_cache=kv, prefill_working_set=prefill_ws, next_token_logits=next_logits)
