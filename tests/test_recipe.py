@@ -273,3 +273,27 @@ def test_reference_forward_matches_a_no_grad_llama_under_trls_head(b, s):
     spec = model_from_hf_dict({"model_type": "llama", **shape}, name="tiny-llama")
     predicted = sum(no_grad_forward_bytes(spec, sequences=b, seq_len=s, precision="bf16", flash_attention=True, on_cpu=True).values())
     assert predicted == pytest.approx(measured, rel=0.02)
+
+
+def test_validate_flags_trls_generation_batch_in_one_line(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": 16}))
+    r = run_zeroplan("validate", str(cfg), "--gpus", "2", "--recipe", "grpo", "--generations", "3", "--format", "json")
+    assert r.returncode == 1
+    (found,) = [f for f in json.loads(r.stdout) if f["rule_id"] == "ZP953"]
+    assert found["message"].startswith("generation_batch_size (16) must be divisible by num_generations (3)")
+
+
+def test_recommended_export_command_runs(tmp_path):
+    import shlex
+
+    r = run_zeroplan("estimate", "--model", "llama-2-7b", "--gpus", "8", "--gpu", "h100-80gb", "--cpu-memory", "1024",
+                     "--recipe", "dpo", "--reference", "precomputed", "--top", "3", columns=200)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("Write it: "))
+    argv = shlex.split(line.removeprefix("Write it: "))
+    assert argv[:2] == ["zeroplan", "export"] and "--recipe" in argv and "--reference" in argv
+    argv[argv.index("--output") + 1] = str(tmp_path / "ds.json")
+    done = run_zeroplan(*argv[1:])
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "ds.trl.json").read_text())["precompute_ref_log_probs"] is True
