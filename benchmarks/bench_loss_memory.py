@@ -20,6 +20,9 @@ from the projection's forward through the backward, beside
   ``h.tensor_split(8)``), ``F.cross_entropy(chunk.float(), reduction="sum")`` per chunk, and the
   recipe's ``del logits`` before ``backward()``, eager (a compiled ``compute_cross_entropy`` runs
   outside the tracker's dispatch mode, so it cannot be measured this way).
+* ``trl``: TRL 1.x's fused LM head, its own ``ChunkedLogProbFunction`` (trl/kernels/chunked_logprob.py),
+  which SFT, DPO and GRPO trainers call; on CPU its tiles are folded with torch ops whose fp32
+  temporaries the table adds to the prediction (``recipe_terms.cpu_fold_bytes``, column "emulation").
 * ``fused``: Liger's fused linear cross-entropy algorithm (liger_kernel/ops/
   fused_linear_cross_entropy.py) in plain torch: chunks of next_pow2(ceil(N / ceil(V/h))) rows,
   the chunk's softmax gradient written over its bf16 logits, the input gradient and the weight
@@ -156,6 +159,14 @@ def measure(variant: str, *, n: int, h: int, v: int, chunks: int = 8) -> dict:
         elif variant == "fused":
             loss = _fused_linear_ce().apply(hidden, weight, y)
             loss.backward()
+        elif variant == "trl":
+            # TRL's own autograd function, as add_fused_lm_head calls it (trl/trainer/utils.py:1641-1653).
+            from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+            from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+            logps = ChunkedLogProbFunction.apply(hidden, weight, None, y, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs",))[0]
+            loss = -logps.sum() / n
+            loss.backward()
         else:
             raise ValueError(variant)
         peak = tracker.peak_bytes - base
@@ -163,7 +174,7 @@ def measure(variant: str, *, n: int, h: int, v: int, chunks: int = 8) -> dict:
     return {"variant": variant, "peak_bytes": peak, "input_and_weight_grads_bytes": grads, "loss": float(loss.detach())}
 
 
-VARIANTS = ("hf", "plain", "megatron", "chunked", "fused")
+VARIANTS = ("hf", "plain", "megatron", "chunked", "fused", "trl")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         row["loss_option"] = variant
         # The torch emulation of Liger's kernel holds one fp32 chunk the Triton kernel does not.
         row["emulation_bytes"] = 4 * fused_chunk_rows(n, vocab_size=v, hidden_size=h) * v if variant == "fused" else 0
+        if variant == "trl":
+            # Without Triton (CPU) TRL folds each tile with torch ops: their fp32 temporaries (recipe_terms.cpu_fold_bytes).
+            from zeroplan.estimator.recipe_terms import cpu_fold_bytes
+
+            # The fold's temporaries are freed before the gradients are cast back: the larger of the two counts.
+            row["emulation_bytes"] = max(0, cpu_fold_bytes(tokens=n, vocab_size=v, precision="bf16", backward=True) - terms["gradient_casts"])
         row["predicted_bytes"] = sum(terms.values()) + row["emulation_bytes"]
         row["predicted_terms"] = terms
         rows.append(row)

@@ -5,7 +5,9 @@ OOM report — with its setting and what happened: it fit or ran out of memory, 
 peak memory. For each row this runs the estimator through the library calls `zeroplan estimate`
 makes (resolve_model, with_peft, resolve_cluster, resolve_training, bucket_sizes,
 enumerate_plans, estimate_all) with the engine, optimizer implementation, loss and bucket
-convention the row implies, and prints estimate vs reported: the verdict (fits / tight / oom,
+convention the row implies — and, for DPO/GRPO rows, the recipe (``recipe``, ``generations``,
+``completion_len``, ``vllm_gpu_memory``, ``vllm_sleep``, ``reference``: estimate_recipe_all) —
+and prints estimate vs reported: the verdict (fits / tight / oom,
 zeroplan.estimator.verdict: ``gpu.required`` against the GPU, host RAM per node against the
 node's where the source states it), and for rows with a reported peak the error of the
 comparable figure (``reserved`` rows: ``gpu.peak_reserved``; ``allocated``: ``gpu.peak_allocated``;
@@ -154,7 +156,21 @@ def estimate_row(row: dict, workdir: Path) -> dict:
     if row.get("cpu_checkpointing"):
         # Checkpointed block inputs kept in host memory (ALST's activation checkpoint offload).
         plans = [replace(p, cpu_checkpointing=True) for p in plans]
-    (est,) = estimate_all(model, cluster, training, plans, **est_kwargs)
+    recipe = None
+    if row.get("recipe", "sft") != "sft" or row.get("generations"):
+        try:
+            from zeroplan.estimator.plans_recipe import estimate_recipe_all
+            from zeroplan.spec.recipe import Recipe
+        except ImportError:  # older code: no recipes; the row is estimated as supervised fine-tuning
+            fallback.append(f"recipe {row['recipe']}→sft")
+        else:
+            recipe = Recipe(kind=row["recipe"], generations=row.get("generations"), completion_len=row.get("completion_len"),
+                            vllm_gpu_memory=row.get("vllm_gpu_memory"), vllm_sleep=row.get("vllm_sleep", False),
+                            reference=row.get("reference"))
+    if recipe is not None:
+        (est,) = estimate_recipe_all(model, cluster, training, plans, recipe, **est_kwargs)
+    else:
+        (est,) = estimate_all(model, cluster, training, plans, **est_kwargs)
     gpu = est.gpu.as_dict()
     context = est.overhead_items.get("cuda_context", 0)
     comparable = {

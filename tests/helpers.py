@@ -222,6 +222,21 @@ def _cluster(gpus: int, per_node: int):
     return resolve_cluster(gpus=gpus, gpus_per_node=per_node, gpu="h100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
 
 
+def _recipe(kind: str, **fields):
+    from zeroplan.spec.recipe import Recipe
+
+    return Recipe(kind, **fields)
+
+
+def _lora_32b() -> ModelSpec:
+    from zeroplan.profiles.lora import PeftOptions
+
+    return PeftOptions(16, None, None, None, None, None).apply(ModelSpec.from_params(32e9), None, precision="bf16")
+
+
+LORA_32B = _lora_32b()
+
+
 def z3(**zero) -> dict:
     return make(zero_optimization={"stage": 3, **zero})
 
@@ -385,6 +400,20 @@ CASES = [
     ("ZP211", make(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"overlap_step": True}}),
      make(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"overlap_step": False}}),
      {"accelerator": "cpu"}, False),
+    # Post-training recipes (zeroplan/dsconfig/rules/recipe.py). ms-swift#7986's setting: a 32B LoRA policy at
+    # ZeRO-3 beside a colocated vLLM engine (half the GPU) gathers the whole model to merge the adapters;
+    # clean: the same run with vLLM in server mode (no slice on the training GPUs; generation still gathers, 60 of 80 GiB).
+    ("ZP951", make(train_batch_size=64, zero_optimization={"stage": 3}), make(train_batch_size=64, zero_optimization={"stage": 3}),
+     {"world_size": 8, "model": LORA_32B, "cluster": _cluster(8, 8), "recipe": _recipe("grpo", vllm_gpu_memory=0.5),
+      "_clean_kwargs": {"world_size": 8, "model": LORA_32B, "cluster": _cluster(8, 8), "recipe": _recipe("grpo")}}, False),
+    ("ZP952", make(), z3(), {"model": SMALL, "recipe": _recipe("dpo")}, False),
+    # 2 per GPU × 2 processes × 4 accumulation steps = 16 completions: not groups of 3, groups of 4.
+    ("ZP953", make(), make(), {"recipe": _recipe("grpo", generations=3), "_clean_kwargs": {"world_size": WORLD, "recipe": _recipe("grpo", generations=4)}}, False),
+    # 7B at ZeRO-3 on 8 × H100: the training peak (36.8 GiB) beside 0.6 × 80 GiB of vLLM is over; 0.3 fits.
+    ("ZP954", make(train_batch_size=64, zero_optimization={"stage": 3}), make(train_batch_size=64, zero_optimization={"stage": 3}),
+     {"world_size": 8, "model": ModelSpec.from_params(7e9), "cluster": _cluster(8, 8), "recipe": _recipe("grpo", vllm_gpu_memory=0.6),
+      "_clean_kwargs": {"world_size": 8, "model": ModelSpec.from_params(7e9), "cluster": _cluster(8, 8),
+                        "recipe": _recipe("grpo", vllm_gpu_memory=0.3)}}, False),
 ]
 
 

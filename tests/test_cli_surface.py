@@ -67,6 +67,13 @@ SURFACE = {
     }),
 }
 
+#: The recipe options (zeroplan/cli/recipe_options.py): every planning command takes them.
+RECIPE_FLAGS = {"--recipe", "--generations", "--completion-len", "--vllm-gpu-memory", "--vllm-sleep", "--reference"}
+for _command in ("estimate", "export", "validate", "probe", "tune"):
+    SURFACE[_command][1].update(RECIPE_FLAGS)
+for _command in ("estimate", "export", "validate", "probe"):
+    SURFACE[_command][1].update({"--reward-model", "--critic-model"})
+
 
 def _surface() -> dict:
     group = typer.main.get_command(app)

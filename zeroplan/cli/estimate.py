@@ -60,6 +60,9 @@ from zeroplan.cli.common import (
     resolve_training,
     write_output,
 )
+from zeroplan.cli.recipe_options import (
+    CompletionLenOpt, CriticModelOpt, GenerationsOpt, RecipeOpt, ReferenceOpt, RewardModelOpt, VllmGpuMemoryOpt, VllmSleepOpt, resolve_recipe,
+)
 from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError, format_params
 
 from zeroplan.cli.expert_option import EpOpt
@@ -377,12 +380,17 @@ def estimate(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a stacked bar chart of memory per plan (PNG/SVG/PDF).")] = None,
     top: Annotated[int, typer.Option("--top", help="Rows in the table (0: all configurations).")] = 20,
     all_plans: Annotated[bool, typer.Option("--all", help="Table shows every micro-batch, not only the best per configuration.")] = False,
+    recipe: RecipeOpt = None, generations: GenerationsOpt = None, completion_len: CompletionLenOpt = None,
+    vllm_gpu_memory: VllmGpuMemoryOpt = None, vllm_sleep: VllmSleepOpt = False, reference: ReferenceOpt = None,
+    reward_model: RewardModelOpt = None, critic_model: CriticModelOpt = None,
 ) -> None:
     """Memory per GPU, host memory, traffic and step time for every ZeRO plan, best first.
 
     Exit code 0 when at least one plan fits, 1 when none does, 2 on bad input.
     """
     check_choice_option("--format", fmt, ("table", "json", "csv"))
+    recipe_spec = resolve_recipe(recipe, generations=generations, completion_len=completion_len, vllm_gpu_memory=vllm_gpu_memory,
+                                 vllm_sleep=vllm_sleep, reference=reference, reward_model=reward_model, critic_model=critic_model)
     gpus = resolve_gpus(gpus, runs_here=False)
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
     sp_degrees, tp_degrees = resolve_layout_options(sp, tp)
@@ -401,6 +409,8 @@ def estimate(
     from dataclasses import replace
 
     from zeroplan.estimator import enumerate_plans
+    from zeroplan.estimator.plans_recipe import estimate_recipe_all
+    from zeroplan.profiles.recipe_models import recipe_models
 
     model_spec = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant).apply(
         resolve_model(params, model), model, precision=precision
@@ -457,6 +467,8 @@ def estimate(
                           checkpointing=checkpointing, engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets, tiled_mlp=tiled_mlp),
         estimate_options=dict(activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
                               expandable_segments=expandable_segments, model_build=model_build),
+        estimate_many=None if recipe_spec is None else (
+            lambda m, c, t, plans, **kw: estimate_recipe_all(m, c, t, plans, recipe_spec, **kw, **recipe_models(recipe_spec))),
         expand=lambda plans: with_expert_degrees(plans, model_spec, cluster.gpus, parse_expert_degrees(ep, engine=engine)),
     )
 
@@ -464,6 +476,8 @@ def estimate(
         doc = estimates_to_json(model_spec, cluster, training, estimates)
         if layout_note:
             doc["layout_note"] = layout_note
+        if recipe_spec is not None:
+            doc["recipe"] = recipe_spec.as_dict()
         if trace_note and traced is None:
             doc["activation_trace"] = {"note": trace_note, "method": "formula"}
         elif trace_note:
@@ -494,10 +508,12 @@ def estimate(
         )
         if overlap_comm is not None:
             export_options["overlap_comm"] = overlap_comm
+        export_options.update(recipe_spec.as_options() if recipe_spec is not None else {})
         if any(e.plan.offload_param == "nvme" or e.plan.offload_optimizer == "nvme" for e in estimates[:1]):
             export_options["nvme_path"] = "/local_nvme"
         _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates),
-                      extra_notes=[n for n in (alias_note, trace_note, layout_note) if n], recommend=recommendation(estimates, export_options))
+                      extra_notes=[n for n in (alias_note, trace_note, layout_note, recipe_spec and f"recipe {recipe_spec.label}") if n],
+                      recommend=recommendation(estimates, export_options))
     if plot is not None:
         from zeroplan.cli.estimate_plot import plot_plans
 

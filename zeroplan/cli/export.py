@@ -66,6 +66,9 @@ from zeroplan.cli.common import (
 from zeroplan.dsconfig.layout_keys import accelerate_parallelism_entries, trainer_layout_settings
 from zeroplan.estimator.layout_space import explicit_layout
 from zeroplan.cli.expert_option import EpOpt
+from zeroplan.cli.recipe_options import (
+    CompletionLenOpt, CriticModelOpt, GenerationsOpt, RecipeOpt, ReferenceOpt, RewardModelOpt, VllmGpuMemoryOpt, VllmSleepOpt, resolve_recipe,
+)
 from zeroplan.spec import SpecError
 
 __all__ = ["export"]
@@ -143,6 +146,9 @@ def export(
         str, typer.Option("--engine", help="deepspeed (a DeepSpeed JSON config) | fsdp (PyTorch DDP/FSDP2 settings as JSON: fully_shard, mixed precision, offload).", rich_help_panel="Output")
     ] = "deepspeed",
     output: OutputOpt = None,
+    recipe: RecipeOpt = None, generations: GenerationsOpt = None, completion_len: CompletionLenOpt = None,
+    vllm_gpu_memory: VllmGpuMemoryOpt = None, vllm_sleep: VllmSleepOpt = False, reference: ReferenceOpt = None,
+    reward_model: RewardModelOpt = None, critic_model: CriticModelOpt = None,
 ) -> None:
     """Write a DeepSpeed config for a plan (or the fastest plan that fits) that passes validate.
 
@@ -155,6 +161,10 @@ def export(
     from zeroplan.spec import Plan
 
     check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
+    recipe_spec = resolve_recipe(recipe, generations=generations, completion_len=completion_len, vllm_gpu_memory=vllm_gpu_memory,
+                                 vllm_sleep=vllm_sleep, reference=reference, reward_model=reward_model, critic_model=critic_model)
+    if recipe_spec is not None:
+        recipe_spec.check_sequence(seq_len)
     check_choice_option("--for", target, ("deepspeed", "hf"))
     check_choice_option("--engine", engine, ("deepspeed", "fsdp"))
     if engine == "fsdp" and (target != "deepspeed" or accelerate_config is not None):
@@ -214,6 +224,7 @@ def export(
                 "so export picks the fastest plan that fits"
             )
         from zeroplan.estimator import best_plan
+        from zeroplan.profiles.recipe_models import recipe_models
 
         cluster = resolve_cluster(
             gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
@@ -223,6 +234,7 @@ def export(
             stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing,
             engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets, sp=sp_degrees or (1,), tp=tp_degrees or (1,), tiled_mlp=tiled_mlp,
             expert_degrees=expert_degrees,
+            recipe=recipe_spec, recipe_models=recipe_models(recipe_spec),
         )
         if choice.best is None:
             _note(f"no plan fits {model_spec.name} on {gpus} × {cluster.gpu.name}; nothing written (see `zeroplan estimate`)")
@@ -254,12 +266,12 @@ def export(
             gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
         )
     findings = validate_config(cfg, world_size=gpus, model=model_spec, cluster=cluster_for_fit, training=training,
-                               checkpointing=plan.checkpointing)
-    fit = [f for f in findings if f.rule_id == "ZP702"]
-    # ZP251 is about the versions installed here (AutoEP against transformers 5), not the config:
-    # the config is written as asked and the finding shown.
-    fit += [f for f in findings if f.rule_id == "ZP251"]
-    findings = [f for f in findings if f.rule_id not in ("ZP702", "ZP251")]
+                               checkpointing=plan.checkpointing, recipe=recipe_spec)
+    # The fit and the recipe's rules judge the user's plan and recipe, not the written config; ZP251 is
+    # about the versions installed here (AutoEP against transformers 5): the config is written as asked
+    # and the finding shown.
+    fit = [f for f in findings if f.rule_id in ("ZP702", "ZP251") or f.rule_id.startswith("ZP95")]
+    findings = [f for f in findings if f not in fit]
     if has_errors(findings):  # a bug in build_config, never the user's input
         raise RuntimeError("exported config fails validation: " + "; ".join(f.message for f in findings if f.severity == "error"))
     if target == "hf":
@@ -285,3 +297,7 @@ def export(
         _note(note)
     for f in fit:
         _note(f"warning: {f.message}; {f.fix}" if f.severity == "error" else f.message)
+    if recipe_spec is not None:
+        from zeroplan.cli.export_trl import write_trl_values
+
+        write_trl_values(recipe_spec, plan, training, output)

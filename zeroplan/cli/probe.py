@@ -17,6 +17,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from zeroplan.cli.recipe_options import (
+    CompletionLenOpt, CriticModelOpt, GenerationsOpt, RecipeOpt, ReferenceOpt, RewardModelOpt, VllmGpuMemoryOpt, VllmSleepOpt, resolve_recipe,
+)
 from zeroplan.cli import app
 from zeroplan.cli.common import (
     require_runtime,
@@ -200,6 +203,9 @@ def probe(
     checkpointing: CheckpointingOpt = None,
     optimizer_impl: OptimizerImplOpt = None,
     loss: LossOpt = None,
+    recipe: RecipeOpt = None, generations: GenerationsOpt = None, completion_len: CompletionLenOpt = None,
+    vllm_gpu_memory: VllmGpuMemoryOpt = None, vllm_sleep: VllmSleepOpt = False, reference: ReferenceOpt = None,
+    reward_model: RewardModelOpt = None, critic_model: CriticModelOpt = None,
     buckets: BucketsOpt = "hf",
     reduce_bucket_size: ReduceBucketOpt = None,
     allgather_bucket_size: AllgatherBucketOpt = None,
@@ -355,6 +361,8 @@ def probe(
         nodes=nodes,
         optimizer_impl=optimizer_impl,
         loss=loss,
+        recipe=resolve_recipe(recipe, generations=generations, completion_len=completion_len, vllm_gpu_memory=vllm_gpu_memory,
+                              vllm_sleep=vllm_sleep, reference=reference, reward_model=reward_model, critic_model=critic_model),
         peft_flags=peft_flags if peft_flags.given else None,
         launcher=local_launcher(launcher),
     )

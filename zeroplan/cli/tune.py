@@ -7,6 +7,9 @@ from typing import Annotated, Any, List, Optional
 
 import typer
 
+from zeroplan.cli.recipe_options import (
+    CompletionLenOpt, GenerationsOpt, RecipeOpt, ReferenceOpt, VllmGpuMemoryOpt, VllmSleepOpt, resolve_recipe,
+)
 from zeroplan.cli import app
 from zeroplan.cli.common import (
     require_runtime,
@@ -145,6 +148,8 @@ def tune(
         Optional[Path],
         typer.Option("--emit-sbatch", help="Write a Slurm batch script that runs this tune with --launcher slurm, and exit.", rich_help_panel="Nodes"),
     ] = None,
+    recipe: RecipeOpt = None, generations: GenerationsOpt = None, completion_len: CompletionLenOpt = None,
+    vllm_gpu_memory: VllmGpuMemoryOpt = None, vllm_sleep: VllmSleepOpt = False, reference: ReferenceOpt = None,
     ci: Annotated[float, typer.Option("--ci", help="Stop a probe once its step time's 95% interval is within this fraction (micro-steps timed where accumulation is large); 0: time all --steps.", rich_help_panel=_TUNE)] = 0.1,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
@@ -223,6 +228,8 @@ def _request(flags: dict[str, Any]) -> Any:
         optimizer_impl=f["optimizer_impl"], buckets=plan_buckets, settings=settings, sampler=f["sampler"], seed=f["seed"],
         steps=f["steps"], warmup=f["warmup"], ci=f["ci"], resume=f["resume"], storage=f["storage"], output=output, config=f["config"],
         config_arg=f["config_arg"], layout=resolve_layout_options(f["sp"], f["tp"]),
+        recipe=resolve_recipe(f["recipe"], generations=f["generations"], completion_len=f["completion_len"],
+                              vllm_gpu_memory=f["vllm_gpu_memory"], vllm_sleep=f["vllm_sleep"], reference=f["reference"]),
     )
 
 

@@ -11,6 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from zeroplan.cli.recipe_options import (
+    CompletionLenOpt, CriticModelOpt, GenerationsOpt, RecipeOpt, ReferenceOpt, RewardModelOpt, VllmGpuMemoryOpt, VllmSleepOpt, resolve_recipe,
+)
 from zeroplan.cli import app
 from zeroplan.cli.common import (
     AdapterOpt,
@@ -121,6 +124,9 @@ def validate(
     tp: Annotated[Optional[int], typer.Option("--tp", help="The run's AutoTP degree when the config does not name it.", rich_help_panel="Plan")] = None,
     fmt: ValidateFormatOpt = "table",
     output: OutputOpt = None,
+    recipe: RecipeOpt = None, generations: GenerationsOpt = None, completion_len: CompletionLenOpt = None,
+    vllm_gpu_memory: VllmGpuMemoryOpt = None, vllm_sleep: VllmSleepOpt = False, reference: ReferenceOpt = None,
+    reward_model: RewardModelOpt = None, critic_model: CriticModelOpt = None,
 ) -> None:
     """Check a DeepSpeed config before the run; with a model, also whether it fits the GPU.
 
@@ -133,6 +139,8 @@ def validate(
     from zeroplan.spec import TrainingSpec
 
     check_choice_option("--format", fmt, ("table", "json"))
+    recipe_spec = resolve_recipe(recipe, generations=generations, completion_len=completion_len, vllm_gpu_memory=vllm_gpu_memory,
+                                 vllm_sleep=vllm_sleep, reference=reference, reward_model=reward_model, critic_model=critic_model)
     check_plan_options(stage=None, offload_optimizer=None, offload_param=None, checkpointing=checkpointing)
     if gpus is not None and gpus < 1:
         raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
@@ -185,6 +193,7 @@ def validate(
         syntax=parsed.syntax,
         # The CUDA-only features' rules (ZP208-ZP211) need the accelerator the job will run on.
         accelerator=os.environ.get("DS_ACCELERATOR") or None,
+        recipe=recipe_spec,
     )
     if fmt == "json":
         write_output(json.dumps([f.as_dict() for f in findings], indent=2), output)

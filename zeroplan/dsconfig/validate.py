@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zeroplan.dsconfig.rules import RULES, SEVERITIES, Context, Finding
 from zeroplan.spec import ClusterSpec, ModelSpec, SpecError, TrainingSpec
+from zeroplan.spec.recipe import Recipe
 
 __all__ = ["validate_config", "has_errors"]
 
@@ -20,6 +21,7 @@ def validate_config(
     syntax: str = "json",
     accelerator: str | None = None,
     attn_implementation: str | None = None,
+    recipe: Recipe | None = None,
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
@@ -34,6 +36,7 @@ def validate_config(
     ``hpu``, ``npu``, ``mps``; None: unknown), for the rules on CUDA-only features (ZP208-ZP211);
     ``attn_implementation`` is the model's Hugging Face attention (``sdpa``, ``eager``, …), for
     Ulysses' refusal of eager (ZP264).
+    ``recipe`` (DPO/GRPO/PPO) enables the ZP95x rules and makes ZP702 estimate the recipe's memory.
     """
     if not isinstance(cfg, dict):
         raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
@@ -60,6 +63,7 @@ def validate_config(
         syntax=syntax,
         accelerator=accelerator,
         attn_implementation=attn_implementation,
+        recipe=recipe,
     )
     findings: list[Finding] = []
     for rule in RULES.values():

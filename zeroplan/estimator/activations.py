@@ -189,6 +189,9 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
       (about 1 GiB of fp32 logits per shard); each shard's head projection and Hugging Face loss run
       forward and backward inside the loss's forward — (12 + e)·⌈N/shards⌉·V, freed shard by shard —
       into ``x_grad = torch.zeros_like(x)`` (e·N·h), which is held until the loss's backward.
+    * ``trl``: TRL 1.x's fused LM head (trl/trainer/utils.py ``add_fused_lm_head``,
+      trl/kernels/chunked_logprob.py ``ChunkedLogProbFunction``), what its SFT, DPO and GRPO
+      trainers call: :func:`~zeroplan.estimator.recipe_terms.trl_logprob_head_bytes`.
     """
     check_choice("loss", loss, LOSSES)
     n, v, h = seq_len * micro_batch, model.vocab_size, model.hidden_size
@@ -205,6 +208,10 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
     if loss == "tiled":
         rows = -(-n // tiled_loss_shards(n, vocab_size=v))
         return {"shard_logits_and_gradients": (12 + e) * rows * v, "input_gradient": e * n * h}
+    if loss == "trl":
+        from zeroplan.estimator.recipe_terms import trl_logprob_head_bytes
+
+        return trl_logprob_head_bytes(tokens=n, vocab_size=v, hidden_size=h, precision=precision)
     return {"output_logits": e * n * v, "saved_log_softmax": 4 * n * v, "chunk_upcast": 4 * n * v // LOSS_CHUNKS}
 
 
@@ -392,4 +399,7 @@ def loss_backward_transients(loss_terms: dict[str, int]) -> int:
     if "chunk_upcast" in loss_terms:
         # Eager chunked: one chunk's two fp32 gradients at a time; its logits are gone by backward.
         return 2 * loss_terms["chunk_upcast"]
+    if "fp32_weight_gradient" in loss_terms:
+        # TRL's fused head: its backward's fp32 gradient accumulators, the tile and the casts.
+        return sum(v for k, v in loss_terms.items() if k != "saved_statistics")
     return loss_terms.get("logits_gradient", 0) + loss_terms.get("chunk_logits", 0)

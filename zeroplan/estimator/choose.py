@@ -42,6 +42,8 @@ def best_plan(
     tp=(1,),
     tiled_mlp: bool = False,
     expert_degrees=None,
+    recipe=None,
+    recipe_models: Optional[dict] = None,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
@@ -50,7 +52,10 @@ def best_plan(
     the first that fits. ``optimizer_impl`` and ``buckets`` (plan bucket fields, e.g. from
     ``bucket_sizes``) are passed to both; ``sp``, ``tp`` (degrees or ``"auto"``) and ``tiled_mlp``
     to the plan space; ``expert_degrees`` (``--ep``: a list or ``"auto"``)
-    adds the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`).
+    adds the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`). ``recipe`` (a :class:`~zeroplan.spec.recipe.Recipe`)
+    estimates each plan under it (:func:`~zeroplan.estimator.plans_recipe.estimate_recipe_all`,
+    ``recipe_models``: PPO's critic and reward) and keeps only plans whose batch TRL accepts
+    (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`).
     """
     plans = enumerate_plans(
         model, cluster, training,
@@ -61,7 +66,14 @@ def best_plan(
         from zeroplan.estimator.expert_parallel import with_expert_degrees
 
         plans = with_expert_degrees(plans, model, cluster.gpus, expert_degrees)
-    ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
-                          optimizer_impl=optimizer_impl)
+    if recipe is not None:
+        from zeroplan.estimator.plans_recipe import estimate_recipe_all, trl_accepts
+
+        plans = [p for p in plans if trl_accepts(p, cluster.gpus, recipe)]
+        ranked = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, activation_bytes=activation_bytes,
+                                     engine=engine, optimizer_impl=optimizer_impl, **(recipe_models or {}))
+    else:
+        ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
+                              optimizer_impl=optimizer_impl)
     fitting = [e for e in ranked if e.fits]
     return PlanChoice(best=fitting[0] if fitting else None, fitting=len(fitting), considered=len(ranked))

@@ -141,7 +141,8 @@ def layout_step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 
 
 def estimate_with_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, sp: Optional[Degrees], tp: Optional[Degrees],
-                          plan_options: dict, estimate_options: dict, expand=None) -> tuple[list, Optional[str]]:
+                          plan_options: dict, estimate_options: dict, expand=None,
+                          estimate_many=None) -> tuple[list, Optional[str]]:
     """Enumerate and estimate the plan space, widening to sequence parallelism when it is needed.
 
     ``sp``/``tp`` None means the user did not ask for a layout: the space is pure data parallelism,
@@ -150,13 +151,16 @@ def estimate_with_layouts(model: ModelSpec, cluster: ClusterSpec, training: Trai
     a note saying so (``--sp 1`` keeps to data parallelism), otherwise the data-parallel ones with
     a note that sequence parallelism does not help either. ``expand`` (plans -> plans), when
     given, widens each enumerated list before it is estimated (``--ep``: the expert-parallel
-    degrees, :func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`). Returns
+    degrees, :func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`); ``estimate_many``
+    (same arguments as :func:`~zeroplan.estimator.estimate_all`) replaces it, e.g. to estimate under
+    a post-training recipe (:func:`~zeroplan.estimator.plans_recipe.estimate_recipe_all`). Returns
     (estimates best first, note).
     """
     from zeroplan.estimator.plans import estimate_all
     from zeroplan.estimator.plan_space import enumerate_plans
 
     expand = expand or (lambda plans: plans)
+    estimate_all = estimate_many or estimate_all
     plans = expand(enumerate_plans(model, cluster, training, sp=sp or (1,), tp=tp or (1,), **plan_options))
     estimates = estimate_all(model, cluster, training, plans, **estimate_options)
     if sp is not None or tp is not None or any(e.fits for e in estimates) or estimate_options.get("engine", "deepspeed") != "deepspeed":

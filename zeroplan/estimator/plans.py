@@ -119,6 +119,8 @@ class PlanEstimate:
     layout_comm: Optional[object] = None
     """The sequence/tensor-parallel collectives' bytes per step
     (:class:`~zeroplan.estimator.tensor_parallel.LayoutComm`); None for pure data parallelism."""
+    recipe: Optional[dict] = None
+    """A post-training recipe's memory terms (:mod:`zeroplan.estimator.plans_recipe`); None for plain SFT."""
 
     @property
     def verdict(self) -> str:
@@ -192,6 +194,8 @@ class PlanEstimate:
                 "notes": list(self.notes),
             }
         )
+        if self.recipe is not None:
+            d["recipe"] = self.recipe
         return d
 
 

@@ -11,6 +11,7 @@ from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, resolve_optimiz
 from zeroplan.estimator.plans import check_engine_precision
 from zeroplan.runtime.peft_source import PeftFlags
 from zeroplan.spec import LOSSES, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec.recipe import Recipe
 from zeroplan.spec.errors import check_choice
 
 __all__ = ["BACKENDS", "LOCAL_LAUNCHERS", "STATUSES", "ProbeRequest", "ProbeResult"]
@@ -66,6 +67,9 @@ class ProbeRequest:
     loss: str | None = None
     """What the loss keeps over the logits, for the estimate (``zeroplan.spec.LOSSES``); None: the
     task's ``loss``, else ``training.loss``."""
+    recipe: Recipe | None = None
+    """The post-training recipe for the estimate (``--recipe``, zeroplan.spec.recipe); None: the
+    recipe discovery found in the run (its summary's ``recipe``), else plain SFT."""
     peft_flags: PeftFlags | None = None
     """LoRA/QLoRA options for the estimate when the run's own model does not carry a layout
     (zeroplan.runtime.peft_source)."""

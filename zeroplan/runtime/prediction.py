@@ -9,6 +9,7 @@ from pathlib import Path
 from zeroplan.runtime.api import ProbeRequest
 from zeroplan.runtime.hostmem import PHASES, estimated_host
 from zeroplan.spec import Plan, SpecError, TrainingSpec
+from zeroplan.spec.recipe import Recipe
 
 __all__ = ["comparable_estimate", "config_for_plan", "with_config_buckets"]
 
@@ -147,8 +148,12 @@ def _estimate(
         impl = request.optimizer_impl or default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
         # A discovered model that is not a transformer: its traced forward + backward replaces
         # the transformer formula (zeroplan.trace.module).
-        est = estimator.estimate_plan(
-            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl,
+        from zeroplan.estimator.plans_recipe import estimate_recipe_plan
+
+        # The recipe given (--recipe) or discovered in the run; None: plain SFT, estimate_plan's own estimate.
+        recipe = request.recipe or (Recipe.from_dict(summary["recipe"]) if summary.get("recipe") else None)
+        est = estimate_recipe_plan(
+            model, cluster, training, plan, recipe, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl,
             activation_bytes=traced,
         )
         if context is not None:

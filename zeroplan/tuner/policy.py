@@ -45,6 +45,7 @@ def tune_space(
     activation_bytes: Optional[Callable[[Plan], int]] = None,
     sp=None,
     tp=None,
+    recipe=None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
@@ -55,7 +56,8 @@ def tune_space(
     per-stage default where absent), so the plans are estimated with them; ``buckets`` (flags)
     win. ``activation_bytes``: a discovered model's activations where the transformer formula
     does not describe it (its trace). ``sp``/``tp``: the parallel degrees searched (None: 1; a tuple
-    or ``"auto"``). SpecError for nvme without a path."""
+    or ``"auto"``). ``recipe`` the post-training recipe the plans are estimated under (zeroplan.spec.recipe; None:
+    plain SFT). SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -86,6 +88,7 @@ def tune_space(
         sp=sp or (1,),
         tp=tp or (1,),
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
+        recipe=recipe,
     )
 
 

@@ -84,6 +84,9 @@ class TuneRequest:
     layout: tuple = (None, None)
     """``--sp`` and ``--tp`` as parsed (:func:`zeroplan.estimator.layout_space.parse_degrees`:
     degrees or ``"auto"``; None where not given: data parallelism)."""
+    recipe: Any = None
+    """The post-training recipe (:class:`zeroplan.spec.recipe.Recipe`) the plans are estimated
+    under; None: plain SFT."""
     # -- search -----------------------------------------------------------------------------------
     settings: TuneSettings = field(default_factory=TuneSettings)
     """Trials, time budget, estimator picks and probe timeout (checked where they are built)."""
@@ -118,6 +121,7 @@ class TuneRequest:
         if self.max_micro_batch is not None:
             options["max_micro_batch"] = self.max_micro_batch
         options["sp"], options["tp"] = (self.layout[0] or (1,)), (self.layout[1] or (1,))
+        options["recipe"] = self.recipe
         return options
 
 

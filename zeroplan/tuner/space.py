@@ -290,6 +290,7 @@ def build_space(
     activation_bytes: Optional[Callable[[Plan], int]] = None,
     sp: Any = (1,),
     tp: Any = (1,),
+    recipe=None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -305,6 +306,8 @@ def build_space(
     ``activation_bytes`` a plan's activations where they are not the transformer formula's (a
     discovered model's trace: ``zeroplan.runtime.discover.DiscoveredModel.activation_bytes``);
     ``sp``/``tp`` the parallel degrees searched (tuples or ``"auto"``: :func:`~zeroplan.estimator.enumerate_plans`).
+    ``recipe`` (DPO/GRPO/PPO, zeroplan.spec.recipe) estimates each plan under it and leaves out
+    batches TRL refuses (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
     from zeroplan.runtime.prediction import comparable_estimate
@@ -343,9 +346,19 @@ def build_space(
     if not plans:
         raise SpecError("the estimator enumerated no plan for these options; widen --stage/--micro-batch")
 
-    estimates = estimate_all(
-        model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl, activation_bytes=activation_bytes,
-    )
+    if recipe is not None:
+        from zeroplan.estimator.plans_recipe import estimate_recipe_all, trl_accepts
+
+        plans = [p for p in plans if trl_accepts(p, cluster.gpus, recipe)]
+        if not plans:
+            raise SpecError(f"no micro-batch × accumulation gives a generation batch divisible by --generations {recipe.generations}; "
+                            "change --global-batch or --generations")
+        estimates = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, engine=engine,
+                                        optimizer_impl=optimizer_impl, activation_bytes=activation_bytes)
+    else:
+        estimates = estimate_all(
+            model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl, activation_bytes=activation_bytes,
+        )
     fitting: list[Candidate] = []
     pruned: list[Candidate] = []
     for est in estimates:

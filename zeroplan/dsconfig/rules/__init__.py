@@ -5,7 +5,8 @@ Rule ids are public (docs/validate.md, scripts that grep ``--format json``): nev
 retire it instead. Ranges: ZP1xx batch, ZP2xx ZeRO and offload, ZP3xx precision, ZP4xx value
 types, ZP5xx keys, ZP6xx optimizer and scheduler, ZP7xx fit to the model and GPU — one module per
 family (``batch``, ``zero``, ``zeropp`` and ``moe`` (ZP24x, ZP25x), ``precision``, ``types``, ``keys``, ``optimizer``, ``fit``,
-``ds019`` for what DeepSpeed 0.18–0.19 added, ``layout`` (ZP26x) for sequence and tensor parallelism;
+``ds019`` for what DeepSpeed 0.18–0.19 added, ``layout`` (ZP26x) for sequence and tensor parallelism,
+``recipe`` (ZP95x) for DPO/GRPO/PPO runs;
 ``zeroplan.dsconfig.peft_rules`` adds ZP8xx). This module holds the registry, the rule
 decorator and what every family shares.
 """
@@ -18,6 +19,7 @@ from typing import Callable, Iterator
 
 from zeroplan.dsconfig.plan import is_whole_number, offload_device, zero_stage
 from zeroplan.spec import ClusterSpec, ModelSpec, TrainingSpec
+from zeroplan.spec.recipe import Recipe
 
 __all__ = ["Finding", "Rule", "RULES", "Context", "SEVERITIES"]
 
@@ -63,6 +65,8 @@ class Context:
     """DeepSpeed's accelerator name where the job runs (``cuda``, ``cpu``, ``xpu``, …); None: unknown."""
     attn_implementation: str | None = None
     """The model's Hugging Face ``attn_implementation`` (``sdpa``, ``eager``, …); None: unknown."""
+    recipe: Recipe | None = None
+    """The post-training recipe (``--recipe``); None: plain SFT (the ZP95x rules stay silent)."""
 
     @property
     def zero(self) -> dict:
@@ -138,4 +142,4 @@ def _fmt(n: float) -> str:
 
 
 # The rule families register themselves on import, in id order.
-from zeroplan.dsconfig.rules import batch, zero, zeropp, moe, layout, precision, types, keys, optimizer, fit, ds019  # noqa: E402,F401,I001
+from zeroplan.dsconfig.rules import batch, zero, zeropp, moe, layout, precision, types, keys, optimizer, fit, ds019, recipe  # noqa: E402,F401,I001

@@ -100,11 +100,12 @@ def _fits(ctx: Context) -> Iterator[Finding]:
         yield _f("ZP702", "", f"memory fit not checked: {reason}", "fix the errors above and run validate again", severity="info")
         return
     plan, training = built
-    from zeroplan.estimator import estimate_plan
+    from zeroplan.estimator.plans_recipe import estimate_recipe_plan
     from zeroplan.spec import SpecError
 
     try:
-        est = estimate_plan(ctx.model, ctx.cluster, training, plan)
+        # Plain SFT (recipe None) is estimate_plan's own estimate.
+        est = estimate_recipe_plan(ctx.model, ctx.cluster, training, plan, ctx.recipe)
     except (SpecError, ArithmeticError) as exc:
         yield _f("ZP702", "", f"memory fit not checked: {exc}", "fix the values the estimator cannot use", severity="info")
         return
