@@ -147,10 +147,16 @@ def _estimate(
         impl = request.optimizer_impl or default_optimizer_impl(engine=request.backend, plan=plan, ds_config=config)
         # A discovered model that is not a transformer: its traced forward + backward replaces
         # the transformer formula (zeroplan.trace.module).
-        est = estimator.estimate_plan(
-            model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend, optimizer_impl=impl,
-            activation_bytes=traced,
+        from zeroplan.runtime.recipe_estimate import apply_trainer_values, estimate_for_recipe
+
+        # A Trainer's own checkpointing and precision, and the recipe it trained (TRL DPO/GRPO).
+        plan, training = apply_trainer_values(summary.get("trl"), plan, training)
+        est, recipe_note = estimate_for_recipe(
+            summary.get("recipe"), model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend,
+            optimizer_impl=impl, activation_bytes=traced,
         )
+        if recipe_note:
+            note = f"{note}; {recipe_note}" if note else recipe_note
         if context is not None:
             context.update(est=est, model=model, cluster=cluster, training=training)
         if not_modelled:
