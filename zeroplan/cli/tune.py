@@ -289,6 +289,10 @@ def tune(
             activation_bytes = found.activation_bytes()  # a model that is not a transformer: its trace
             model_origin = "discovered" + (" (cached)" if cached else "")
             console.print(f"model {escape(found.describe())}" + (" [dim](cached)[/]" if cached else ""))
+            from zeroplan.runtime.recipe_discovery import recipe_lines
+
+            for line in recipe_lines(found.trainer, found.recipe, found.frozen_engines):
+                console.print(escape(line), highlight=False)
     else:
         # A LoRA/QLoRA run: the space and its pruning see the trainable count (docs/peft.md).
         model_spec = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant).apply(

@@ -259,10 +259,6 @@ class DiscoveredModel:
             batch = f"; first batch {self.micro_batch or '?'} × {self.seq_len or '?'} tokens"
         if self.activations_error:
             batch += f"; activations not modelled ({self.activations_error})"
-        if self.recipe:
-            from zeroplan.runtime.recipe_discovery import recipe_lines
-
-            batch += "; " + recipe_lines(self.trainer, self.recipe, self.frozen_engines)[0]
         return (
             f"discovered at {self.entry_point}: {self.model_class.rsplit('.', 1)[-1]}, {self.total_params:,} parameters "
             f"({self.trainable_params:,} trainable), largest layer {self.largest_layer_name} "
