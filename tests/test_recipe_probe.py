@@ -164,3 +164,19 @@ def test_probe_trl_recipe(tmp_path, name, stage, extra):
     expected = {"loss_forward", "backward"} | ({"generation", "scoring", "rollout"} if name == "grpo" else set())
     assert expected <= set(phases)
     assert all(p["entry_bytes"] <= p["peak_bytes"] <= doc["peak_memory_per_rank"][0] for p in phases.values())
+
+
+def test_phase_clock_reads_a_progress_event_after_a_progress_bar():
+    """Trainer's tqdm ends its lines with a carriage return, so a progress event can share the
+    launcher's line with the bar; the warm-up still ends at it (the ``warmup`` phase is reported)."""
+    import time
+
+    from zeroplan.runtime.phases import PhaseClock
+
+    clock = PhaseClock(time.monotonic(), None)
+    for line in ("zeroplan-progress worker-start t=0.1", "zeroplan-progress imported t=0.2", "zeroplan-progress initialize t=0.3",
+                 "zeroplan-progress engine-ready t=0.4", "  0%|          | 1/1536 [00:01<26:21,  1.03s/it]zeroplan-progress measuring t=0.5",
+                 " 0%|          | 2/1536 [00:01<23:21,  1.09it/s]zeroplan-progress step=2 t=0.6"):
+        clock.on_line(line)
+    clock.mark("exit")
+    assert {"warmup", "measure"} <= set(clock.phases())
