@@ -50,6 +50,14 @@ def test_recipe_from_trl_configs(trl_configs):
     values = trl_values("grpo", with_ref)
     assert values["num_generations"] == 2 and values["beta"] == 0.04 and values["vllm_gpu_memory_utilization"] == 0.25
     assert values["per_device_train_batch_size"] == 2 and values["bf16"] is True  # TRL configs default to bf16
+    # What tune exports builds the same config again (GRPOConfig refuses generation_batch_size and
+    # steps_per_generation set together, so only the latter is exported).
+    again = GRPOConfig(out, use_cpu=True, **values)
+    assert recipe_from_trainer(GRPO_MRO, again) == recipe_from_trainer(GRPO_MRO, with_ref)
+    assert again.generation_batch_size == with_ref.generation_batch_size
+    assert not any(k.startswith("vllm_") for k in trl_values("grpo", GRPOConfig(out, use_cpu=True, num_generations=2,
+                                                                                per_device_train_batch_size=2)))
+    assert DPOConfig(out, use_cpu=True, **trl_values("dpo", DPOConfig(out, use_cpu=True, beta=0.2))).beta == 0.2
 
 
 def test_recipe_dict_is_what_the_recipe_spec_reads(trl_configs):

@@ -36,9 +36,11 @@ TRAINER_RECIPES = {"DPOTrainer": "dpo", "GRPOTrainer": "grpo", "SFTTrainer": "sf
 TRL_KEYS = {
     "sft": ("max_length", "gradient_checkpointing", "bf16", "fp16"),
     "dpo": ("max_length", "beta", "precompute_ref_log_probs", "gradient_checkpointing", "bf16", "fp16"),
-    "grpo": ("num_generations", "max_completion_length", "beta", "generation_batch_size", "steps_per_generation",
-             "num_iterations", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
-             "ds3_gather_for_generation", "gradient_checkpointing", "bf16", "fp16"),
+    # generation_batch_size is left out: GRPOConfig derives it from steps_per_generation and refuses
+    # both set at once (trl/trainer/grpo_config.py __post_init__).
+    "grpo": ("num_generations", "max_completion_length", "beta", "steps_per_generation", "num_iterations", "use_vllm",
+             "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "ds3_gather_for_generation",
+             "gradient_checkpointing", "bf16", "fp16"),
 }
 _BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
@@ -93,9 +95,12 @@ def recipe_from_trainer(
 
 def trl_values(kind: str, args: Any) -> dict:
     """The TrainingArguments-style values of ``args`` that shape a ``kind`` run's memory and batch
-    (:data:`TRL_KEYS` plus the batch keys), by TRL's field names; keys ``args`` lacks are left out."""
+    (:data:`TRL_KEYS` plus the batch keys), by TRL's field names; keys ``args`` lacks are left out, and
+    vLLM's settings without ``use_vllm``. ``DPOConfig``/``GRPOConfig(output_dir, **values)`` accepts them."""
     out: dict = {}
     for key in _BATCH_KEYS + TRL_KEYS.get(kind, ()):
+        if key.startswith("vllm_") and not _get(args, "use_vllm", False):
+            continue  # no vLLM engine: its settings do not apply
         value = _get(args, key)
         if value is None and key not in ("beta",):
             continue
