@@ -188,3 +188,18 @@ def test_phase_clock_reads_a_progress_event_after_a_progress_bar():
         clock.on_line(line)
     clock.mark("exit")
     assert {"warmup", "measure"} <= set(clock.phases())
+
+
+def test_fused_lm_head_is_seen_on_the_model_trl_patched(tmp_path):
+    """trl's own add_fused_lm_head (SFT/DPO/GRPO trainers call it) is recognised; a plain model is not."""
+    pytest.importorskip("trl")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from zeroplan.runtime.recipe_watch import fused_lm_head
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    model = LlamaForCausalLM(config)
+    assert not fused_lm_head(model)
+    add_fused_lm_head(model)
+    assert fused_lm_head(model)

@@ -150,7 +150,7 @@ def _estimate(
         from zeroplan.runtime.recipe_estimate import apply_trainer_values, estimate_for_recipe
 
         # A Trainer's own checkpointing and precision, and the recipe it trained (TRL DPO/GRPO).
-        plan, training = apply_trainer_values(summary.get("trl"), plan, training)
+        plan, training = apply_trainer_values(summary.get("trl"), plan, training, fused_lm_head=bool(summary.get("fused_lm_head")))
         est, recipe_note = estimate_for_recipe(
             summary.get("recipe"), model, cluster, training, plan, device="cpu" if on_cpu else "cuda", engine=request.backend,
             optimizer_impl=impl, activation_bytes=traced,

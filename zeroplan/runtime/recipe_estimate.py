@@ -17,10 +17,16 @@ from typing import Any, Optional
 __all__ = ["apply_trainer_values", "estimate_for_recipe"]
 
 
-def apply_trainer_values(trl: Optional[dict], plan: Any, training: Any) -> tuple[Any, Any]:
+def apply_trainer_values(trl: Optional[dict], plan: Any, training: Any, *, fused_lm_head: bool = False) -> tuple[Any, Any]:
     """``plan`` with ``checkpointing="full"`` when the trainer checkpointed every block
     (``gradient_checkpointing=True``: transformers' per-layer checkpoint) and ``training`` with the
-    trainer's ``bf16``/``fp16``; unchanged without trainer values."""
+    trainer's ``bf16``/``fp16``; unchanged without trainer values. ``fused_lm_head``: the run's
+    model had TRL's fused log-prob head (:func:`zeroplan.runtime.recipe_watch.fused_lm_head`), so
+    the default loss ``hf`` becomes ``trl`` where the estimator knows that loss."""
+    from zeroplan.spec.training import LOSSES
+
+    if fused_lm_head and training.loss == "hf" and "trl" in LOSSES:
+        training = dataclasses.replace(training, loss="trl")
     if not trl:
         return plan, training
     if trl.get("gradient_checkpointing") and plan.checkpointing == "none":

@@ -85,9 +85,22 @@ def _is_peft(model: Any) -> bool:
     return any(c.__name__ == "PeftModel" for c in type(model).__mro__)
 
 
+def fused_lm_head(model: Any) -> bool:
+    """True when TRL's fused log-prob head replaced the model's forward (trl/trainer/utils.py
+    ``add_fused_lm_head``: ``model.forward = types.MethodType(_fused_forward, model)``; SFTTrainer,
+    DPOTrainer and GRPOTrainer of trl 1.x add it): the loss never holds the full logits."""
+    for m in (model, getattr(model, "get_base_model", lambda: None)()):
+        forward = vars(m).get("forward") if m is not None and hasattr(m, "__dict__") else None
+        code = getattr(getattr(forward, "__func__", None), "__code__", None)
+        if code is not None and code.co_name == "_fused_forward":
+            return True
+    return False
+
+
 def describe_trainer(trainer: Any, frozen: list[dict]) -> Optional[dict]:
-    """``{"trainer": class name, "recipe": dict, "trl": dict, "frozen_engines": frozen}`` for a
-    trainer of :data:`~zeroplan.runtime.recipe_discovery.TRAINER_RECIPES`, else None."""
+    """``{"trainer": class name, "recipe": dict, "trl": dict, "frozen_engines": frozen,
+    "fused_lm_head": bool}`` for a trainer of :data:`~zeroplan.runtime.recipe_discovery.TRAINER_RECIPES`,
+    else None."""
     names = [c.__name__ for c in type(trainer).__mro__]
     kind = recipe_kind(names)
     if kind is None:
@@ -96,7 +109,8 @@ def describe_trainer(trainer: Any, frozen: list[dict]) -> Optional[dict]:
     model = getattr(trainer, "model", None)
     offload = any(e.get("offload_param") for e in frozen)
     recipe = recipe_from_trainer(names, args, peft=_is_peft(model), reference_offload=offload)
-    return {"trainer": type(trainer).__name__, "recipe": recipe, "trl": trl_values(kind, args), "frozen_engines": list(frozen)}
+    return {"trainer": type(trainer).__name__, "recipe": recipe, "trl": trl_values(kind, args), "frozen_engines": list(frozen),
+            "fused_lm_head": fused_lm_head(model)}
 
 
 class MemoryPhases:
