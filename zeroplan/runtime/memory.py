@@ -301,6 +301,11 @@ class PeakMemory:
         if self.tracker is not None and not self._stopped:
             self.tracker.move_to_device(*roots)
 
+    @property
+    def tracking(self) -> bool:
+        """True while the CPU tracker counts (until :meth:`stop_tracking`); False on CUDA."""
+        return self.tracker is not None and not self._stopped
+
     def stop_tracking(self) -> None:
         """End the CPU tracker now (idempotent): its per-op hook stops costing time, and ``peak_bytes``
         keeps the peak seen so far. The probe calls it when warm-up ends, so timed steps run untouched

@@ -207,7 +207,7 @@ def attach_recipe(state: dict) -> None:
     memory = state.get("memory")
     tracker = getattr(memory, "tracker", None)
     if tracker is not None:
-        phases = MemoryPhases(tracker, active=lambda: not memory._stopped)
+        phases = MemoryPhases(tracker, active=lambda: memory.tracking)
         phases.attach(trainer)
         state["memory_phases"] = phases
 
