@@ -4,7 +4,7 @@ A Hugging Face ``config.json`` (``tiny_llama.json`` beside this file) with rando
 once into a local folder so that TRL can load it by path as it loads a hub id: DPOTrainer and
 GRPOTrainer build their reference model from the policy's path
 (trl/trainer/dpo_trainer.py and grpo_trainer.py, ``create_model_from_path(get_config_model_id(...))``).
-No hub access. Tokens are the words ``t0`` … ``t{vocab-1}`` (``t0`` pads, ``t1`` ends a sequence).
+No hub access. Tokens are the words ``t3`` … ``t{vocab-1}`` after ``<pad>``, ``</s>`` and ``<s>``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ CONFIG_JSON = Path(__file__).with_name("tiny_llama.json")
 
 
 def tokenizer_for(vocab_size: int) -> PreTrainedTokenizerFast:
-    """A whitespace word-level tokenizer over ``t0`` … ``t{vocab_size-1}``."""
-    vocab = {f"t{i}": i for i in range(vocab_size)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    """A whitespace word-level tokenizer: ``<pad>`` 0, ``</s>`` 1, ``<s>`` 2, then the words ``t3`` …
+    ``t{vocab_size-1}`` (special tokens that no word contains: the tokenizer splits them out of any text)."""
+    vocab = {"<pad>": 0, "</s>": 1, "<s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##")  # joins the words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="t0", eos_token="t1", bos_token="t2")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", bos_token="<s>")
 
 
 def save_tiny_llama(args: TrainingArguments, config_json: Path = CONFIG_JSON, *, seed: int = 0) -> tuple[str, PreTrainedTokenizerFast]:

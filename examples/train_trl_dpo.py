@@ -34,9 +34,11 @@ def main() -> None:
     path, tokenizer = save_tiny_llama(dpo_args, data_args.config_json)
     rng = random.Random(0)
     vocab = tokenizer.vocab_size
+    # DPOTrainer tokenizes prompt + answer as one string (trl/trainer/dpo_trainer.py tokenize_fn), so
+    # answers start with the space that separates them from the prompt, as in real preference sets.
     rows = [
-        {"prompt": words(rng, data_args.prompt_len, vocab), "chosen": words(rng, data_args.completion_len, vocab),
-         "rejected": words(rng, data_args.completion_len, vocab)}
+        {"prompt": words(rng, data_args.prompt_len, vocab), "chosen": " " + words(rng, data_args.completion_len, vocab),
+         "rejected": " " + words(rng, data_args.completion_len, vocab)}
         for _ in range(data_args.samples)
     ]
     dataset = Dataset.from_list(rows)
