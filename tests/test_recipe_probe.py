@@ -203,3 +203,24 @@ def test_fused_lm_head_is_seen_on_the_model_trl_patched(tmp_path):
     assert not fused_lm_head(model)
     add_fused_lm_head(model)
     assert fused_lm_head(model)
+
+
+def test_a_model_set_aside_by_an_earlier_engine_counts_from_its_own():
+    """TRL builds the reference's engine first: at that deepspeed.initialize the policy is host
+    memory (set aside); at the policy's own it moves to the device and counts again."""
+    torch = pytest.importorskip("torch")
+    from zeroplan.runtime.memory import StorageTracker
+
+    with StorageTracker() as tracker:
+        policy = torch.nn.Linear(256, 256)  # 257 KiB of parameters
+        reference = torch.nn.Linear(128, 128)
+        dataset = torch.zeros(1 << 16)
+        tracker.keep_on_device(list(reference.parameters()))
+        counted_ref = tracker.current_bytes
+        tracker.move_to_device(list(policy.parameters()))
+        moved = tracker.current_bytes - counted_ref
+        tracker.move_to_device(list(policy.parameters()))  # a second move counts nothing twice
+        again = tracker.current_bytes - counted_ref
+    assert counted_ref == sum(p.numel() * 4 for p in reference.parameters())
+    assert moved == again == sum(p.numel() * 4 for p in policy.parameters())
+    assert tracker.host_bytes == dataset.numel() * 4  # the dataset stays on the host
