@@ -82,7 +82,8 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         elif memory is not None:  # a frozen engine came first: this model moves to the device now
             from zeroplan.runtime.memory import device_roots
 
-            memory.move_to_device(device_roots(kwargs.get("model", args[1] if len(args) > 1 else None)))
+            memory.move_to_device(device_roots(kwargs.get("model", args[1] if len(args) > 1 else None),
+                                               kwargs.get("optimizer", args[2] if len(args) > 2 else None)))
         if host is not None:
             host.enter("engine_init")
         from zeroplan.runtime.dsops import watch_op_waits
