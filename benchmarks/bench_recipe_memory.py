@@ -14,7 +14,8 @@ reference model (``--beta 0.04``).
 Per row: the largest per-rank peak (live tensor storage; median and spread over the repeats),
 the estimate the probe printed beside it (the recipe's where the estimator models recipes, else
 supervised fine-tuning's, which the note column says), and for GRPO the memory phases the probe
-itemised (generation, scoring = no-grad log-prob passes, loss forward, backward). The summary
+itemised (GRPO: generation, scoring = no-grad log-prob passes, rollout; every TRL trainer: loss
+forward, which for DPO holds the policy's concatenated pass and the reference forward, and backward). The summary
 compares what the issue asks: DPO's increase over SFT, predicted vs measured (goal ±10 %), and
 GRPO's peak (goal ±15 %). ``--from-json`` renders an earlier run's table.
 """
@@ -121,11 +122,11 @@ def render(doc: dict) -> str:
         err = f"{(r['estimate'] - r['peak']) / r['peak']:+.1%}" if r["estimate"] and r["peak"] else "—"
         lines.append(f"{r['recipe']:6} {r['stage']:>5} {r['runs']:>2}/{r['of']:<2} {_fmt(r['peak']):>9} {_fmt(r['spread']):>7} "
                      f"{_fmt(r['estimate']):>8} {err:>7} {_fmt(r['step_time'], 1, '.3f'):>7}  {r['note'][:90]}")
-    lines += ["", "GRPO memory phases, rank 0 (live MiB at entry → peak inside the call with the highest peak):"]
+    lines += ["", "memory phases, rank 0 (live MiB at entry → peak inside the call with the highest peak):"]
     for r in rows:
-        if r["recipe"] == "grpo" and r["phases"]:
+        if r["recipe"] != "sft" and r["phases"]:
             parts = [f"{name} {_fmt(p['entry_bytes'])}→{_fmt(p['peak_bytes'])}" for name, p in r["phases"].items()]
-            lines.append(f"  z{r['stage']}: " + "; ".join(parts))
+            lines.append(f"  {r['recipe']} z{r['stage']}: " + "; ".join(parts))
     lines += ["", "goals: DPO − SFT increase, predicted vs measured (±10 %); GRPO peak (±15 %)"]
     by = {(r["recipe"], r["stage"]): r for r in rows}
     for stage in doc["settings"]["stages"]:
