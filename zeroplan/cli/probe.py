@@ -135,6 +135,12 @@ def _render_table(result, plan, console) -> None:
         from zeroplan.runtime.discover import DiscoveredModel
 
         console.print(f"model {DiscoveredModel.from_dict(result.discovered_model).describe()}", markup=False, highlight=False)
+    if result.recipe:
+        from zeroplan.runtime.recipe_discovery import recipe_lines
+
+        phases = result.memory_phases_per_rank[0] if result.memory_phases_per_rank else None
+        for line in recipe_lines(result.trainer, result.recipe, result.frozen_engines, phases):
+            console.print(line, markup=False, highlight=False)
     if result.activations_source:
         from zeroplan.runtime.discover import ACTIVATION_SOURCE_WORDS
 

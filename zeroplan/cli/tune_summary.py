@@ -127,7 +127,7 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
     gap_line = gap_sentence(summary.gap)
     if gap_line:
         console.print(gap_line)
-    for name in ("ds_config.json", "trials.csv", "report.md", "throughput.png"):
+    for name in ("ds_config.json", "ds_config.trl.json", "trials.csv", "report.md", "throughput.png"):
         if (output / name).exists():
             console.print(f"  wrote {output / name}")
     if trainer:

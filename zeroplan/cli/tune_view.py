@@ -158,6 +158,7 @@ _LINES = {
         "will refuse the config"
     ),
     "model_discovered": lambda d: f"model {escape(d['description'])}" + (" [dim](cached)[/]" if d["cached"] else ""),
+    "recipe_discovered": lambda d: "\n".join(escape(line) for line in d["lines"]),
     "loss": lambda d: f"[dim]loss: {d['loss']} ({d['origin']}; --loss sets it), for the estimates that prune and rank plans[/]",
     "tight": _tight,
     "budget": lambda d: (

@@ -169,6 +169,18 @@ class ProbeResult:
     activations_source: str | None = None
     """Where the estimate's activation bytes came from (``zeroplan.runtime.discover.ACTIVATION_SOURCES``:
     traced, config, module-tree, params, model, task, not-modelled); None without an estimate."""
+    trainer: str | None = None
+    """The Hugging Face Trainer class that trained (``DPOTrainer``, ``GRPOTrainer``, ...), else None."""
+    recipe: dict | None = None
+    """Its post-training recipe (``zeroplan.runtime.recipe_discovery.RECIPE_KEYS``: kind, generations,
+    completion_len, vllm_gpu_memory, reference, reward_model, critic_model), else None."""
+    trl: dict | None = None
+    """The trainer config's values that shape the recipe and batch, by TRL's field names."""
+    frozen_engines: list = field(default_factory=list)
+    """Engines built without an optimizer (a TRL reference model): class, params, stage, offload_param."""
+    memory_phases_per_rank: list = field(default_factory=list)
+    """Per rank, the recipe's memory phases (generation, scoring, rollout, loss_forward, backward):
+    ``entry_bytes`` and ``peak_bytes`` of the call with the highest peak (CPU tracker only)."""
 
     host_peak_per_node: int | None = None
     """Peak host RSS of the node (torchrun and every worker, shared library pages once), sampled
@@ -284,4 +296,9 @@ class ProbeResult:
             "waits_s": dict(self.waits_s),
             "cpu_step_time": self.cpu_step_time,
             "load_average": list(self.load_average) if self.load_average else None,
+            "trainer": self.trainer,
+            "recipe": self.recipe,
+            "trl": self.trl,
+            "frozen_engines": list(self.frozen_engines),
+            "memory_phases_per_rank": list(self.memory_phases_per_rank),
         }

@@ -86,6 +86,9 @@ def summarize_ranks(ranks: list[dict]) -> dict:
         out["discovered"] = first.get("discovered")
         out["engine_batch"] = first.get("engine_batch")
         out["parameter_sizes"] = first.get("parameter_sizes")
+        for key in ("trainer", "recipe", "trl", "frozen_engines", "fused_lm_head"):
+            out[key] = first.get(key)
+        out["memory_phases_per_rank"] = [r.get("memory_phases") or {} for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
     peaks = [(r.get("rank", 0), r.get("peak_memory")) for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
     peaks = [p for _, p in peaks if isinstance(p, int)]
     if peaks:

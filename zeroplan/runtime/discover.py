@@ -113,6 +113,15 @@ class DiscoveredModel:
     """Why such a model's trace failed (its activations are then not modelled), else None."""
     parameter_sizes: tuple = ()
     """``(elements, count)`` per parameter size of the model, largest first (at most 64 sizes)."""
+    trainer: Optional[str] = None
+    """The Hugging Face Trainer class that built the engine (``DPOTrainer``, ``GRPOTrainer``, ...), else None."""
+    recipe: Optional[dict] = None
+    """Its post-training recipe, the keys of ``zeroplan.spec.recipe.Recipe``
+    (:func:`zeroplan.runtime.recipe_discovery.recipe_from_trainer`), else None."""
+    trl: Optional[dict] = None
+    """The trainer config's values that shape the recipe and batch, by TRL's field names."""
+    frozen_engines: list = field(default_factory=list)
+    """Engines built before it without an optimizer (a TRL reference model): class, params, stage, offload_param."""
 
     def __post_init__(self) -> None:
         for name in ("total_params", "trainable_params", "largest_layer_params"):
@@ -145,6 +154,10 @@ class DiscoveredModel:
             activations=data.get("activations"),
             activations_error=data.get("activations_error"),
             parameter_sizes=tuple(tuple(p) for p in model.get("parameter_sizes") or ()),
+            trainer=data.get("trainer"),
+            recipe=data.get("recipe"),
+            trl=data.get("trl"),
+            frozen_engines=list(data.get("frozen_engines") or ()),
         )
 
     def as_dict(self) -> dict:

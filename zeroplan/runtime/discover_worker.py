@@ -180,17 +180,28 @@ def batch_shape(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
     return int(tensor.shape[0]), (int(tensor.shape[1]) if tensor.dim() >= 2 else None)
 
 
-def watch_entry_points(on_model: Callable[[str, Any], None], on_engine: Callable[[str, Any], None] | None = None) -> None:
+def watch_entry_points(
+    on_model: Callable[[str, Any], None], on_engine: Callable[[str, Any], None] | None = None, on_frozen: Callable[[Any], None] | None = None
+) -> None:
     """Wrap :data:`WATCHED_ENTRY_POINTS`: ``on_model(entry_point, module)`` before the engine is
-    built, ``on_engine(entry_point, engine_module)`` after (the module whose forward sees batches)."""
+    built, ``on_engine(entry_point, engine_module)`` after (the module whose forward sees batches).
+    An engine built without an optimizer (a TRL reference model:
+    :func:`zeroplan.runtime.recipe_watch.frozen_engine_call`) is not the trained model: it goes to
+    ``on_frozen(engine)`` only."""
     import deepspeed
 
     from zeroplan.runtime.dsops import skip_shm_comm_op
+    from zeroplan.runtime.recipe_watch import frozen_engine_call
 
     skip_shm_comm_op()
     original_initialize = deepspeed.initialize
 
     def initialize(*args, **kwargs):
+        if frozen_engine_call(args, kwargs):
+            outputs = original_initialize(*args, **kwargs)
+            if on_frozen is not None:
+                on_frozen(outputs[0])
+            return outputs
         model = kwargs.get("model", args[1] if len(args) > 1 else None)
         if model is not None:
             on_model("deepspeed.initialize", model)
@@ -264,10 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     result: dict = {"status": "no_engine", "entry_point": None}
+    frozen: list[dict] = []
+
+    def on_frozen(engine: Any) -> None:
+        from zeroplan.runtime.recipe_watch import frozen_engine_info
+
+        frozen.append(frozen_engine_info(engine))
 
     def on_model(entry_point: str, model: Any) -> None:
         if result.get("model") is None:
+            from zeroplan.runtime.recipe_watch import describe_trainer, find_trainer
+
             result.update(status="model", entry_point=entry_point, model=describe_model(model))
+            trainer = find_trainer()  # a Trainer script: its recipe (TRL DPO/GRPO) from the trainer and its config
+            info = describe_trainer(trainer, frozen) if trainer is not None else None
+            if info:
+                result.update(info)
             _write(result_path, result)
 
     def on_engine(entry_point: str, engine: Any, first_call=None) -> None:
@@ -282,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             record(*first_call)
         engine.register_forward_pre_hook(lambda mod, a, kw: record(a, kw), with_kwargs=True)
 
-    watch_entry_points(on_model, on_engine)
+    watch_entry_points(on_model, on_engine, on_frozen)
     sys.argv = [script, *spec["script_args"]]
     code = 0
     try:

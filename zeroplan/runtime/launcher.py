@@ -373,6 +373,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         frozen_params=summary.get("frozen_params"),
         memory_limit=limit,
         discovered_model=summary.get("discovered"),
+        **{k: summary[k] for k in ("trainer", "recipe", "trl", "frozen_engines", "memory_phases_per_rank") if summary.get(k)},
         activations_source=context.get("activations_source") if estimated is not None else None,
         **host,
     )

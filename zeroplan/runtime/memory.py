@@ -153,6 +153,23 @@ class StorageTracker(TorchDispatchMode):
             self.peak_bytes = self.current_bytes
         return self.host_bytes
 
+    def move_to_device(self, *roots: object) -> None:
+        """A later ``deepspeed.initialize`` (after :meth:`keep_on_device`): the storages of ``roots``
+        that were set aside as host memory are counted again from now on — that engine's
+        ``module.to(device)`` moves them (a TRL policy built before its reference model's engine,
+        trl/models/utils.py ``prepare_deepspeed``, stays on the host until its own engine)."""
+        for leaf in tree_leaves(roots):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            for st in storages_of(leaf):
+                key = id(st)
+                with self._lock:
+                    entry = self._host.pop(key, None)
+                    if entry is None:
+                        continue
+                    self.host_bytes -= entry[1]
+                self._add(st)
+
     def _forget_host(self, key: int) -> None:
         with self._lock:
             entry = self._host.pop(key, None)
@@ -278,6 +295,16 @@ class PeakMemory:
         if self.tracker is None or self._stopped:
             return None
         return self.tracker.keep_on_device(*roots)
+
+    def move_to_device(self, *roots: object) -> None:
+        """CPU tracker: :meth:`StorageTracker.move_to_device`; no-op on CUDA and once stopped."""
+        if self.tracker is not None and not self._stopped:
+            self.tracker.move_to_device(*roots)
+
+    @property
+    def tracking(self) -> bool:
+        """True while the CPU tracker counts (until :meth:`stop_tracking`); False on CUDA."""
+        return self.tracker is not None and not self._stopped
 
     def stop_tracking(self) -> None:
         """End the CPU tracker now (idempotent): its per-op hook stops costing time, and ``peak_bytes``

@@ -37,8 +37,10 @@ class PhaseClock:
         self.marks.setdefault(name, time.monotonic())
 
     def on_line(self, line: str) -> None:
-        if line.startswith("zeroplan-progress "):
-            event = line.split()[1]
+        # A progress line can follow a progress bar's carriage-return line (Trainer's tqdm) on one line.
+        at = line.find("zeroplan-progress ")
+        if at >= 0:
+            event = line[at:].split()[1]
             if event in _EVENT_PHASE_END:
                 self.mark(event)
             elif event.startswith("step=") or event == "measured":

@@ -149,7 +149,10 @@ def _estimate(
         # A discovered model that is not a transformer: its traced forward + backward replaces
         # the transformer formula (zeroplan.trace.module).
         from zeroplan.estimator.plans_recipe import estimate_recipe_plan
+        from zeroplan.runtime.recipe_estimate import apply_trainer_values
 
+        # A Trainer's own checkpointing and precision (TRL's configs default both on).
+        plan, training = apply_trainer_values(summary.get("trl"), plan, training, fused_lm_head=bool(summary.get("fused_lm_head")))
         # The recipe given (--recipe) or discovered in the run; None: plain SFT, estimate_plan's own estimate.
         recipe = request.recipe or (Recipe.from_dict(summary["recipe"]) if summary.get("recipe") else None)
         est = estimate_recipe_plan(

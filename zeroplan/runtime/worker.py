@@ -23,6 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from zeroplan.runtime.recipe_watch import attach_recipe, frozen_engine_call, frozen_initialize, recipe_result
 from zeroplan.runtime.meter import CPU_MEMORY_STEPS, PROGRESS_PREFIX, ProbeDone, StepMeter, _agreement, _progress_printer
 
 __all__ = ["PROGRESS_PREFIX", "ProbeDone", "StepMeter", "main"]
@@ -58,6 +59,8 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
 
     def initialize(*args, **kwargs):
         meter.report("initialize")
+        if frozen_engine_call(args, kwargs):  # a TRL reference model's engine: not the one trained
+            return frozen_initialize(original, args, kwargs, state)
         state["model_build"] = _build_kind(kwargs.get("model", args[1] if len(args) > 1 else None))
         if state.get("discover") and "discovered" not in state:
             # A plain script's model, read where DeepSpeed receives it (zeroplan.runtime.discover).
@@ -76,6 +79,11 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             model = kwargs.get("model", args[1] if len(args) > 1 else None)
             optimizer = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
             state["host_set_aside"] = memory.keep_on_device(device_roots(model, optimizer))
+        elif memory is not None:  # a frozen engine came first: this model moves to the device now
+            from zeroplan.runtime.memory import device_roots
+
+            memory.move_to_device(device_roots(kwargs.get("model", args[1] if len(args) > 1 else None),
+                                               kwargs.get("optimizer", args[2] if len(args) > 2 else None)))
         if host is not None:
             host.enter("engine_init")
         from zeroplan.runtime.dsops import watch_op_waits
@@ -105,6 +113,7 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             engine.register_forward_pre_hook(first_batch, with_kwargs=True)
         state["initialized"] = True
         state["engine"] = engine
+        attach_recipe(state)  # a Trainer's recipe (TRL DPO/GRPO) and its memory phases
         if engine.zero_optimization_stage() == 3:
             # Said before the first step, so a run that then hangs has it in its log (classify.py).
             from zeroplan.runtime.moe_leaf import leaf_module_warning
@@ -329,7 +338,8 @@ def _record_discovery(result: dict, state: dict, spec: dict) -> None:
 
     micro, seq = state.get("first_batch") or (None, None)
     data = {"entry_point": "deepspeed.initialize", "model": state["discovered"], "micro_batch": micro, "seq_len": seq,
-            "activations": state.get("activations"), "activations_error": state.get("activations_error")}
+            "activations": state.get("activations"), "activations_error": state.get("activations_error"),
+            **state.get("recipe_info", {})}
     try:
         found = DiscoveredModel.from_worker(data, script=spec["script"])
         result["model_spec"] = found.model_spec().as_dict()
@@ -436,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         result["model_spec"] = task.model_spec.as_dict()
     if task is not None and task.loss is not None:
         result["task_loss"] = task.loss
+    result.update(recipe_result(state))
     if state.get("discovered"):
         _record_discovery(result, state, spec)
     out = Path(spec["result_dir"]) / f"rank-{rank}.json"

@@ -49,6 +49,8 @@ class ProbeOutcome:
     """Wall time of the probe including launch, seconds."""
     ds_config: dict = field(default_factory=dict)
     """The DeepSpeed JSON the probe ran with."""
+    trl: dict = field(default_factory=dict)
+    """A Trainer script's config values as it ran (TRL's field names: batch, recipe, precision); empty otherwise."""
     engine_ready: Optional[bool] = None
     """The engine was built (``deepspeed.initialize`` returned); None: unknown (no progress lines)."""
     optimizer_steps: int = 0
@@ -340,6 +342,7 @@ def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Opti
         memory_limit=str(getattr(result, "memory_limit", "") or ""),
         wall_s=wall_s,
         ds_config=cfg,
+        trl=dict(getattr(result, "trl", None) or {}),
         engine_ready=None if progress is None else ready_s is not None,
         optimizer_steps=steps,
         startup_s=ready_s,

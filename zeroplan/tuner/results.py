@@ -3,6 +3,9 @@
 * ``trials.csv`` — one row per trial (probed, failed, pruned, duplicate proposals): the plan,
   predicted vs measured throughput and memory, status and reason;
 * ``ds_config.json`` — the DeepSpeed config the best trial ran with;
+* ``ds_config.trl.json`` — for a Hugging Face Trainer / TRL script, the trainer config values
+  the best trial ran with (TRL's field names: batch keys, recipe keys such as ``num_generations``,
+  ``max_completion_length``, ``beta``, precision), ``deepspeed`` pointing at ds_config.json;
 * ``report.md`` — the ranking, failures and pruned plans, with ``throughput.png``
   (predicted vs measured throughput per probed plan) when matplotlib is installed; without it
   every other file is written and report.md says how to get the plot.
@@ -31,6 +34,9 @@ __all__ = [
 ]
 
 MiB = 1024**2
+
+#: The best trial's trainer config values (``trl``), written beside ds_config.json for a Trainer script.
+TRL_VALUES_FILE = "ds_config.trl.json"
 
 #: What report.md and ``zeroplan tune`` say once when matplotlib (the ``plot`` extra) is missing.
 PLOT_MISSING = "throughput.png not drawn: matplotlib is not installed (pip install 'zeroplan[plot]')"
@@ -332,6 +338,11 @@ def write_results(trials: list[Any], output_dir: Path, meta: dict[str, Any], *, 
         cfg = by_number[int(best["trial"])].user_attrs.get("ds_config")
         if cfg:
             write_atomic(output_dir / "ds_config.json", json.dumps(cfg, indent=2) + "\n")
+        trl = by_number[int(best["trial"])].user_attrs.get("trl")
+        if trl:
+            # A Trainer script's values as the best trial ran them (TRL's field names), beside its
+            # DeepSpeed config: DPOConfig/GRPOConfig(**json.load(open("ds_config.trl.json"))).
+            write_atomic(output_dir / TRL_VALUES_FILE, json.dumps({**trl, "deepspeed": "ds_config.json"}, indent=2) + "\n")
     can_plot = plot and plotting_available()
     plotted = can_plot and plot_throughput(frame, output_dir / "throughput.png")
     note = PLOT_MISSING if plot and not can_plot else None

@@ -424,6 +424,8 @@ class Tuner:
         }
         if outcome.ds_config:
             measured["ds_config"] = outcome.ds_config
+        if outcome.trl:
+            measured["trl"] = outcome.trl
         failure = classify_failure(
             outcome.status, outcome.error, engine_ready=outcome.engine_ready, optimizer_steps=outcome.optimizer_steps, cut_short=outcome.timeout_derived
         )

@@ -68,6 +68,10 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         request.space_options(), device="cuda" if on_cuda else "cpu", base_config=base_config,
         activation_bytes=known["activation_bytes"],
     )
+    if space_options.get("recipe") is None and (known.get("recipe") or {}).get("kind", "sft") != "sft":
+        from zeroplan.spec.recipe import Recipe
+
+        space_options["recipe"] = Recipe.from_dict(known["recipe"])
     space, cluster, time_model, warm_s = _space(
         request, listener, runner, known["model_spec"], cluster, training, space_options, on_cuda=on_cuda,
         time_model_for_probes=time_model_for_probes, loss_origin=loss_origin,
@@ -173,6 +177,12 @@ def _model(request: TuneRequest, listener: TuneListener, *, precision: str, conf
             found.update(model_spec=discovered.model_spec(), discovered_seq_len=discovered.seq_len,
                          activation_bytes=discovered.activation_bytes(), origin="discovered" + (" (cached)" if cached else ""))
             listener.event("model_discovered", description=discovered.describe(), cached=cached)
+            if discovered.recipe:
+                from zeroplan.runtime.recipe_discovery import recipe_lines
+
+                # A TRL DPO/GRPO script: its recipe prunes and ranks the plans unless --recipe says otherwise.
+                found["recipe"] = discovered.recipe
+                listener.event("recipe_discovered", lines=recipe_lines(discovered.trainer, discovered.recipe, discovered.frozen_engines))
     else:
         # A LoRA/QLoRA run: the space and its pruning see the trainable count (docs/peft.md).
         given = request.model_spec if request.model_spec is not None else resolve_model(request.params, request.model)
