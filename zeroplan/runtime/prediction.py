@@ -135,7 +135,7 @@ def _estimate(
         if precision is not None:
             training = dataclasses.replace(training, precision=precision)
     try:
-        from zeroplan import estimator, profiles
+        from zeroplan import profiles
         from zeroplan.spec import ClusterSpec
 
         gpu, _ = profiles.default_gpu()
