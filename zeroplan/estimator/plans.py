@@ -13,14 +13,7 @@ from zeroplan.estimator.expert_parallel import expert_parallel_states
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import HostPhases, plan_host_phases
 from zeroplan.estimator.plan_cache import PlanCache
-from zeroplan.estimator.memory import (
-    EngineOverhead,
-    HostMemory,
-    ModelStates,
-    engine_overhead,
-    host_memory,
-    model_states,
-)
+from zeroplan.estimator.memory import EngineOverhead, HostMemory, ModelStates, engine_overhead, host_memory, model_states
 from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, deepspeed_moments, traced_after_loss
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
