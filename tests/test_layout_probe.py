@@ -74,6 +74,7 @@ def test_sp2_and_tp2_give_the_plain_step0_loss(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # the default run keeps one probe per path; python -m pytest -m e2e runs this too
 def test_qwen3_sp2_gives_the_plain_step0_loss(tmp_path):
     """Qwen3 (q/k norms on the head dimension, tied embeddings) under Ulysses."""
     qwen = ("--", "--model-config", str(EXAMPLES / "tiny_qwen3"))
@@ -83,6 +84,7 @@ def test_qwen3_sp2_gives_the_plain_step0_loss(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # the default run keeps one probe per path; python -m pytest -m e2e runs this too
 def test_hf_trainer_sp2_gives_the_plain_step0_loss(tmp_path):
     """The Trainer path: accelerate builds the ParallelismConfig from the environment the rank sets,
     registers Ulysses, adapts the data loader and computes the loss (deepspeed_sp_compute_loss)."""

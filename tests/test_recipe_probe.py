@@ -122,6 +122,7 @@ def _ds_config(tmp_path, stage: int):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # the default run keeps one probe per path; python -m pytest -m e2e runs this too
 @pytest.mark.timeout(600)
 def test_discovery_reads_the_recipe_of_both_examples(tmp_path):
     """One-process discovery stops at the policy's engine (not the reference's, built first) and
