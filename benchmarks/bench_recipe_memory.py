@@ -260,10 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError) as exc:
             print(f"--from-json {args.from_json}: not a readable bench_recipe_memory .json ({exc})", file=sys.stderr)
             return 2
-        if args.re_estimate:
-            reestimate(doc)
-            doc["reestimated"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit()}
-        text = render(doc)
+        try:
+            if args.re_estimate:
+                reestimate(doc)
+                doc["reestimated"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit()}
+            text = render(doc)
+        except (KeyError, TypeError, AttributeError) as exc:
+            print(f"--from-json {args.from_json}: not a bench_recipe_memory .json (missing or malformed {exc}); "
+                  "give a file this bench wrote with -o", file=sys.stderr)
+            return 2
         print(text, end="")
         if args.output:
             args.output.write_text(text)
