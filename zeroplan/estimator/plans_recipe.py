@@ -59,8 +59,10 @@ def _gib(n: int) -> str:
 
 def training_pass(training: TrainingSpec, plan: Plan, recipe: Recipe) -> tuple[TrainingSpec, Plan]:
     """The shape of the policy's forward and backward under ``recipe``: DPO doubles the
-    sequences (``concatenated`` chosen + rejected, dpo_trainer.py:1313 "batch is [chosen,
-    rejected]"); TRL 1.x scores every recipe with its fused LM head, so the default loss (``hf``)
+    sequences, not their length (``DataCollatorForPreference`` stacks the b prompt + chosen rows
+    over the b prompt + rejected rows and pads all 2b to the longest, dpo_trainer.py:169 and 185;
+    dpo_trainer.py:1313 "batch is [chosen, rejected]"), so ``seq_len`` is the longer of prompt +
+    chosen and prompt + rejected; TRL 1.x scores every recipe with its fused LM head, so the default loss (``hf``)
     becomes ``trl``; another loss given explicitly (older TRL or LLaMA-Factory, whose DPO takes the
     full logits: ``plain``) is kept."""
     if recipe.kind == "sft":
