@@ -17,7 +17,11 @@ supervised fine-tuning's, which the note column says), and for GRPO the memory p
 itemised (GRPO: generation, scoring = no-grad log-prob passes, rollout; every TRL trainer: loss
 forward, which for DPO holds the policy's concatenated pass and the reference forward, and backward). The summary
 compares what the issue asks: DPO's increase over SFT, predicted vs measured (goal ±10 %), and
-GRPO's peak (goal ±15 %). ``--from-json`` renders an earlier run's table.
+GRPO's peak (goal ±15 %). ``--from-json`` renders an earlier run's table; with ``--re-estimate``
+it also estimates every row again with this zeroplan's estimator, through the probe's own estimate
+path (no probe runs), in a column beside the estimate the probe printed:
+
+    PYTHONPATH=. python benchmarks/bench_recipe_memory.py --from-json benchmarks/results/recipe_memory.json --re-estimate
 """
 
 from __future__ import annotations
@@ -80,8 +84,59 @@ def probe(row: dict, *, micro: int, tmp: Path, timeout: float) -> dict:
     except json.JSONDecodeError:
         return {"status": "error", "error": (r.stderr.strip().splitlines() or ["no output"])[-1]}
     keep = ("status", "error", "step_time", "peak_memory", "peak_memory_per_rank", "estimated_peak_memory", "estimate_note",
-            "recipe", "trl", "frozen_engines", "memory_phases_per_rank", "trainable_params")
+            "recipe", "trl", "frozen_engines", "memory_phases_per_rank", "trainable_params", "discovered_model")
     return {k: doc.get(k) for k in keep}
+
+
+def _row_seq_len(row: dict, run: dict, settings: dict) -> int:
+    """Tokens per sequence the probe's estimate used: the first batch discovery saw, else (runs saved
+    before the discovered model was kept) what the examples build — SFT and DPO prompt + answer +
+    EOS (DPO's chosen and rejected padded to the longer, equal here: trl/trainer/dpo_trainer.py:185),
+    GRPO prompt + the longest completion (completions are padded to it)."""
+    seen = (run.get("discovered_model") or {}).get("seq_len")
+    if seen:
+        return int(seen)
+    if row["recipe"] == "grpo":
+        return settings["prompt_len"] + settings["grpo_completion_len"]
+    return settings["prompt_len"] + settings["completion_len"] + 1
+
+
+def reestimate(doc: dict) -> None:
+    """Each run's estimate again with this zeroplan's estimator, without probing: the probe's own
+    path (:func:`zeroplan.runtime.prediction._estimate`: the trainer's bf16 and checkpointing, the
+    discovered recipe, TRL's fused head, CPU storage) over the saved run's trainer values and recipe
+    and the model the probe discovered (else examples/tiny_llama.json, the examples' model).
+    Sets ``reestimated_peak_memory`` and ``reestimate_note`` on every ok run."""
+    from zeroplan.dsconfig import plan_from_config
+    from zeroplan.profiles.hf_config import model_from_hf_config
+    from zeroplan.runtime.api import ProbeRequest
+    from zeroplan.runtime.discover import DiscoveredModel
+    from zeroplan.runtime.prediction import _estimate
+    from zeroplan.runtime.trainer import trainer_precision
+
+    tiny = model_from_hf_config(EXAMPLES / "tiny_llama.json")
+    settings = doc["settings"]
+    for row in doc["rows"]:
+        config = _ds_config(row["stage"], settings["micro"])
+        request = ProbeRequest(script=EXAMPLES / row["script"], nproc=2, ds_config=config, config_arg="--deepspeed",
+                               script_args=("--use_cpu", *row["args"]))
+        for run in row["runs"]:
+            if run.get("status") != "ok":
+                continue
+            found = run.get("discovered_model")
+            model = DiscoveredModel.from_dict(found).model_spec() if found else tiny
+            summary = {"model_spec": model.as_dict(), "seq_len": _row_seq_len(row, run, settings), "trl": run.get("trl"),
+                       "recipe": run.get("recipe"), "fused_lm_head": True, "memory_kind": "cpu-storage",
+                       "trainable_params": run.get("trainable_params"), "frozen_params": 0}
+            context: dict = {}
+            run["reestimated_peak_memory"], run["reestimate_note"] = _estimate(
+                request, plan_from_config(config, 2), config, summary, 2, context, precision=trainer_precision(request.script_args, config))
+            recipe = getattr(context.get("est"), "recipe", None)
+            if recipe and run["reestimated_peak_memory"]:
+                # Each moment as a per-rank total: the peak less the peak moment's bytes above the states, plus its own.
+                base = run["reestimated_peak_memory"] - recipe["moments"][recipe["peak_moment"]]
+                run["reestimated_moments"] = {name: base + above for name, above in recipe["moments"].items()}
+                run["reestimated_terms"] = {**recipe["resident"], **recipe["terms"]}
 
 
 def _median(values: list) -> float | None:
@@ -96,12 +151,16 @@ def summarise(rows: list[dict]) -> list[dict]:
         runs = [r for r in row["runs"] if r.get("status") == "ok"]
         peaks = [r["peak_memory"] for r in runs]
         est = runs[0]["estimated_peak_memory"] if runs else None
+        now = runs[0].get("reestimated_peak_memory") if runs else None
+        note = (runs[0].get("reestimate_note" if "reestimated_peak_memory" in runs[0] else "estimate_note") or "") if runs else ""
         out.append({
             "recipe": row["recipe"], "stage": row["stage"], "runs": len(runs), "of": len(row["runs"]),
-            "peak": _median(peaks), "spread": (max(peaks) - min(peaks)) if peaks else None, "estimate": est,
-            "note": (runs[0].get("estimate_note") or "") if runs else "; ".join(r.get("error") or "" for r in row["runs"]),
+            "peak": _median(peaks), "spread": (max(peaks) - min(peaks)) if peaks else None, "probe_estimate": est,
+            "estimate": now if runs and "reestimated_peak_memory" in runs[0] else est,
+            "note": note if runs else "; ".join(r.get("error") or "" for r in row["runs"]),
             "phases": (runs[0].get("memory_phases_per_rank") or [{}])[0] if runs else {},
             "step_time": _median([r.get("step_time") for r in runs]),
+            "moments": (runs[0].get("reestimated_moments") or {}) if runs else {},
         })
     return out
 
@@ -117,16 +176,27 @@ def render(doc: dict) -> str:
              f"2 CPU ranks (gloo), tiny Llama (examples/tiny_llama.json), micro-batch {doc['settings']['micro']}, "
              f"DPO prompt {doc['settings']['prompt_len']} + answer {doc['settings']['completion_len']} tokens, "
              f"GRPO G={doc['settings']['generations']} completions of {doc['settings']['grpo_completion_len']} tokens, beta 0.04",
-             "", f"{'recipe':6} {'stage':>5} {'runs':>5} {'peak MiB':>9} {'spread':>7} {'est MiB':>8} {'err':>7} {'step s':>7}  note"]
+             ]
+    again = doc.get("reestimated")
+    if again:
+        lines.append(f"est MiB: the estimate the probe printed; now MiB: estimated again {again['date']} at {again['commit']} "
+                     "without probing (bench_recipe_memory.py --re-estimate); err: now vs peak")
+    lines += ["", f"{'recipe':6} {'stage':>5} {'runs':>5} {'peak MiB':>9} {'spread':>7} {'est MiB':>8}"
+              + (f" {'now MiB':>8}" if again else "") + f" {'err':>7} {'step s':>7}  note"]
     for r in rows:
         err = f"{(r['estimate'] - r['peak']) / r['peak']:+.1%}" if r["estimate"] and r["peak"] else "—"
+        now = f" {_fmt(r['estimate']):>8}" if again else ""
         lines.append(f"{r['recipe']:6} {r['stage']:>5} {r['runs']:>2}/{r['of']:<2} {_fmt(r['peak']):>9} {_fmt(r['spread']):>7} "
-                     f"{_fmt(r['estimate']):>8} {err:>7} {_fmt(r['step_time'], 1, '.3f'):>7}  {r['note'][:90]}")
+                     f"{_fmt(r['probe_estimate']):>8}{now} {err:>7} {_fmt(r['step_time'], 1, '.3f'):>7}  {r['note'][:90]}")
     lines += ["", "memory phases, rank 0 (live MiB at entry → peak inside the call with the highest peak):"]
     for r in rows:
         if r["recipe"] != "sft" and r["phases"]:
             parts = [f"{name} {_fmt(p['entry_bytes'])}→{_fmt(p['peak_bytes'])}" for name, p in r["phases"].items()]
             lines.append(f"  {r['recipe']} z{r['stage']}: " + "; ".join(parts))
+    for r in rows:
+        if r["moments"]:
+            parts = [f"{name} {_fmt(v)}" for name, v in sorted(r["moments"].items(), key=lambda kv: -kv[1])[:3]]
+            lines.append(f"  {r['recipe']} z{r['stage']} estimated now, largest moments (MiB per rank): " + "; ".join(parts))
     lines += ["", "goals: DPO − SFT increase, predicted vs measured (±10 %); GRPO peak (±15 %)"]
     by = {(r["recipe"], r["stage"]): r for r in rows}
     for stage in doc["settings"]["stages"]:
@@ -161,6 +231,11 @@ def _versions() -> str:
     return ", ".join(out)
 
 
+def _commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return r.stdout.strip() or "an unknown commit"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stages", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3])
@@ -174,9 +249,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated recipes to run (default: sft,dpo,grpo)")
     p.add_argument("-o", "--output", type=Path, help="write the table here and the measurements beside it as .json")
     p.add_argument("--from-json", type=Path, help="render an earlier run's .json")
+    p.add_argument("--re-estimate", action="store_true", help="with --from-json: estimate every row again with this zeroplan (no probes)")
     args = p.parse_args(argv)
+    if args.re_estimate and not args.from_json:
+        print("--re-estimate needs --from-json FILE (the run whose rows to estimate again)", file=sys.stderr)
+        return 2
     if args.from_json:
-        print(render(json.loads(args.from_json.read_text())), end="")
+        try:
+            doc = json.loads(args.from_json.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"--from-json {args.from_json}: not a readable bench_recipe_memory .json ({exc})", file=sys.stderr)
+            return 2
+        try:
+            if args.re_estimate:
+                reestimate(doc)
+                doc["reestimated"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit()}
+            text = render(doc)
+        except (KeyError, TypeError, AttributeError) as exc:
+            print(f"--from-json {args.from_json}: not a bench_recipe_memory .json (missing or malformed {exc}); "
+                  "give a file this bench wrote with -o", file=sys.stderr)
+            return 2
+        print(text, end="")
+        if args.output:
+            args.output.write_text(text)
+            args.output.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
         return 0
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "load_before": os.getloadavg(),
            "cpus": os.cpu_count(), "versions": _versions(),

@@ -4,8 +4,14 @@ training pass, plus the frozen models, the generation and the log-prob passes ar
 A recipe step has moments an SFT step has not (trl 1.16, DeepSpeed 0.19):
 
 * **the reference forward** (DPO): ``DPOTrainer._compute_loss`` runs the policy's forward
-  first, then the reference's under ``torch.no_grad()`` (trl/trainer/dpo_trainer.py:1311-1338):
-  every block's saved activations beside the reference's working set.
+  first (dpo_trainer.py:1299), then the reference's under ``torch.no_grad()``
+  (dpo_trainer.py:1322-1338): every block's saved activations beside the reference's working
+  set. The policy's fused-head backward has not run yet, so its fold's temporaries (on CPU,
+  ``_backward_tile``, trl/kernels/chunked_logprob.py:257, called only from
+  ``ChunkedLogProbFunction.backward``, chunked_logprob.py:394-446) are not in this moment:
+  counting them there put the moment 2.7 MiB above the loss's backward for the tiny Llama of
+  benchmarks/results/recipe_memory_with_recipe_estimator.txt (DPO − SFT predicted +16.6 % at
+  ZeRO-2; without them +1.9 %).
 * **generation** (GRPO, PPO, no vLLM): ``model.generate`` on the step's whole generation batch
   (``per_device_train_batch_size × steps_per_generation`` sequences,
   grpo_trainer.py:1253-1275) with ZeRO-3's whole-model gather and the KV cache; no activations.
@@ -53,8 +59,10 @@ def _gib(n: int) -> str:
 
 def training_pass(training: TrainingSpec, plan: Plan, recipe: Recipe) -> tuple[TrainingSpec, Plan]:
     """The shape of the policy's forward and backward under ``recipe``: DPO doubles the
-    sequences (``concatenated`` chosen + rejected, dpo_trainer.py:1313 "batch is [chosen,
-    rejected]"); TRL 1.x scores every recipe with its fused LM head, so the default loss (``hf``)
+    sequences, not their length (``DataCollatorForPreference`` stacks the b prompt + chosen rows
+    over the b prompt + rejected rows and pads all 2b to the longest, dpo_trainer.py:169 and 185;
+    dpo_trainer.py:1313 "batch is [chosen, rejected]"), so ``seq_len`` is the longer of prompt +
+    chosen and prompt + rejected; TRL 1.x scores every recipe with its fused LM head, so the default loss (``hf``)
     becomes ``trl``; another loss given explicitly (older TRL or LLaMA-Factory, whose DPO takes the
     full logits: ``plain``) is kept."""
     if recipe.kind == "sft":
@@ -122,7 +130,7 @@ def estimate_recipe_plan(
     notes: list[str] = []
     acts = base.activation_breakdown
     loss_name = base.moments[0].name
-    at_loss = above[loss_name]  # before the CPU fold, which comes only in the head's backward
+    at_loss = above[loss_name]  # before the CPU fold: chunked_logprob.py:394 (backward) runs after the reference forward
     if cpu_fold:
         fold = cpu_fold_bytes(tokens=train_plan.micro_batch * s, vocab_size=model.vocab_size, precision=training.precision,
                               backward=True)
