@@ -13,10 +13,11 @@ DeepSpeed's TiledMLP (the MLP in ceil(seq / hidden) tiles, recomputed in backwar
 
 Per layout it prints the measured peak per rank (max, and the spread over ranks and repeats), the
 estimator's comparable figure for the same Plan (``estimate_plan`` + ``comparable_estimate``, as
-bench_probe_memory.py; a Plan's sp/tp reach the estimator through the Plan, so until the estimator
-models them the figure is the data-parallel one), and the sp=2/sp=1 and tiled/untiled ratios
-measured and estimated. Reduce and all-gather buckets are h² elements (Hugging Face's "auto"), so
-the buckets do not hide the activations.
+bench_probe_memory.py; a Plan's sp/tp/tiled_mlp reach the estimator through the Plan), and the
+sp=2/sp=1 and tiled/untiled ratios measured and estimated. Reduce and all-gather buckets are h²
+elements (Hugging Face's "auto"), so the buckets do not hide the activations. The loss is
+estimated as ``plain``: the script writes ``loss = engine(input_ids=..., labels=...).loss``, so the
+model's output, logits included, is dropped before backward (``hf`` counts those logits held).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from zeroplan.spec import ClusterSpec, TrainingSpec
 
     model = profiles.model_from_hf_config(MODEL)
-    training = TrainingSpec(precision="fp32", seq_len=args.seq_len, loss="hf")
+    training = TrainingSpec(precision="fp32", seq_len=args.seq_len, loss="plain")
     gpu, _ = profiles.default_gpu()
     cluster = ClusterSpec(gpus=args.nproc, gpus_per_node=args.nproc, gpu=gpu)
     load_before, started = _load(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.from_json.read_text())
         for key in ("seq_len", "nproc", "stage", "repeats"):
             setattr(args, key, saved[key])
-        training = TrainingSpec(precision="fp32", seq_len=args.seq_len, loss="hf")
+        training = TrainingSpec(precision="fp32", seq_len=args.seq_len, loss="plain")
         cluster = ClusterSpec(gpus=args.nproc, gpus_per_node=args.nproc, gpu=gpu)
         load_before, started = saved["load_before"], saved["date"]
         for row in saved["layouts"]:

@@ -3,12 +3,10 @@
 ``benchmarks/results/layout_memory.json`` holds probes of a tiny Llama on 4 CPU ranks (ZeRO-1,
 s = 4096, fp32): Ulysses sp 1/2/4, AutoTP tp 2 and DeepSpeed's TiledMLP at sp 1/2, live tensor
 storage per rank. Each is estimated again here with today's estimator through the benchmark's own
-function (no probe): two of issue 24's targets — the sp=2/sp=1 (and sp=4/sp=1) ratio within 0.05
-of the measured one, TiledMLP's saving within ±10 %. The third, every per-rank peak within ±10 %,
-held when the probes were taken (+2.9 … +5.1 %) and no longer does: since the Llama RMSNorm's
-saved tensors are counted (zeroplan/estimator/norms.py) these fp32 CPU probes read +9.5 … +16.0 %
-(benchmarks/results/layout_memory.txt), as gpu_check's FSDP2 row moved +8.2 → +11.1 %; the norm
-term matches autograd in tests/test_norms.py, so the over-count lies elsewhere — open.
+function (no probe): issue 24's targets — every per-rank peak within ±10 %, the sp=2/sp=1 (and
+sp=4/sp=1) ratio within 0.05 of the measured one, TiledMLP's saving within ±10 %. The script drops
+the model's output before backward (``engine(...).loss``): the ``plain`` loss, as the benchmark
+estimates it.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ def _saved_and_estimated():
     bench = benchmark("bench_layout_memory")
     saved = json.loads((ROOT / "benchmarks" / "results" / "layout_memory.json").read_text())
     model = profiles.model_from_hf_config(bench.MODEL)
-    training = TrainingSpec(precision="fp32", seq_len=saved["seq_len"], loss="hf")
+    training = TrainingSpec(precision="fp32", seq_len=saved["seq_len"], loss="plain")
     gpu, _ = profiles.default_gpu()
     cluster = ClusterSpec(gpus=saved["nproc"], gpus_per_node=saved["nproc"], gpu=gpu)
     measured = {r["layout"]: r["measured_peak"] for r in saved["layouts"]}
@@ -34,11 +32,11 @@ def _saved_and_estimated():
     return measured, estimated
 
 
-def test_saved_layout_probes_ratios_and_tiled_saving_when_estimated_again():
+def test_saved_layout_probes_meet_the_issue_targets_when_estimated_again():
     measured, estimated = _saved_and_estimated()
     assert {"sp1", "sp2", "sp4", "tp2", "sp1+tiled", "sp2+tiled"} <= set(measured)
     for name, peak in measured.items():
-        assert estimated[name] >= peak, (name, estimated[name], peak)  # over, never under (see the module docstring)
+        assert abs(estimated[name] - peak) <= 0.10 * peak, (name, estimated[name], peak)
     ratio = lambda d, a, b: d[a] / d[b]  # noqa: E731
     assert abs(ratio(estimated, "sp2", "sp1") - ratio(measured, "sp2", "sp1")) <= 0.05
     assert abs(ratio(estimated, "sp4", "sp1") - ratio(measured, "sp4", "sp1")) <= 0.05
