@@ -262,3 +262,17 @@ def test_sequence_parallel_lora_keeps_the_frozen_base_terms():
     layout = layout_activation_memory(model, training, Plan(stage=2, sp=4))
     gathered = 2 * (32768 // 4) * model.hidden_size
     assert layout.per_layer == plain.per_layer + gathered
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--stage", "3", "--micro-batch", "1", "--tp", "2"], "tp=2 with ZeRO-3"),
+    (["--stage", "2", "--micro-batch", "1", "--sp", "3"], "does not divide 8 GPUs"),
+    (["--stage", "2", "--micro-batch", "1", "--sp", "3", "--model", "llama-3-8b"], "does not divide 8 GPUs"),
+])
+def test_explicit_export_refuses_a_layout_the_space_refuses(tmp_path, args, says):
+    # An explicit plan passes the same layout rules the plan space enumerates by: one line, exit 2,
+    # nothing written (it used to write nothing and end in a RuntimeError traceback).
+    out = tmp_path / "ds.json"
+    r = run_zeroplan("export", "--gpus", "8", *args, "-o", str(out))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, r.stderr
+    assert not out.exists()

@@ -210,6 +210,14 @@ def export(
             ep=explicit_expert_degree(expert_degrees, model_spec, gpus),
             **plan_buckets,
         )
+        if plan.model_parallel > 1:
+            # The explicit plan obeys the layout rules the plan space enumerates by (not a written
+            # config that fails its own validation).
+            from zeroplan.estimator.layout_space import check_layout
+
+            cluster = resolve_cluster(gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory,
+                                      nvme_gib=nvme, node=node)
+            check_layout(model_spec, cluster, training, plan, engine=engine)
         if optimizer_impl is not None:
             from zeroplan.estimator.optimizer import resolve_optimizer_impl
 

@@ -66,8 +66,9 @@ def explicit_layout(sp: Optional[Degrees], tp: Optional[Degrees], *, tiled_mlp: 
     return out
 
 
-def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, engine: str = "deepspeed") -> None:
-    """SpecError unless ``plan``'s (sp, tp) layout is one the engine runs (module docstring)."""
+def check_layout(model: Optional[ModelSpec], cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, engine: str = "deepspeed") -> None:
+    """SpecError unless ``plan``'s (sp, tp) layout is one the engine runs (module docstring);
+    without a model (an explicit ``export`` with no --model) the head rules are left out."""
     if engine != "deepspeed":
         raise SpecError(f"sp={plan.sp}, tp={plan.tp}: sequence and tensor parallelism are modelled for DeepSpeed (Ulysses, AutoTP); "
                         "use --engine deepspeed or sp=tp=1")
@@ -75,7 +76,8 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if plan.tp > 1 and plan.stage == 3:
         raise SpecError(f"tp={plan.tp} with ZeRO-3: DeepSpeed's AutoTP training runs with ZeRO stage 0, 1 or 2 "
                         "(deepspeed.ai/tutorials/autotp-training); use --stage 0, 1 or 2 with --tp")
-    check_layout_model(model, training, plan)
+    if model is not None:
+        check_layout_model(model, training, plan)
 
 
 def _candidates(degrees: Degrees, gpus: int) -> tuple[int, ...]:
