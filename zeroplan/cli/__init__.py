@@ -18,7 +18,7 @@ import typer
 
 from typer.core import TyperGroup
 
-from zeroplan.cli.coerce import install_plain_coercion
+from zeroplan.cli.coerce import PlainCoercion
 from zeroplan.cli.surface import HELP_OPTION_NAMES, ZeroplanCommand, is_no_args, is_usage_error, usage_error_line
 from zeroplan.spec.errors import SpecError
 
@@ -35,19 +35,9 @@ COMMANDS = {
 }
 
 
-class _Group(TyperGroup):
+class _Group(PlainCoercion, TyperGroup):
     """The root command: lists the commands in :data:`COMMANDS`' order, whichever was imported
     first, and converts its options' plain values without pydantic (:mod:`zeroplan.cli.coerce`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        install_plain_coercion(self.params)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            install_plain_coercion([option])
-        return option
 
     def list_commands(self, ctx: Any) -> list[str]:
         order = list(COMMANDS)

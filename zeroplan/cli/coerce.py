@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
-__all__ = ["install_plain_coercion", "plain_value"]
+__all__ = ["PlainCoercion", "install_plain_coercion", "plain_value"]
 
 _WHOLE = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
 _DECIMAL = re.compile(r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][-+]?[0-9]{1,3})?")
@@ -94,3 +94,18 @@ def install_plain_coercion(params: list[Any]) -> None:
             continue
         param._typer_runtime_param = None
         param._runtime_param = PlainRuntimeParam(parameter_info=descriptor.parameter_info, annotation=descriptor.annotation)
+
+
+class PlainCoercion:
+    """Mixin for a click command or group: its options (the help option too) convert plain values
+    without typer's pydantic validators (:func:`install_plain_coercion`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        install_plain_coercion(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            install_plain_coercion([option])
+        return option

@@ -17,7 +17,7 @@ from typing import Any
 from typer import _click as click
 from typer.core import TyperCommand
 
-from zeroplan.cli.coerce import install_plain_coercion
+from zeroplan.cli.coerce import PlainCoercion
 
 __all__ = ["ZeroplanCommand", "usage_error_line", "is_usage_error", "is_no_args", "HELP_OPTION_NAMES"]
 
@@ -45,19 +45,9 @@ def _usage_name(param: Any) -> str:
     return param.name.upper() if param.required else f"[{param.name.upper()}]"
 
 
-class ZeroplanCommand(TyperCommand):
+class ZeroplanCommand(PlainCoercion, TyperCommand):
     """A command whose help and usage line follow this module's conventions, and whose plain
     option values are converted without pydantic (:mod:`zeroplan.cli.coerce`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        install_plain_coercion(self.params)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            install_plain_coercion([option])
-        return option
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
