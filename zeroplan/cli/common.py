@@ -257,8 +257,8 @@ def resolve_engine_options(
             f"--optimizer-impl {optimizer_impl!r} does not exist for {engine_flag} {engine}; "
             f"choose one of {', '.join(ENGINE_OPTIMIZER_IMPLS[engine])}"
         )
-    if engine == "fsdp" and "nvme" in (offload_optimizer, offload_param):
-        raise SpecError(f"{engine_flag} fsdp has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or {engine_flag} deepspeed")
+    if engine in ("fsdp", "fsdp1") and "nvme" in (offload_optimizer, offload_param):
+        raise SpecError(f"{engine_flag} {engine} has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or {engine_flag} deepspeed")
     check_choice_option("--loss", loss, LOSSES)
     check_choice_option("--buckets", buckets, BUCKET_CONVENTIONS)
     sizes = {}

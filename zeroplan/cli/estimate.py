@@ -170,10 +170,11 @@ def recommendation(estimates: "list[PlanEstimate]", options: dict) -> str:
     else:
         why = (f"no plan fits with the {_margin() * 100:.0f} % margin; this is the fastest tight one ({room}): "
                "probe it before a long run")
-    return (
-        f"Use {best.plan.label_for(best.engine)}: {why}, {best.tokens_per_second:,.0f} tokens/s predicted.\n"
-        f"Write it: {export_command(best, options)}"
-    )
+    use = f"Use {best.plan.label_for(best.engine)}: {why}, {best.tokens_per_second:,.0f} tokens/s predicted."
+    if best.engine == "fsdp1":
+        # export writes DeepSpeed configs and FSDP2 settings; an FSDP1 run keeps its own wrapper.
+        return use
+    return f"{use}\nWrite it: {export_command(best, options)}"
 
 
 def _render_table(
@@ -316,7 +317,7 @@ def estimate(
     prefetch_bucket_size: PrefetchBucketOpt = None,
     overlap_comm: OverlapCommOpt = None,
     ep: EpOpt = None,
-    engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3).", rich_help_panel="Plan")] = "deepspeed",
+    engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3) | fsdp1 (FSDP1 per block, use_orig_params: flat parameters at 2-3).", rich_help_panel="Plan")] = "deepspeed",
     optimizer_impl: OptimizerImplOpt = None,
     model_build: Annotated[Optional[str], typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32].", rich_help_panel="Plan")] = None,
     trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
@@ -349,7 +350,7 @@ def estimate(
     from zeroplan.estimator.host import BUILDS
 
     check_choice_option("--model-build", model_build, BUILDS)
-    if model_build == "zero_init" and (engine == "fsdp" or stage in (0, 1, 2)):
+    if model_build == "zero_init" and (engine != "deepspeed" or stage in (0, 1, 2)):
         raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
     from dataclasses import replace
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.estimator.activations import ActivationMemory
+from zeroplan.estimator.fsdp1 import flat_unit_gradients
 from zeroplan.estimator.memory import ModelStates
 from zeroplan.estimator.optimizer import optimizer_step_temporaries
 from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, quantized_weight_bytes
@@ -161,6 +162,7 @@ def fsdp_memory(
     device: str = "cuda",
     optimizer_impl: str = "torch",
     activation_total: int | None = None,
+    flat_units: bool = False,
 ) -> FsdpMemory:
     """Memory of ``plan`` under PyTorch's engines (module docstring: sources per term).
 
@@ -191,6 +193,9 @@ def fsdp_memory(
     do not exist.
     ``device="cpu"``: the host is the device, so CPU offload moves nothing (what a CPU-only
     probe measures). ``activation_total`` replaces the formula's total (``--trace``).
+    ``flat_units``: FSDP1 (``--engine fsdp1``) at stages 2-3: a unit's gradient covers its whole
+    flat parameter when any of it trains, ``no_sync()`` accumulates unsharded p-byte gradients
+    and the root stays gathered from forward to backward (:mod:`zeroplan.estimator.fsdp1`).
     """
     check_fsdp_plan(plan)
     n = cluster.gpus
@@ -259,7 +264,16 @@ def fsdp_memory(
     workspace_bytes = dequant_workspace_bytes(model, training.precision)
     dequant = {"dequantized_weight": workspace_bytes} if workspace_bytes else {}
     params = m * shard(float_psi) + shard(q_stored) + q_constants
-    grads, optimizer = m * shard(psi_t), moments * shard(psi_t)
+    if flat_units:
+        # FSDP1 flat parameters (zeroplan.estimator.fsdp1): gradients, reduce-scatters and
+        # accumulation cover every unit that holds a trainable parameter, whole; the optimizer
+        # still steps only the trainable ones.
+        units = flat_unit_gradients(root_params=groups.root, block_params=groups.block, blocks=groups.blocks,
+                                    root_trainable=root_t, block_trainable=block_t)
+        grad_psi, root_g, block_g = units.total, units.root, units.block
+    else:
+        grad_psi, root_g, block_g = psi_t, root_t, block_t
+    grads, optimizer = m * shard(grad_psi), moments * shard(psi_t)
     unsharded_all = p * float_psi + q_stored
     root_p = p * groups.root
     head_grad = p * model.embedding_params if head_trains else 0
@@ -282,29 +296,32 @@ def fsdp_memory(
     # _fsdp_param.py ``to_accumulated_grad_if_needed``: ``unsharded_accumulated_grad``), until
     # its group's post-backward in the last micro-step reduce-scatters it: all of them at the
     # loss's backward and the first block's, the root's until the root's post-backward.
-    acc_bytes = r if p < 4 else p
+    # FSDP1's no_sync() keeps the compute-dtype gradient as autograd made it (p bytes).
+    acc_bytes = p if flat_units or p >= 4 else r
     accumulating = plan.gradient_accumulation_steps > 1
-    acc_all = {"accumulated_unsharded_gradients": acc_bytes * psi_t} if accumulating else {}
-    acc_root = {"accumulated_unsharded_gradients": acc_bytes * root_t} if accumulating else {}
+    acc_all = {"accumulated_unsharded_gradients": acc_bytes * grad_psi} if accumulating else {}
+    acc_root = {"accumulated_unsharded_gradients": acc_bytes * root_g} if accumulating else {}
+    # FSDP1 never reshards the root after forward (fsdp1 module docstring): held into backward.
+    root_held = {"root_unsharded_params": root_p} if flat_units and plan.stage == 3 else {}
     phases = {
-        "loss_backward": {"activations": loss_acts, "unsharded_params": loss_unsharded, **acc_all},
+        "loss_backward": {"activations": loss_acts, "unsharded_params": loss_unsharded, **root_held, **acc_all},
         "block_backward": {
             "activations": layers_only,
             "root_unsharded_params": root_p,
             "head_gradient": head_grad,
             "unsharded_params": gathered_blocks,
-            "block_unsharded_gradients": p * block_t,
-            "reduce_scatter_input": r * block_t,
-            "sharded_gradients": 0 if offload else m * shard(block_t),
+            "block_unsharded_gradients": p * block_g,
+            "reduce_scatter_input": r * block_g,
+            "sharded_gradients": 0 if offload else m * shard(block_g),
             **dequant,
             **acc_all,
         },
         "root_post_backward": {
             "sharded_gradients": sharded_grads_gpu,
             "root_unsharded_params": root_p,
-            "root_unsharded_gradients": p * root_t,
-            "reduce_scatter_input": r * root_t,
-            **({"reduce_scatter_output": r * shard(root_t)} if offload else {}),
+            "root_unsharded_gradients": p * root_g,
+            "reduce_scatter_input": r * root_g,
+            **({"reduce_scatter_output": r * shard(root_g)} if offload else {}),
             **acc_root,
         },
         "optimizer_step": {} if offload else {"sharded_gradients": grads, **temps},

@@ -81,6 +81,7 @@ def optimizer_step_temporaries(
 ENGINE_OPTIMIZER_IMPLS = {
     "deepspeed": OPTIMIZER_IMPLS,
     "fsdp": ("torch", "torch-forloop", "torch-fused"),
+    "fsdp1": ("torch", "torch-forloop", "torch-fused"),
 }
 
 
@@ -97,7 +98,7 @@ def default_optimizer_impl(*, engine: str, plan: Plan, ds_config: Optional[dict]
     * deepspeed otherwise: DeepSpeed builds its own (runtime/engine.py ``_configure_basic_optimizer``):
       ``DeepSpeedCPUAdam`` with optimizer offload, ``FusedAdam`` on the GPU.
     """
-    if engine == "fsdp":
+    if engine in ("fsdp", "fsdp1"):
         return "torch"
     if ds_config is not None and "optimizer" not in ds_config:
         return "torch"

@@ -61,7 +61,7 @@ def _combos(stage: int, engine: str = "deepspeed") -> Iterable[tuple[str, str]]:
     gradients and the optimizer step together: (cpu, cpu) at stages 2 and 3, stored as the plan's
     offload_optimizer (and offload_param in stage 3).
     """
-    if engine == "fsdp":
+    if engine in ("fsdp", "fsdp1"):
         yield ("none", "none")
         if stage == 2:
             yield ("cpu", "none")
@@ -190,9 +190,9 @@ def _plans_for_layout(model, cluster, training, sp: int, tp: int, stages, *, til
                     )
     if not plans and impl_error is not None:
         raise impl_error
-    if not plans and engine == "fsdp":
+    if not plans and engine in ("fsdp", "fsdp1"):
         raise SpecError(
-            f"no valid plan for engine fsdp with --stage {stage} --offload-optimizer {offload_optimizer} "
+            f"no valid plan for engine {engine} with --stage {stage} --offload-optimizer {offload_optimizer} "
             f"--offload-param {offload_param}: FSDP2's CPUOffloadPolicy offloads parameters, gradients and the optimizer "
             "together (stage 2: --offload-optimizer cpu; stage 3: --offload-optimizer cpu --offload-param cpu), and there is no NVMe offload"
         )

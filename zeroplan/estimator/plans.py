@@ -19,7 +19,7 @@ from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import StepTime, step_time
 from zeroplan.estimator.verdict import PlanVerdict, judge_plan, tight_note, verdict_rank
-from zeroplan.spec import PURE_PRECISION_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
+from zeroplan.spec import PURE_PRECISION_ENGINES, TORCH_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = [
     "BUCKET_CONVENTIONS",
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: Engines the estimator models: DeepSpeed's ZeRO, or PyTorch's DDP/FSDP2 (``--engine``).
-ENGINES = ("deepspeed", "fsdp")
+ENGINES = ("deepspeed", "fsdp", "fsdp1")
 
 @dataclass(frozen=True)
 class GpuMemory:
@@ -287,13 +287,13 @@ def estimate_plan(
         from zeroplan.estimator.layout_space import check_layout
 
         check_layout(model, cluster, training, plan, engine=engine)
-    if engine == "fsdp":
+    if engine in TORCH_ENGINES:
         from zeroplan.estimator.plans_fsdp import estimate_fsdp
 
         return estimate_fsdp(
             model, cluster, training, plan, device=device, activation_bytes=activation_bytes,
             optimizer_impl=resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan),
-            expandable_segments=expandable_segments, model_build=model_build,
+            expandable_segments=expandable_segments, model_build=model_build, engine=engine,
         )
     notes: list[str] = []
     # Under AutoTP each rank holds its shard of the model (zeroplan.estimator.tensor_parallel);

@@ -42,17 +42,20 @@ def estimate_fsdp(
     optimizer_impl: str,
     expandable_segments: bool = False,
     model_build: Optional[str] = None,
+    engine: str = "fsdp",
 ) -> PlanEstimate:
     """:func:`estimate_plan` for PyTorch's engines (memory from :func:`zeroplan.estimator.fsdp.fsdp_memory`).
 
     Traffic and time use the ZeRO model of the same stage (FSDP2 moves the same 3Ψ per step in
-    stage 3 and 2Ψ in stage 2, ZeRO §7).
+    stage 3 and 2Ψ in stage 2, ZeRO §7). ``engine="fsdp1"``: FSDP1's flat parameters at stages
+    2-3 (:mod:`zeroplan.estimator.fsdp1`).
     """
     from zeroplan.estimator.fsdp import fsdp_memory
 
     acts = activation_memory(model, training, plan)
     act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
-    mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total)
+    mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total,
+                      flat_units=engine == "fsdp1")
     notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
@@ -123,7 +126,7 @@ def estimate_fsdp(
         fits=fits,
         notes=tuple(reasons + notes),
         peak_phase="step" if phase == "optimizer_step" else "backward",
-        engine="fsdp",
+        engine=engine,
         allocator=allocator,
         judgement=judgement,
         model_build=build,

@@ -199,13 +199,13 @@ class Plan:
     def stage_name(self, engine: str = "deepspeed") -> str:
         """The stage as ``engine`` names it: ``2`` under DeepSpeed, ``shard-grad-op`` under fsdp
         (:data:`FSDP_STAGE_NAMES`)."""
-        return FSDP_STAGE_NAMES[self.stage] if engine == "fsdp" else str(self.stage)
+        return FSDP_STAGE_NAMES[self.stage] if engine in ("fsdp", "fsdp1") else str(self.stage)
 
     def label_for(self, engine: str = "deepspeed") -> str:
         """:attr:`label` in ``engine``'s own words: under fsdp the PyTorch wrapper
         (``full-shard+offload:cpu/ckpt:none/mb4/ga1``), FSDP2's CPUOffloadPolicy moving
         parameters, gradients and the optimizer step together; under DeepSpeed :attr:`label`."""
-        if engine != "fsdp":
+        if engine not in ("fsdp", "fsdp1"):
             return self.label
         offload = "+offload:cpu" if "cpu" in (self.offload_optimizer, self.offload_param) else ""
         return f"{FSDP_STAGE_NAMES[self.stage]}{offload}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
