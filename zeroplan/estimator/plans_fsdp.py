@@ -93,7 +93,8 @@ def estimate_fsdp(
         peak_reserved=allocated + (allocator.total if allocator is not None else 0),
         required=allocated + held,
     )
-    notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {_FSDP_KIND[plan.stage]})")
+    kind = _FSDP1_KIND[plan.stage] if engine == "fsdp1" and plan.stage >= 2 else _FSDP_KIND[plan.stage]
+    notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {kind})")
     g = cluster.gpus_in_node
     build = model_build or default_build(model, plan, engine="fsdp")
     host = HostMemory(
@@ -184,3 +185,5 @@ _FSDP_KIND = {
     2: "FSDP2 reshard_after_forward=False",
     3: "FSDP2 reshard_after_forward=True",
 }
+#: ``engine="fsdp1"`` at stages 2-3 (zeroplan.estimator.fsdp1).
+_FSDP1_KIND = {2: "FSDP1 SHARD_GRAD_OP, flat parameters", 3: "FSDP1 FULL_SHARD, flat parameters"}
