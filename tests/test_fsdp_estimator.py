@@ -196,3 +196,19 @@ def test_export_fsdp_settings_match_what_the_runtime_wraps(tmp_path):
     assert json.loads(r.stdout)["fully_shard"]["offload_policy"] == "CPUOffloadPolicy(pin_memory=True)"
     r = _cli("export", "--stage", "3", "--micro-batch", "2", "--engine", "fsdp", "--offload-optimizer", "nvme")
     assert r.returncode == 2 and "no NVMe offload" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_per_parameter_step_temporaries_strand_only_what_activations_carve():
+    """The caching allocator's best fit gives DDP's and the single-device loop's per-parameter
+    gradients and the next foreach square roots their exact blocks back, so the step's
+    temporary strands at most the activations' bytes; FSDP2's gradients are views of one
+    reduce-scatter output per group, and its square roots stay stranded whole
+    (plans_fsdp._fsdp_transients)."""
+    _, model = _gpt(layers=8, hidden=512, vocab=256, seq_len=16)
+    training = TrainingSpec(seq_len=16, precision="bf16-pure")
+    single = estimate_plan(model, _cluster(1), training, Plan(stage=0, micro_batch=1), engine="fsdp", optimizer_impl="torch")
+    sharded = estimate_plan(model, _cluster(2), training, Plan(stage=3, micro_batch=1), engine="fsdp", optimizer_impl="torch")
+    assert single.peak_phase == sharded.peak_phase == "step"
+    sqrt_single = single.overhead_items["adam_foreach_sqrt@optimizer_step"]
+    assert 0 < single.allocator.stranded_transients <= single.activation_breakdown.total < sqrt_single
+    assert sharded.allocator.stranded_transients >= sharded.overhead_items["adam_foreach_sqrt@optimizer_step"]

@@ -105,9 +105,9 @@ def test_deepspeed_refuses_bf16_pure():
 
     spec = _gpt_spec()
     training = TrainingSpec(precision="bf16-pure", seq_len=128)
-    with pytest.raises(SpecError, match="modelled for engine fsdp only, not deepspeed"):
+    with pytest.raises(SpecError, match="modelled for engine fsdp, fsdp1 only, not deepspeed"):
         estimate_plan(spec, _cluster(2), training, Plan(stage=2, micro_batch=1))
-    with pytest.raises(SpecError, match="modelled for engine fsdp only"):
+    with pytest.raises(SpecError, match="modelled for engine fsdp, fsdp1 only"):
         build_config(Plan(stage=2, micro_batch=1), world_size=2, training=training)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     r = subprocess.run([sys.executable, "-m", "zeroplan", "estimate", "--params", "1e9", "--precision", "bf16-pure"],

@@ -68,7 +68,7 @@ def estimate_fsdp(
     held = 0
     allocator = None
     if device == "cuda":
-        transients = _fsdp_transients(phase, mem.phases[phase], acts if act_total is None else None)
+        transients = _fsdp_transients(phase, mem.phases[phase], acts if act_total is None else None, stage=plan.stage)
         allocator = allocator_reserve(
             transients=transients,
             live_large_tensors=(acts.saved_tensors if act_total is None else 0) + _fsdp_state_tensors(model),
@@ -157,12 +157,27 @@ def fsdp_build_bytes(model: ModelSpec, training: TrainingSpec, *, build: str, ra
     return p * model.total_params + (ranks_in_node - 1) * layer
 
 
-def _fsdp_transients(phase: str, items: dict[str, int], acts: Optional[ActivationMemory]) -> dict[str, int]:
-    """The short-lived tensors of an FSDP/DDP peak moment (allocated for it, freed right after)."""
+def _fsdp_transients(phase: str, items: dict[str, int], acts: Optional[ActivationMemory], *, stage: int = 3) -> dict[str, int]:
+    """The short-lived tensors of an FSDP/DDP peak moment (allocated for it, freed right after).
+
+    At stages 0-1 (DDP, the single-device loop) torch's foreach AdamW allocates one
+    ``exp_avg_sq_sqrt`` per parameter (torch/optim/adamw.py ``_multi_tensor_adamw``:
+    ``torch._foreach_sqrt(device_exp_avg_sqs)``), the same sizes as the per-parameter
+    ``param.grad`` that ``zero_grad(set_to_none=True)`` frees and the next backward allocates
+    again. The caching allocator serves each request from the smallest cached block that fits
+    (c10/cuda/CUDACachingAllocator.cpp ``get_free_block``: ``pool.blocks.lower_bound``), so the
+    gradients and the next step's square roots take back exact-size blocks; only what the
+    activations carve out of those blocks in between can strand: at most the activations' bytes.
+    FSDP2's gradients are views of one reduce-scatter output per group, not per-parameter
+    blocks, so there the whole temporary strands (:mod:`zeroplan.estimator.allocator`).
+    """
     if phase == "loss_backward":
         return {"loss_gradients": acts.loss_transients} if acts is not None else {}
     if phase == "optimizer_step":
-        return {k: v for k, v in items.items() if k not in ("sharded_gradients", "gradients", "ddp_gradient_buckets")}
+        temps = {k: v for k, v in items.items() if k not in ("sharded_gradients", "gradients", "ddp_gradient_buckets")}
+        if stage <= 1 and acts is not None and "adam_foreach_sqrt" in temps:
+            temps["adam_foreach_sqrt"] = min(temps["adam_foreach_sqrt"], acts.total)
+        return temps
     # A block's (or the root's) unsharded gradients and their reduce-scatter input; the rebuilt
     # block's activations under recomputation.
     out = {k: v for k, v in items.items() if k.endswith("unsharded_gradients") or k == "reduce_scatter_input"}
