@@ -71,3 +71,29 @@ def test_flat_gradients_equal_torch_fsdp1_under_no_sync(tmp_path):
     assert grads.pop("") == expected.root == 0
     assert sorted(grads.values()) == [expected.block] * 3
     assert sum(grads.values()) == expected.total > 3 * block_trainable
+
+
+def test_cli_engine_fsdp1_estimates_and_export_refuses_it():
+    """`estimate --engine fsdp1` names the engine in its JSON and at stages 0-1 equals `fsdp`
+    (DDP either way); `export` writes no FSDP1 settings and says so in one line, exit 2."""
+    import json
+
+    from helpers import run_zeroplan
+
+    common = ("estimate", "--model", "llama-2-7b", "--gpus", "2", "--precision", "bf16-pure", "--lora-rank", "8",
+              "--seq-len", "512", "--micro-batch", "1", "--grad-accum", "4", "--checkpointing", "full",
+              "--offload-optimizer", "none", "--offload-param", "none", "--format", "json")
+    out = {}
+    for engine in ("fsdp", "fsdp1"):
+        for stage in ("0", "3"):
+            r = run_zeroplan(*common, "--engine", engine, "--stage", stage)
+            assert r.returncode == 0, r.stderr
+            (plan,) = json.loads(r.stdout)["plans"]
+            out[engine, stage] = plan
+    assert out["fsdp1", "3"]["engine"] == "fsdp1"
+    assert out["fsdp1", "0"]["gpu"]["required"] == out["fsdp", "0"]["gpu"]["required"]
+    # A whole-block unsharded gradient held under no_sync: at least the blocks' bf16 bytes more.
+    blocks = 6_738_415_616 - 2 * 32000 * 4096 - 4096
+    assert out["fsdp1", "3"]["gpu"]["required"] - out["fsdp", "3"]["gpu"]["required"] >= 2 * blocks * 0.95
+    r = run_zeroplan("export", "--engine", "fsdp1", "--model", "llama-2-7b", "--gpus", "2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0

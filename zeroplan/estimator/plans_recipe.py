@@ -113,7 +113,7 @@ def estimate_recipe_plan(
     if recipe is None or (recipe.kind == "sft" and not cpu_fold):
         return estimate_plan(model, cluster, training, plan, **kw)
     if kwargs.get("engine", "deepspeed") != "deepspeed" and recipe.kind != "sft":
-        raise SpecError(f"recipe {recipe.kind} is modelled for --engine deepspeed (TRL's prepare_deepspeed); drop --engine fsdp")
+        raise SpecError(f"recipe {recipe.kind} is modelled for --engine deepspeed (TRL's prepare_deepspeed); drop --engine {kwargs['engine']}")
     recipe.check_sequence(training.seq_len)
     train_training, train_plan = training_pass(training, plan, recipe)
     base = estimate_plan(model, cluster, train_training, train_plan, **kw)
