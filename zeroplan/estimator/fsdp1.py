@@ -7,7 +7,7 @@ accelerate's ``TRANSFORMER_BASED_WRAP`` run it. Everything else is FSDP2's model
 (:mod:`zeroplan.estimator.fsdp`); three terms change, read from torch/distributed/fsdp/ (line
 numbers of torch 2.13; the same code since torch 2.0):
 
-* ``_flat_param.py`` ``FlatParamHandle._validate_tensors_to_flatten`` (lines 804-836): a unit's
+* ``_flat_param.py`` ``FlatParamHandle._validate_tensors_to_flatten`` (lines 798-836): a unit's
   parameters become one ``FlatParameter`` that requires grad when *any* of them does, so a
   block mixing frozen weights and LoRA adapters gets a gradient the size of the whole block.
   ``_wrap_utils.py`` lines 158-167 warn of exactly this: "the gradient memory usage will be
