@@ -3,7 +3,9 @@ FSDP2 in memory: flat parameters carry gradients for a whole unit. Stdlib only.
 
 ``--engine fsdp1`` is FSDP1 wrapped per transformer block and at the root, as Lightning Fabric's
 ``FSDPStrategy(auto_wrap_policy={Block})`` (LitGPT's ``finetune/lora.py``) and Hugging Face
-accelerate's ``TRANSFORMER_BASED_WRAP`` run it. Everything else is FSDP2's model
+accelerate's ``TRANSFORMER_BASED_WRAP`` run it. (Hugging Face's Trainer with a peft model swaps in
+peft's ``fsdp_auto_wrap_policy``, which wraps the adapters separately — transformers
+``distributed/fsdp.py`` — so frozen blocks carry no gradient: ``--engine fsdp``'s model.) Everything else is FSDP2's model
 (:mod:`zeroplan.estimator.fsdp`); three terms change, read from torch/distributed/fsdp/ (line
 numbers of torch 2.13; the same code since torch 2.0):
 
@@ -14,8 +16,8 @@ numbers of torch 2.13; the same code since torch 2.0):
   higher than expected ({total} numel instead of {nonfrozen} numel before sharding via
   reduce-scatter)". The optimizer still holds states for the trainable parameters only.
 * ``_runtime_utils.py`` ``_post_backward_hook`` (lines 743-746): under ``no_sync()`` — Fabric's
-  ``no_backward_sync`` (lightning/fabric/strategies/fsdp.py ``_FSDPBackwardSyncControl``) and
-  accelerate's accumulation call it on every micro-step but the last — the hook returns before
+  ``no_backward_sync`` (lightning/fabric/strategies/fsdp.py ``_FSDPBackwardSyncControl``) calls it
+  on every micro-step but the last — the hook returns before
   the reduce-scatter and before any cast to ``reduce_dtype``: each unit keeps its *unsharded*
   flat gradient in the compute dtype until the last micro-step's backward.
 * ``_runtime_utils.py`` ``_post_forward_reshard`` (lines 493-500): the root unit (embeddings,
