@@ -459,5 +459,7 @@ LAYOUT_CASES = [
     ("ZP265", make(tensor_parallel={"autotp_size": 3}), make(tensor_parallel=_TP2), {"world_size": 4}, False),
     ("ZP265", make(sequence_parallel_size=2, tensor_parallel=_TP2), make(sequence_parallel_size=2, tensor_parallel=_TP2),
      {"world_size": 2, "_clean_kwargs": {"world_size": 4}}, False),
+    ("ZP266", make(sequence_parallel_size="x"), _SP2, {"world_size": 4}, True),
+    ("ZP266", make(sequence_parallel_size=2.5), _SP2, {"world_size": 4}, False),
 ]
 CASES.extend(LAYOUT_CASES)

@@ -152,6 +152,7 @@ DS_ERRORS = {
     "ZP502": ("DeepSpeedConfigError", "has been removed"),  # _REMOVED_*_CONFIG_KEYS
     "ZP504": (TypeError, _STR_COMPARE),
     "ZP505": (TypeError, "argument after \\*\\* must be a mapping"),
+    "ZP266": (TypeError, r"unsupported operand type\(s\) for /: 'int' and 'str'"),  # runtime/config.py:469
 }
 
 
@@ -192,6 +193,21 @@ def test_sequence_parallel_divides_the_world_like_deepspeed(ds_config):
     assert f.rule_id == "ZP101" and "4 GPUs / sequence_parallel_size 2" in f.message
     with pytest.raises(AssertionError):
         ds_config(cfg, 4)
+
+
+def test_sequence_parallel_size_values_deepspeed_does_not_check(ds_config):
+    """ZP266's other cases, as DeepSpeed 0.19.8 reads them: 0 divides by zero, a negative degree fails
+    the batch check, and a fraction is accepted with a fractional world and train_batch_size."""
+    base = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
+    with pytest.raises(ZeroDivisionError):
+        ds_config({**base, "sequence_parallel_size": 0}, 4)
+    with pytest.raises(AssertionError, match="Train batch size: -8.0 has to be greater than 0"):
+        ds_config({**base, "sequence_parallel_size": -1}, 4)
+    ds = ds_config({**base, "sequence_parallel_size": 2.5}, 4)
+    assert (ds.world_size, ds.train_batch_size) == (1.6, 3.2)
+    for value, said in ((0, "ZeroDivisionError"), (-1, "has to be greater than 0"), (2.5, "4 GPUs / 2.5 = 1.6")):
+        (f,) = [f for f in validate_config({**base, "sequence_parallel_size": value}, world_size=4) if f.rule_id == "ZP266"]
+        assert f.severity == "error" and said in f.message, f.message
 
 
 def test_blog_config_fails_in_deepspeed_where_validate_says(ds_config):

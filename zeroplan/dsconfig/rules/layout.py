@@ -13,13 +13,14 @@ supported for both inference and training"; a step of it runs in the engine chec
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 from zeroplan.dsconfig.rules import Context, Finding, _f, _is_int_value, rule
 
 __all__ = ["layout_degrees", "layout_findings", "LAYOUT_RULES"]
 
-LAYOUT_RULES = ("ZP260", "ZP261", "ZP262", "ZP263", "ZP264", "ZP265")
+LAYOUT_RULES = ("ZP260", "ZP261", "ZP262", "ZP263", "ZP264", "ZP265", "ZP266")
 #: Attention implementations UlyssesSPAttentionHF.register_with_transformers refuses (ulysses_sp.py).
 ULYSSES_UNSUPPORTED_ATTENTION = ("eager", "paged|eager")
 
@@ -143,6 +144,41 @@ def _layout_world(ctx: Context) -> Iterator[Finding]:
         what = f"sequence_parallel_size {sp} × autotp_size {tp} = {sp * tp}"
     yield _f("ZP265", "tensor_parallel.autotp_size", f"{ctx.gpus} GPUs are not divisible by {what}: {why}",
              f"run on a multiple of {sp * tp} GPUs, or choose degrees whose product divides {ctx.gpus}")
+
+
+#: A number written as a string ("2") is ZP401's (types.py); ZP266 takes every other value.
+_NUMBER_STRING = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+@rule(
+    "ZP266", "error", "sequence_parallel_size is not a whole number of at least 1",
+    "DeepSpeed reads sequence_parallel_size without checking it: DeepSpeedConfig divides the world size by it "
+    "(runtime/config.py:468-469, the HF zero.Init path without an mpu), so a string raises a TypeError, 0 a "
+    "ZeroDivisionError, a negative value the batch assertion, and a fraction (2.5) gives a fractional world and "
+    "train_batch_size that DeepSpeed accepts.",
+)
+def _sp_value(ctx: Context) -> Iterator[Finding]:
+    sp = ctx.cfg.get("sequence_parallel_size")
+    if sp is None or (isinstance(sp, str) and (sp == "auto" or _NUMBER_STRING.match(sp))):
+        return
+    if isinstance(sp, bool):
+        problem = f"the boolean {sp!r}: DeepSpeed divides the world size by it as the number {int(sp)}"
+    elif not isinstance(sp, (int, float)):
+        problem = (f"{sp!r}, not a number: DeepSpeedConfig divides the world size by it and raises "
+                   f"\"unsupported operand type(s) for /: 'int' and '{type(sp).__name__}'\"")
+    elif sp == 0:
+        problem = "0: DeepSpeedConfig divides the world size by it (ZeroDivisionError)"
+    elif sp < 0:
+        problem = (f"{sp}: DeepSpeedConfig divides the world size by it and its batch check fails "
+                   "(\"Train batch size: ... has to be greater than 0\")")
+    elif isinstance(sp, float):
+        world = f"{ctx.gpus} GPUs / {sp} = {ctx.gpus / sp:g}" if ctx.gpus else f"the world size / {sp}"
+        problem = (f"the float {sp!r}: DeepSpeed divides the world size by it without complaint ({world} data-parallel "
+                   "ranks) and derives train_batch_size from that")
+    else:
+        return
+    yield _f("ZP266", "sequence_parallel_size", f"sequence_parallel_size is {problem}",
+             "set sequence_parallel_size to a whole number >= 1 dividing the GPUs and the attention heads (1: no sequence parallelism)")
 
 
 def layout_findings(plan, *, world_size: int, model=None, training=None, attn_implementation: str | None = None,
