@@ -14,7 +14,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-__all__ = ["apply_trainer_values", "estimate_for_recipe"]
+__all__ = ["apply_trainer_values", "estimate_for_recipe", "plan_as_trained"]
+
+
+def plan_as_trained(trl: Optional[dict], plan: Any) -> Any:
+    """``plan`` as the trainer ran it: ``checkpointing="full"`` when the trainer checkpointed every
+    block (``gradient_checkpointing=True``, a TrainingArguments value the DeepSpeed config does not
+    carry: transformers' ``gradient_checkpointing_enable`` wraps each decoder layer); unchanged
+    without trainer values, without a plan, or with a checkpointing the config already gives."""
+    if plan is None or not trl or not trl.get("gradient_checkpointing") or plan.checkpointing != "none":
+        return plan
+    return dataclasses.replace(plan, checkpointing="full")
 
 
 def apply_trainer_values(trl: Optional[dict], plan: Any, training: Any, *, fused_lm_head: bool = False) -> tuple[Any, Any]:
@@ -29,8 +39,7 @@ def apply_trainer_values(trl: Optional[dict], plan: Any, training: Any, *, fused
         training = dataclasses.replace(training, loss="trl")
     if not trl:
         return plan, training
-    if trl.get("gradient_checkpointing") and plan.checkpointing == "none":
-        plan = dataclasses.replace(plan, checkpointing="full")
+    plan = plan_as_trained(trl, plan)
     if trl.get("bf16") and training.precision not in ("bf16", "bf16-pure"):
         training = dataclasses.replace(training, precision="bf16")
     elif trl.get("fp16") and training.precision != "fp16":
