@@ -268,6 +268,13 @@ def test_probe_table_labels_the_plan_the_trainer_ran():
     assert plan_as_trained({"gradient_checkpointing": True}, plan).checkpointing == "full"
     assert plan_as_trained({"gradient_checkpointing": False}, plan) is plan and plan_as_trained(None, plan) is plan
     assert plan_as_trained({"gradient_checkpointing": True}, Plan(2, checkpointing="attention")).checkpointing == "attention"
+    from zeroplan.runtime.recipe_estimate import training_as_trained
+    from zeroplan.spec import TrainingSpec
+
+    fp32 = TrainingSpec(precision="fp32")
+    assert training_as_trained({"bf16": True}, fp32).precision == "bf16" and training_as_trained(None, fp32) is fp32
+    assert training_as_trained({"fp16": True}, fp32).precision == "fp16"
+    assert training_as_trained(None, TrainingSpec(), fused_lm_head=True).loss == "trl"
     for trl, label in (({"gradient_checkpointing": True}, "z2/ckpt:full/mb2/ga1"), (None, "z2/ckpt:none/mb2/ga1")):
         console = Console(file=io.StringIO(), width=200)
         _render_table(ProbeResult(status="ok", backend="deepspeed", world_size=2, steps=2, trl=trl), plan, console)
