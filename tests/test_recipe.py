@@ -365,4 +365,8 @@ def test_full_logit_dpo_reference_moment_matches_a_measured_step():
     est = estimate_recipe_plan(spec, cluster, TrainingSpec(seq_len=256, loss="plain"), Plan(0, micro_batch=b, checkpointing="none"),
                                Recipe("dpo"), device="cuda")
     assert est.recipe["terms"]["policy_logits_held"] == 8 * 2 * b * 256 * 32000
+    # On CPU the same: no TRL tile fold without TRL's fused head.
+    on_cpu = estimate_recipe_plan(spec, cluster, TrainingSpec(seq_len=256, loss="plain"), Plan(0, micro_batch=b, checkpointing="none"),
+                                  Recipe("dpo"), device="cpu")
+    assert "head_tile_fold_cpu" not in on_cpu.recipe["terms"]
     assert est.recipe["moments"]["the reference forward"] == pytest.approx(measured, rel=0.03)

@@ -117,7 +117,10 @@ def estimate_recipe_plan(
     other than ``trl`` on CUDA returns ``estimate_plan``'s result unchanged. ``critic`` and
     ``reward`` are PPO's models (None: the policy's shape)."""
     kw = dict(device=device, expandable_segments=expandable_segments, model_build=model_build, **kwargs)
-    cpu_fold = device == "cpu" and (training.loss == "trl" or (recipe is not None and recipe.kind != "sft"))
+    # TRL's tile fold runs only inside its fused head (loss trl; a recipe turns the default hf into
+    # it, training_pass): a full-logit loss (plain, under LLaMA-Factory's DPO) has no fold.
+    fused = training.loss == "trl" or (recipe is not None and recipe.kind != "sft" and training.loss == "hf")
+    cpu_fold = device == "cpu" and fused
     if recipe is None or (recipe.kind == "sft" and not cpu_fold):
         return estimate_plan(model, cluster, training, plan, **kw)
     if kwargs.get("engine", "deepspeed") != "deepspeed" and recipe.kind != "sft":
