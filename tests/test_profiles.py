@@ -417,3 +417,54 @@ def test_profiles_module_stays_light():
     code = "import sys, zeroplan.profiles, zeroplan.cli.profiles; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.stdout.strip() == "[]", result.stderr
+
+
+# Qwen/Qwen3-VL-30B-A3B-Instruct's config.json (huggingface.co, architecture fields; QwenLM/Qwen3-VL#2053's model).
+QWEN3_VL_30B_A3B = {
+    "model_type": "qwen3_vl_moe", "tie_word_embeddings": False,
+    "text_config": {"model_type": "qwen3_vl_moe_text", "attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128,
+                    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 262144, "mlp_only_layers": [],
+                    "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+                    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "vocab_size": 151936},
+    "vision_config": {"deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+                      "in_channels": 3, "intermediate_size": 4304, "model_type": "qwen3_vl_moe", "num_heads": 16,
+                      "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2},
+}
+
+
+@pytest.mark.parametrize("tiny", [False, True])
+def test_vision_language_config_counts_like_transformers(tiny):
+    """Qwen3-VL: the decoder from text_config plus the vision tower and mergers, against
+    transformers' Qwen3VLMoeForConditionalGeneration on the meta device (full size and a tiny one)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+    from zeroplan.profiles.hf_config_vision import qwen3_vl_vision_params
+
+    data = json.loads(json.dumps(QWEN3_VL_30B_A3B))
+    if tiny:
+        data["text_config"].update(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                                   num_experts_per_tok=2, vocab_size=1000)
+        data["vision_config"].update(depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                                     deepstack_visual_indexes=[1, 3])
+    config = transformers.Qwen3VLMoeConfig(text_config=data["text_config"], vision_config=data["vision_config"],
+                                           tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = transformers.Qwen3VLMoeForConditionalGeneration(config)
+    spec = model_from_hf_dict(data, name="qwen3-vl")
+    assert spec.params == sum(p.numel() for p in model.parameters())
+    assert sum(qwen3_vl_vision_params(data["vision_config"]).values()) == sum(p.numel() for p in model.model.visual.parameters())
+    text = model_from_hf_dict({**data["text_config"], "model_type": "qwen3_moe", "tie_word_embeddings": False}, name="text")
+    assert (spec.hidden_size, spec.num_layers, spec.moe, spec.qk_norm) == (text.hidden_size, text.num_layers, text.moe, True)
+    if not tiny:
+        assert spec.params == 31_070_754_032 and spec.params - text.params == 538_631_408
+
+
+def test_vision_language_config_without_vision_config_is_one_line():
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+    from zeroplan.spec import SpecError
+
+    with pytest.raises(SpecError, match='needs "text_config" and "vision_config"'):
+        model_from_hf_dict({"model_type": "qwen3_vl_moe", "text_config": {}}, name="cfg.json")

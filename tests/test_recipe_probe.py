@@ -250,3 +250,32 @@ def test_saved_runs_meet_the_recipe_goals_when_estimated_again(saved):
         # DPO's moments itemised: its peak is the policy's backward, above the reference forward.
         assert max(dpo["reestimated_moments"], key=dpo["reestimated_moments"].get) == "the loss's backward"
         assert dpo["reestimated_terms"]["reference_forward"] > 0 and dpo["reestimated_terms"]["reference_weights"] > 0
+
+
+def test_probe_table_labels_the_plan_the_trainer_ran():
+    """A Trainer that checkpoints (TRL's configs: ``gradient_checkpointing=True``) runs ckpt:full
+    whatever the DeepSpeed config says; the probe's title says so, as its estimate assumes."""
+    import io
+
+    from rich.console import Console
+
+    from zeroplan.cli.probe import _render_table
+    from zeroplan.runtime.api import ProbeResult
+    from zeroplan.runtime.recipe_estimate import plan_as_trained
+    from zeroplan.spec import Plan
+
+    plan = Plan(2, micro_batch=2)
+    assert plan_as_trained({"gradient_checkpointing": True}, plan).checkpointing == "full"
+    assert plan_as_trained({"gradient_checkpointing": False}, plan) is plan and plan_as_trained(None, plan) is plan
+    assert plan_as_trained({"gradient_checkpointing": True}, Plan(2, checkpointing="attention")).checkpointing == "attention"
+    from zeroplan.runtime.recipe_estimate import training_as_trained
+    from zeroplan.spec import TrainingSpec
+
+    fp32 = TrainingSpec(precision="fp32")
+    assert training_as_trained({"bf16": True}, fp32).precision == "bf16" and training_as_trained(None, fp32) is fp32
+    assert training_as_trained({"fp16": True}, fp32).precision == "fp16"
+    assert training_as_trained(None, TrainingSpec(), fused_lm_head=True).loss == "trl"
+    for trl, label in (({"gradient_checkpointing": True}, "z2/ckpt:full/mb2/ga1"), (None, "z2/ckpt:none/mb2/ga1")):
+        console = Console(file=io.StringIO(), width=200)
+        _render_table(ProbeResult(status="ok", backend="deepspeed", world_size=2, steps=2, trl=trl), plan, console)
+        assert f"plan {label}" in console.file.getvalue()

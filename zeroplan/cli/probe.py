@@ -100,6 +100,10 @@ def _mib(n: Optional[int]) -> str:
 def _render_table(result, plan, console) -> None:
     from rich.table import Table
 
+    from zeroplan.runtime.recipe_estimate import plan_as_trained
+
+    plan = plan_as_trained(result.trl, plan)  # a Trainer's gradient_checkpointing, which the config does not carry
+
     title = f"probe: {result.status}  ({result.backend}, {result.world_size} ranks" + (f", plan {plan.label_for(result.backend)}" if plan else "") + ")"
     table = Table(title=title, title_justify="left")
     table.add_column("quantity")

@@ -11,7 +11,10 @@ A recipe step has moments an SFT step has not (trl 1.16, DeepSpeed 0.19):
   ``ChunkedLogProbFunction.backward``, chunked_logprob.py:394-446) are not in this moment:
   counting them there put the moment 2.7 MiB above the loss's backward for the tiny Llama of
   benchmarks/results/recipe_memory_with_recipe_estimator.txt (DPO − SFT predicted +16.6 % at
-  ZeRO-2; without them +1.9 %).
+  ZeRO-2; without them +1.9 %). Over the full logits (TRL before 1.0, LLaMA-Factory; loss
+  ``plain``/``hf``) the policy's fp32 logits and saved log-softmax are still held here and the
+  reference's log-probs peak at three fp32 [N, V] arrays
+  (:func:`~zeroplan.estimator.recipe_terms.policy_logits_held_bytes`, ``shifted_logps_bytes``).
 * **generation** (GRPO, PPO, no vLLM): ``model.generate`` on the step's whole generation batch
   (``per_device_train_batch_size × steps_per_generation`` sequences,
   grpo_trainer.py:1253-1275) with ZeRO-3's whole-model gather and the KV cache; no activations.
@@ -41,6 +44,7 @@ from zeroplan.estimator.recipe_terms import (
     kv_cache_bytes,
     no_grad_block_bytes,
     no_grad_forward_bytes,
+    policy_logits_held_bytes,
     reference_weight_bytes,
     trl_logprob_head_bytes,
     vllm_need_bytes,
@@ -50,7 +54,11 @@ from zeroplan.estimator.verdict import judge, judge_plan, tight_note, verdict_ra
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
 from zeroplan.spec.recipe import Recipe
 
-__all__ = ["estimate_recipe_all", "estimate_recipe_plan", "training_pass", "trl_accepts"]
+__all__ = ["FULL_LOGIT_LOSSES", "estimate_recipe_all", "estimate_recipe_plan", "training_pass", "trl_accepts"]
+
+#: Losses over the full [N, V] logits (``plain``: log-softmax of fp32 logits; ``hf``: the same
+#: with the model's returned logits): under DPO they mean TRL before 1.0 or LLaMA-Factory.
+FULL_LOGIT_LOSSES = ("plain", "hf")
 
 
 def _gib(n: int) -> str:
@@ -109,7 +117,10 @@ def estimate_recipe_plan(
     other than ``trl`` on CUDA returns ``estimate_plan``'s result unchanged. ``critic`` and
     ``reward`` are PPO's models (None: the policy's shape)."""
     kw = dict(device=device, expandable_segments=expandable_segments, model_build=model_build, **kwargs)
-    cpu_fold = device == "cpu" and (training.loss == "trl" or (recipe is not None and recipe.kind != "sft"))
+    # TRL's tile fold runs only inside its fused head (loss trl; a recipe turns the default hf into
+    # it, training_pass): a full-logit loss (plain, under LLaMA-Factory's DPO) has no fold.
+    fused = training.loss == "trl" or (recipe is not None and recipe.kind != "sft" and training.loss == "hf")
+    cpu_fold = device == "cpu" and fused
     if recipe is None or (recipe.kind == "sft" and not cpu_fold):
         return estimate_plan(model, cluster, training, plan, **kw)
     if kwargs.get("engine", "deepspeed") != "deepspeed" and recipe.kind != "sft":
@@ -152,19 +163,28 @@ def estimate_recipe_plan(
                 model, stage=plan.stage, offload_param=plan.offload_param, data_parallel=dp, precision=training.precision)
     ref_gather = _layer_gather(model, training.precision) if reference and (plan.stage == 3 or recipe.reference == "offload") else 0
 
+    # DPO over the full logits (TRL before 1.0, LLaMA-Factory): get_batch_logps log-softmaxes the
+    # shifted logits, and the policy's logits stay alive through the reference pass.
+    full_logit_dpo = recipe.kind == "dpo" and train_training.loss in FULL_LOGIT_LOSSES
+
     def scoring_pass(sequences: int) -> int:
         fwd = no_grad_forward_bytes(model, sequences=sequences, seq_len=s, precision=training.precision,
                                     flash_attention=training.flash_attention, fused_head=train_training.loss == "trl",
-                                    on_cpu=device == "cpu")
+                                    on_cpu=device == "cpu", shifted_logps=full_logit_dpo)
         return sum(fwd.values())
 
     if recipe.kind == "dpo":
         if reference:
             ref = scoring_pass(2 * b) + ref_gather
             terms["reference_forward"] = ref
+            held = 0
+            if full_logit_dpo:
+                held = sum(policy_logits_held_bytes(tokens=train_plan.micro_batch * s, vocab_size=model.vocab_size).values())
+                terms["policy_logits_held"] = held
             saved = (acts.layers + acts.embeddings) if acts is not None else base.gpu.activations
-            # The end of the policy's forward: the loss moment without the loss's own arrays.
-            moments["the reference forward"] = max(at_loss - (acts.logits if acts is not None else 0), saved) + ref
+            # The end of the policy's forward: the loss moment without the loss's own arrays, plus
+            # what a full-logit DPO still holds of them.
+            moments["the reference forward"] = max(at_loss - (acts.logits if acts is not None else 0), saved) + held + ref
     elif recipe.kind in ("grpo", "ppo"):
         g_batch = b * plan.gradient_accumulation_steps  # steps_per_generation defaults to gradient_accumulation_steps
         prompt = s - recipe.completion_len

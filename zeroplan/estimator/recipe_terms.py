@@ -17,7 +17,9 @@ __all__ = [
     "kv_cache_bytes",
     "no_grad_block_bytes",
     "no_grad_forward_bytes",
+    "policy_logits_held_bytes",
     "reference_weight_bytes",
+    "shifted_logps_bytes",
     "trl_logprob_head_bytes",
     "vllm_need_bytes",
     "weight_sync_gather_bytes",
@@ -103,7 +105,7 @@ def no_grad_block_bytes(model: ModelSpec, *, sequences: int, seq_len: int, preci
 
 def no_grad_forward_bytes(
     model: ModelSpec, *, sequences: int, seq_len: int, precision: str, flash_attention: bool, fused_head: bool = True,
-    on_cpu: bool = False,
+    on_cpu: bool = False, shifted_logps: bool = False,
 ) -> dict[str, int]:
     """Peak working set of a forward under ``torch.no_grad()`` over ``sequences`` × ``seq_len``
     tokens: the reference model's and the old policy's log-prob passes
@@ -119,19 +121,61 @@ def no_grad_forward_bytes(
     (e·min(N, 4096)·32768), 7 fp32 statistics per token (chunked_logprob.py:337-346) and, on CPU
     (``on_cpu``), the forward fold's temporaries (:func:`cpu_fold_bytes`). Without the fused head
     (``fused_head=False``: TRL before 1.0, LLaMA-Factory's DPO) the head writes the full e-byte
-    logits and the log-softmax runs over an fp32 copy: (e + 8)·N·V. Measured on CPU (transformers'
-    Llama, 2 layers, h 256, V 1000, bf16, SDPA, under TRL's fused head; b·s = 2·128 and 4·256): +0.6 %
-    and +0.3 % (tests/test_recipe.py).
+    logits and the log-softmax runs over an fp32 copy: (e + 8)·N·V; with ``shifted_logps`` (DPO's
+    ``get_batch_logps`` over the full logits) the head phase is :func:`shifted_logps_bytes`.
+    Measured on CPU (transformers' Llama, 2 layers, h 256, V 1000, bf16, SDPA, under TRL's fused
+    head; b·s = 2·128 and 4·256): +0.6 % and +0.3 % (tests/test_recipe.py).
     """
     h, e, n = model.hidden_size, bytes_per_param(precision), seq_len * sequences
     blocks = no_grad_block_bytes(model, sequences=sequences, seq_len=seq_len, precision=precision, flash_attention=flash_attention)
-    if not fused_head:
+    if not fused_head and shifted_logps:
+        head = shifted_logps_bytes(tokens=n, vocab_size=model.vocab_size, hidden_size=h, precision=precision)
+    elif not fused_head:
         head = {"final_hidden": e * n * h, "full_logits": (e + 8) * n * model.vocab_size}
     else:
         head = {"final_hidden": e * n * h, "head_input": e * n * h, "head_tile": e * _tile_buffer(n), "head_statistics": 7 * 4 * n}
         if on_cpu:
             head["head_fold_cpu"] = cpu_fold_bytes(tokens=n, vocab_size=model.vocab_size, precision=precision, backward=False)
     return blocks if sum(blocks.values()) > sum(head.values()) else head
+
+
+def shifted_logps_bytes(*, tokens: int, vocab_size: int, hidden_size: int, precision: str) -> dict[str, int]:
+    """Peak of DPO's per-token log-probs over the full logits, the way TRL before 1.0 and
+    LLaMA-Factory compute them, for N = ``tokens`` positions (all 2b chosen + rejected rows).
+
+    The logits reach the caller in fp32 (transformers ≤ 4.45 upcasts them in the forward:
+    ``logits = self.lm_head(...).float()``, transformers 4.45.2 models/qwen2/modeling_qwen2.py:1187;
+    LLaMA-Factory casts again, ``model(**batch).logits.to(torch.float32)``,
+    src/llamafactory/train/dpo/trainer.py:182 at v0.9.0). ``get_batch_logps`` then log-softmaxes the
+    shifted view ``logits[:, :-1, :]`` (LLaMA-Factory src/llamafactory/train/trainer_utils.py:454-458
+    at v0.9.0; TRL 0.9.6 trl/trainer/dpo_trainer.py:1230-1236). That view is not contiguous when
+    there is more than one row, and ATen's log-softmax copies its input first
+    (aten/src/ATen/native/cuda/SoftMax.cu ``host_softmax``: ``auto input = input_.contiguous();``;
+    the CPU kernel does the same, measured in tests/test_recipe.py). So three fp32 [N, V] arrays
+    coexist: the logits, their contiguous copy and the log-softmax output, 12·N·V. The moment
+    before, inside the forward (final hidden states e·N·h, the e-byte logits and their fp32 upcast,
+    (e + 4)·N·V), is smaller whenever V > h; the larger of the two phases is returned.
+    """
+    e, n, v, h = bytes_per_param(precision), tokens, vocab_size, hidden_size
+    log_softmax = {"fp32_logits": 4 * n * v, "contiguous_shifted_copy": 4 * n * v, "log_softmax_output": 4 * n * v}
+    upcast = {"final_hidden": e * n * h, "logits": e * n * v, "fp32_logits": 4 * n * v}
+    return log_softmax if sum(log_softmax.values()) >= sum(upcast.values()) else upcast
+
+
+def policy_logits_held_bytes(*, tokens: int, vocab_size: int) -> dict[str, int]:
+    """What the policy's full-logit forward still holds while the reference model runs (DPO
+    without TRL 1.x's fused head), for N = ``tokens`` positions.
+
+    The policy's forward runs first and its chosen/rejected logits are returned to the caller,
+    which keeps them across the reference forward to log their means afterwards (LLaMA-Factory
+    src/llamafactory/train/dpo/trainer.py:189-191, 226-234 and 254-255 at v0.9.0; TRL 0.9.6
+    dpo_trainer.py:1309-1315 and 1326-1351): the fp32 logits, 4·N·V. Their log-softmax output is
+    saved for the backward (``_log_softmax``'s derivative uses ``result``, not the input): 4·N·V.
+    Together 8·N·V beside the reference's own pass (:func:`shifted_logps_bytes`). TRL 0.9.6's
+    own forward also keeps an NLL over the chosen half (dpo_trainer.py:1301); not counted.
+    """
+    n, v = tokens, vocab_size
+    return {"fp32_logits": 4 * n * v, "saved_log_softmax": 4 * n * v}
 
 
 def reference_weight_bytes(model: ModelSpec, *, stage: int, offload_param: str, data_parallel: int, precision: str) -> int:

@@ -12,7 +12,7 @@ reader can check every term against the source.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -362,6 +362,8 @@ from zeroplan.profiles.hf_config_moe import MOE_COUNTERS, attention_kernel_of, m
 
 _COUNTERS.update(MOE_COUNTERS)
 
+from zeroplan.profiles.hf_config_vision import VISION_LANGUAGE_MODEL_TYPES, split_vision_language  # noqa: E402
+
 #: ``model_type`` values whose attention projects Q, K and V with one matrix (transformers'
 #: GPT2Attention ``c_attn``, GPTNeoXAttention and BloomAttention ``query_key_value``,
 #: Phi3Attention ``qkv_proj``).
@@ -374,11 +376,19 @@ MOE_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MOE_COUNTERS))
 #: and Qwen3MoeAttention ``q_norm``/``k_norm``).
 QK_NORM_MODEL_TYPES: tuple[str, ...] = ("qwen3", "qwen3_moe")
 
-#: ``model_type`` values :func:`model_from_hf_config` understands.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_COUNTERS))
+#: ``model_type`` values :func:`model_from_hf_config` understands (vision-language ones count
+#: their ``text_config`` and add the vision tower, :mod:`zeroplan.profiles.hf_config_vision`).
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted([*_COUNTERS, *VISION_LANGUAGE_MODEL_TYPES]))
 
 
 def _count(data: dict[str, Any], where: str) -> _Counted:
+    vision_language = split_vision_language(data, where)
+    if vision_language is not None:  # the decoder's count plus the vision tower's
+        text, vision = vision_language
+        counted = _count(text, where)
+        tower = sum(vision.values())
+        note = f"vision tower and mergers: {tower:,} parameters (vision_config) in the model states; their activations are not modelled"
+        return replace(counted, params=counted.params + tower, notes=(*counted.notes, note))
     model_type = data.get("model_type")
     if model_type is None:
         raise SpecError(f'{where}: no "model_type" key; supported: {", ".join(SUPPORTED_MODEL_TYPES)}')
@@ -405,6 +415,8 @@ def model_from_hf_dict(data: dict[str, Any], *, name: str, where: str | None = N
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a JSON object (a config.json), got {type(data).__name__}")
     counted = _count(data, where)
+    vision_language = split_vision_language(data, where)
+    data = vision_language[0] if vision_language is not None else data  # the decoder's shape
     try:
         return ModelSpec(
             name=name,

@@ -14,7 +14,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-__all__ = ["apply_trainer_values", "estimate_for_recipe"]
+__all__ = ["apply_trainer_values", "estimate_for_recipe", "plan_as_trained", "training_as_trained"]
+
+
+def plan_as_trained(trl: Optional[dict], plan: Any) -> Any:
+    """``plan`` as the trainer ran it: ``checkpointing="full"`` when the trainer checkpointed every
+    block (``gradient_checkpointing=True``, a TrainingArguments value the DeepSpeed config does not
+    carry: transformers' ``gradient_checkpointing_enable`` wraps each decoder layer); unchanged
+    without trainer values, without a plan, or with a checkpointing the config already gives."""
+    if plan is None or not trl or not trl.get("gradient_checkpointing") or plan.checkpointing != "none":
+        return plan
+    return dataclasses.replace(plan, checkpointing="full")
 
 
 def apply_trainer_values(trl: Optional[dict], plan: Any, training: Any, *, fused_lm_head: bool = False) -> tuple[Any, Any]:
@@ -23,19 +33,24 @@ def apply_trainer_values(trl: Optional[dict], plan: Any, training: Any, *, fused
     trainer's ``bf16``/``fp16``; unchanged without trainer values. ``fused_lm_head``: the run's
     model had TRL's fused log-prob head (:func:`zeroplan.runtime.recipe_watch.fused_lm_head`), so
     the default loss ``hf`` becomes ``trl`` where the estimator knows that loss."""
+    return plan_as_trained(trl, plan), training_as_trained(trl, training, fused_lm_head=fused_lm_head)
+
+
+def training_as_trained(trl: Optional[dict], training: Any, *, fused_lm_head: bool = False) -> Any:
+    """``training`` with the trainer's ``bf16``/``fp16`` (TrainingArguments; TRL's configs default
+    ``bf16=True``) and, with TRL's fused log-prob head on the model, the loss ``trl`` in place of
+    the default ``hf``; unchanged without trainer values."""
     from zeroplan.spec.training import LOSSES
 
     if fused_lm_head and training.loss == "hf" and "trl" in LOSSES:
         training = dataclasses.replace(training, loss="trl")
     if not trl:
-        return plan, training
-    if trl.get("gradient_checkpointing") and plan.checkpointing == "none":
-        plan = dataclasses.replace(plan, checkpointing="full")
+        return training
     if trl.get("bf16") and training.precision not in ("bf16", "bf16-pure"):
         training = dataclasses.replace(training, precision="bf16")
     elif trl.get("fp16") and training.precision != "fp16":
         training = dataclasses.replace(training, precision="fp16")
-    return plan, training
+    return training
 
 
 def estimate_for_recipe(recipe: Optional[dict], model, cluster, training, plan, **kwargs) -> tuple[Any, Optional[str]]:

@@ -52,6 +52,11 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         precision = trainer_precision(request.script_args, base_config)
     known = _model(request, listener, precision=precision, config_arg=config_arg, user_base=user_base, trainer=trainer)
     training, cluster, seq_origin, loss_origin = _training_and_cluster(request, known, precision=precision)
+    if known.get("trl"):
+        from zeroplan.runtime.recipe_estimate import training_as_trained
+
+        # A Trainer's own precision, as discovery saw it run (TRL's configs default bf16=True).
+        training = training_as_trained(known["trl"], training)
 
     from zeroplan.tuner.checks import cuda_visible
     from zeroplan.tuner.cpu_profile import time_model_for_probes
@@ -68,6 +73,9 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         request.space_options(), device="cuda" if on_cuda else "cpu", base_config=base_config,
         activation_bytes=known["activation_bytes"],
     )
+    if request.checkpointing is None and (known.get("trl") or {}).get("gradient_checkpointing"):
+        # The Trainer checkpoints every block itself (gradient_checkpointing=True): the plans it runs are ckpt:full.
+        space_options["checkpointing"] = "full"
     if space_options.get("recipe") is None and (known.get("recipe") or {}).get("kind", "sft") != "sft":
         from zeroplan.spec.recipe import Recipe
 
@@ -183,6 +191,8 @@ def _model(request: TuneRequest, listener: TuneListener, *, precision: str, conf
                 # A TRL DPO/GRPO script: its recipe prunes and ranks the plans unless --recipe says otherwise.
                 found["recipe"] = discovered.recipe
                 listener.event("recipe_discovered", lines=recipe_lines(discovered.trainer, discovered.recipe, discovered.frozen_engines))
+            if discovered.trl:
+                found["trl"] = discovered.trl  # the Trainer's own arguments (precision, checkpointing)
     else:
         # A LoRA/QLoRA run: the space and its pruning see the trainable count (docs/peft.md).
         given = request.model_spec if request.model_spec is not None else resolve_model(request.params, request.model)
