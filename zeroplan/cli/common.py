@@ -179,7 +179,7 @@ BaseQuantOpt = Annotated[
 
 LossOpt = Annotated[
     Optional[str],
-    typer.Option("--loss", help="hf | plain | megatron | fused | chunked | tiled (ALST's tiled loss) | trl: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own; trl under a --recipe].", rich_help_panel=_TRAIN),
+    typer.Option("--loss", help="hf | plain | megatron | fused | chunked | chunked-compiled (torchtune's compile=True) | tiled (ALST's tiled loss) | trl: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own; trl under a --recipe].", rich_help_panel=_TRAIN),
 ]
 OptimizerImplOpt = Annotated[
     Optional[str],

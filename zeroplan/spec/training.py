@@ -30,10 +30,11 @@ PURE_PRECISION_ENGINES = ("fsdp",)
 #: Loss implementations over the logits (zeroplan.estimator.activations.loss_activation_bytes):
 #: hf (a Hugging Face model's loss, logits returned), plain (log-softmax + NLL in fp32, logits
 #: dropped), megatron (vocab-parallel cross-entropy, in place), fused (Liger's fused linear
-#: cross-entropy), chunked (cross-entropy over logit chunks, torchtune's default of 8), tiled
-#: (ALST's tiled loss) and trl (TRL 1.x's fused LM head, ``add_fused_lm_head``: log-probs over
+#: cross-entropy), chunked (cross-entropy over logit chunks, torchtune's default of 8, eager),
+#: chunked-compiled (the same with torchtune's ``compile=True``, which compiles each chunk's
+#: upcast and cross-entropy), tiled (ALST's tiled loss) and trl (TRL 1.x's fused LM head, ``add_fused_lm_head``: log-probs over
 #: vocabulary tiles, which SFT, DPO and GRPO trainers all use).
-LOSSES = ("hf", "plain", "megatron", "fused", "chunked", "tiled", "trl")
+LOSSES = ("hf", "plain", "megatron", "fused", "chunked", "chunked-compiled", "tiled", "trl")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
 
 
@@ -108,7 +109,7 @@ class TrainingSpec:
     flash_attention: bool = True
     """Attention kernel that does not keep the a·s² score matrix (SDPA/flash)."""
     loss: str = "hf"
-    """How the loss is computed over the logits (:data:`LOSSES`): hf, plain, megatron, fused, chunked or trl."""
+    """How the loss is computed over the logits (:data:`LOSSES`): hf, plain, megatron, fused, chunked, chunked-compiled, tiled or trl."""
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
