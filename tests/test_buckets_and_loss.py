@@ -12,7 +12,7 @@ from zeroplan.estimator.activations import loss_activation_bytes
 from zeroplan.estimator.plans import bucket_sizes
 from zeroplan.spec import ModelSpec, SpecError
 
-from helpers import ROOT
+from helpers import ROOT, benchmark
 
 
 def test_deepspeed_convention_is_deepspeeds_own_defaults():
@@ -80,11 +80,7 @@ def test_compiled_chunked_loss_matches_measurement():
     """The compiled chunked loss's term against its CPU measurement (benchmarks/compiled_loss_memory.py:
     inductor's saved tensors and the allocator's peak, independent of the formula)."""
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from compiled_loss_memory import measure
-    finally:
-        sys.path.pop(0)
+    measure = benchmark("compiled_loss_memory").measure
     model = ModelSpec(name="x", params=10**6, hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=1024,
                       vocab_size=8000, tied_embeddings=True, gated_mlp=True)
     n, v = 256, 8000

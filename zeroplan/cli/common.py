@@ -183,7 +183,7 @@ LossOpt = Annotated[
 ]
 OptimizerImplOpt = Annotated[
     Optional[str],
-    typer.Option("--optimizer-impl", help="torch | torch-forloop | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs (torch-forloop: foreach=False, torch < 2.0) [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp; a config without an optimizer block: torch].", rich_help_panel=_TRAIN),
+    typer.Option("--optimizer-impl", help="torch | torch-forloop | torch-fused | deepspeed-fused | deepspeed-cpu | bnb-paged | bnb-paged-8bit: whose optimizer step runs (torch-forloop: foreach=False, torch < 2.0; bnb-paged*: bitsandbytes' paged AdamW, states in unified memory, engine fsdp) [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp; a config without an optimizer block: torch].", rich_help_panel=_TRAIN),
 ]
 BucketsOpt = Annotated[
     str,

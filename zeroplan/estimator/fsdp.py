@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.memory import ModelStates
-from zeroplan.estimator.optimizer import optimizer_step_temporaries
+from zeroplan.estimator.optimizer import PAGED_IMPLS, optimizer_step_temporaries, paged_state_bytes
 from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, quantized_weight_bytes
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param, master_bytes_per_param
 
@@ -50,6 +50,7 @@ __all__ = [
     "fsdp_groups",
     "fsdp_memory",
     "check_fsdp_plan",
+    "trainable_tensor_numels",
 ]
 
 #: Bytes of the reduce-scatter in mixed precision (``MixedPrecisionPolicy(reduce_dtype=
@@ -95,6 +96,46 @@ def _trainable_split(model: ModelSpec) -> tuple[int, int, int, bool, int]:
         return psi_t, 0, -(-psi_t // model.num_layers), False, largest
     root_t = psi_t * groups.root // model.total_params
     return psi_t, root_t, -(-(psi_t - root_t) // model.num_layers), True, model.largest_layer_params
+
+
+def trainable_tensor_numels(model: ModelSpec) -> dict[int, int]:
+    """Element count → number of trainable tensors of that size (what bitsandbytes decides
+    per tensor: :func:`~zeroplan.estimator.optimizer.paged_state_bytes`).
+
+    LoRA adapters counted module by module: A is r × in, B is out × r. A full fine-tune: the
+    norm weights (two per block and the final one, h each) and one tensor holding the rest (the
+    matrices, all far above bitsandbytes' thresholds for any model worth paging). Other
+    adapters: their trainable count as one tensor.
+    """
+    peft = model.peft
+    if peft is None:
+        norms = min(model.params, (2 * model.num_layers + 1) * model.hidden_size)
+        rest = model.params - norms
+        out = {model.hidden_size: 2 * model.num_layers + 1} if norms else {}
+        if rest:
+            out[rest] = out.get(rest, 0) + 1
+        return out
+    if peft.method == "lora" and peft.adapted:
+        out: dict[int, int] = {}
+        for m in peft.adapted:
+            for numel in (m.rank * m.in_features, m.rank * m.out_features):
+                out[numel] = out.get(numel, 0) + m.count
+        extra = peft.trainable_params - sum(k * v for k, v in out.items())
+        if extra > 0:
+            out[extra] = out.get(extra, 0) + 1
+        return out
+    return {peft.trainable_params: 1}
+
+
+def _optimizer_placement(model: ModelSpec, training: TrainingSpec, impl: str, moments: int, count: int, shards: int) -> tuple[int, dict[str, int]]:
+    """(optimizer-state bytes in torch's allocator, host-backed items) for ``count`` trainable
+    parameters split over ``shards`` ranks: torch.optim's ``moments`` bytes each, or
+    bitsandbytes' paged states (device part in torch's allocator, unified part backed by host RAM)."""
+    if impl not in PAGED_IMPLS or training.optimizer not in ("adam", "adamw"):
+        return moments * -(-count // shards), {}
+    paged = paged_state_bytes(trainable_tensor_numels(model), impl=impl, optimizer=training.optimizer)
+    device = -(-(paged["device_states"] + paged["absmax"]) // shards)
+    return device, {"paged_optimizer_states": -(-paged["unified_states"] // shards)}
 
 
 def _quantized_base(model: ModelSpec) -> tuple[int, int, int]:
@@ -227,7 +268,7 @@ def fsdp_memory(
             quantized = model.peft.quantized_params
             params = parameter_bytes(model, "bf16-pure" if m == 2 else "fp32").total
             workspace = {"dequantized_weight": dequant_workspace_bytes(model, training.precision)}
-        optimizer = moments * (shard(psi_t) if plan.stage == 1 else psi_t)
+        optimizer, paged_host = _optimizer_placement(model, training, optimizer_impl, moments, psi_t, n if plan.stage == 1 else 1)
         # autocast casts each matmul weight once per forward (the cast cache) and the matmul's
         # backward saves it: every floating-point weight but the untied input embedding's, p bytes.
         cast_cache = p * (psi - quantized - (0 if model.tied_embeddings else model.embedding_params)) if p < m else 0
@@ -247,8 +288,12 @@ def fsdp_memory(
                                "head_gradient": m * model.embedding_params if head_trains else 0, **accumulated},
             "optimizer_step": {**bucket, "gradients": grads, **temps},
         }
+        if training.optimizer_in_backward:
+            grads, phases = _in_backward_phases(training, plan, n, m=m, largest=largest_t, optimizer_impl=optimizer_impl,
+                                                on_gpu=on_gpu, common={**bucket, "autocast_weight_casts": cast_cache},
+                                                loss_acts=loss_acts, layers_only=layers_only)
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
-        return FsdpMemory(states=states, phases=phases, host_items={})
+        return FsdpMemory(states=states, phases=phases, host_items=paged_host)
 
     offload = (plan.offload_optimizer == "cpu" or plan.offload_param == "cpu") and on_gpu
     # FSDP2 with a quantized base (QLoRA): the codes are sharded and all-gathered as stored, the
@@ -259,7 +304,11 @@ def fsdp_memory(
     workspace_bytes = dequant_workspace_bytes(model, training.precision)
     dequant = {"dequantized_weight": workspace_bytes} if workspace_bytes else {}
     params = m * shard(float_psi) + shard(q_stored) + q_constants
-    grads, optimizer = m * shard(psi_t), moments * shard(psi_t)
+    if training.optimizer_in_backward:
+        raise SpecError(f"optimizer_in_backward is modelled for one process without DDP or FSDP (torchtune's single-device "
+                        f"recipes), not stage {plan.stage} on {n} GPUs; use --stage 0 --gpus 1")
+    grads = m * shard(psi_t)
+    optimizer, paged_host = _optimizer_placement(model, training, optimizer_impl, moments, psi_t, n)
     unsharded_all = p * float_psi + q_stored
     root_p = p * groups.root
     head_grad = p * model.embedding_params if head_trains else 0
@@ -318,4 +367,33 @@ def fsdp_memory(
         )
     else:
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
-    return FsdpMemory(states=states, phases=phases, host_items=host)
+    return FsdpMemory(states=states, phases=phases, host_items={**host, **paged_host})
+
+
+def _in_backward_phases(training: TrainingSpec, plan: Plan, n: int, *, m: int, largest: int, optimizer_impl: str, on_gpu: bool,
+                        common: dict[str, int], loss_acts: int, layers_only: int) -> tuple[int, dict[str, dict[str, int]]]:
+    """(gradient bytes, phases) of one process that steps each parameter in its gradient hook.
+
+    torchtune (fef3ed10, recipes/full_finetune_single_device.py:277-284 and torchtune/utils/
+    memory.py:142-160, ``register_optim_in_bwd_hooks``) gives every parameter its own optimizer
+    and registers ``register_post_accumulate_grad_hook(optim_step)``, where ``optim_step`` runs
+    ``step()`` then ``zero_grad()`` (set_to_none): a gradient lives from its accumulation to the
+    end of its own step. Autograd accumulates one parameter at a time, so at most the largest
+    trainable tensor's gradient (m bytes each) and its step's temporaries are alive beside the
+    activations; there is no optimizer step after backward (measured on CPU:
+    benchmarks/results/optimizer_in_backward.txt). The head's gradient is stepped as soon as
+    it exists, so it is not held through the blocks' backward either.
+    """
+    if plan.stage > 1 or n > 1:
+        raise SpecError(f"optimizer_in_backward is modelled for one process without DDP or FSDP (torchtune's single-device "
+                        f"recipes), not stage {plan.stage} on {n} GPUs; use --stage 0 --gpus 1")
+    if plan.gradient_accumulation_steps > 1:
+        raise SpecError(f"optimizer_in_backward cannot accumulate gradients ({plan.gradient_accumulation_steps} micro-steps); "
+                        "use a global batch of micro_batch × GPUs")
+    temps = optimizer_step_temporaries(impl=optimizer_impl, optimizer=training.optimizer, partition_params=largest,
+                                       largest_param=largest, state_bytes=m, on_gpu=on_gpu)
+    in_flight = {"gradients": m * largest, **temps}
+    return m * largest, {
+        "loss_backward": {**common, "activations": loss_acts},
+        "block_backward": {**common, "activations": layers_only, **in_flight},
+    }

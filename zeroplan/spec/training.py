@@ -110,12 +110,22 @@ class TrainingSpec:
     """Attention kernel that does not keep the a·s² score matrix (SDPA/flash)."""
     loss: str = "hf"
     """How the loss is computed over the logits (:data:`LOSSES`): hf, plain, megatron, fused, chunked, chunked-compiled, tiled or trl."""
+    optimizer_in_backward: bool = False
+    """Each parameter is stepped by its own optimizer in its gradient hook and its gradient freed
+    there (torchtune's ``optimizer_in_bwd: True``; PyTorch's optimizer-in-backward tutorial):
+    no full set of gradients ever exists. One process, no gradient accumulation."""
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_positive_int("seq_len", self.seq_len, maximum=100_000_000)
         check_choice("loss", self.loss, LOSSES)
+        if not isinstance(self.optimizer_in_backward, bool):
+            raise SpecError(f"optimizer_in_backward={self.optimizer_in_backward!r} must be true or false")
+        if self.optimizer_in_backward and (self.grad_accum or 1) > 1:
+            # torchtune refuses it too (recipes/full_finetune_single_device.py:117-120 at fef3ed10).
+            raise SpecError(f"optimizer_in_backward steps every parameter in its gradient hook: it cannot accumulate "
+                            f"gradients (grad_accum={self.grad_accum}); use grad_accum 1 or drop optimizer_in_backward")
         if self.micro_batch is not None:
             check_positive_int("micro_batch", self.micro_batch, maximum=1_000_000)
         if self.global_batch is not None:
@@ -166,5 +176,6 @@ class TrainingSpec:
             "grad_accum": self.grad_accum,
             "flash_attention": self.flash_attention,
             "loss": self.loss,
+            "optimizer_in_backward": self.optimizer_in_backward,
         }
 
