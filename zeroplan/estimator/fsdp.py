@@ -218,9 +218,16 @@ def fsdp_memory(
     * block_backward (first block in backward): activations without the logits' term + the
       recompute working set; root parameters and the head's gradient, both p bytes, held until
       the root's post-backward; the block's and the prefetched block's parameters (stage 3) or
-      every block's (stage 2); the block's unsharded gradients (p) and reduce-scatter input (r).
+      every block's (stage 2); the block's unsharded gradients (p).
+    * block_reduce_scatter (that block's post-backward): its own saved and rebuilt activations
+      freed, its parameters resharded, its reduce-scatter input (r) beside the unsharded
+      gradients (p) and then beside the output (r/N) — never the block's activations and its
+      reduce-scatter buffers together (counting both read +11 % on gpu_check --cpu's FSDP2 row).
     * root_post_backward: every sharded gradient + the root's unsharded parameters and
-      gradients (p each) + its reduce-scatter input (r).
+      gradients (p each) + its reduce-scatter input (r). (The block rule above — parameters
+      resharded before the reduce — would drop the root's parameters here, but the measured
+      stage-3 + full-recompute probe, benchmarks/results/fsdp_memory.txt, reads -0.5 % with them
+      and -2.8 % without: not applied until that is understood.)
     * optimizer_step: the sharded gradients + :func:`optimizer_step_temporaries`.
 
     Stages 0–1 (DDP): parameters m·Ψ, DDP's gradient buckets m·Ψ (``Reducer``, a flat copy
@@ -324,7 +331,8 @@ def fsdp_memory(
         impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi_t), largest_param=shard(largest_t),
         state_bytes=m, on_gpu=on_gpu,
     )
-    sharded_grads_gpu = 0 if offload else grads
+    # The first block's own saved tensors (and, under recomputation, its rebuilt activations).
+    own_block_acts = min(layers_only, acts.per_layer + (acts.recompute_working_set if activation_total is None else 0))
     # Gradient accumulation with ``set_requires_gradient_sync(False)`` on all but the last
     # micro-step (the runtime's loop): no reduce-scatter runs, and each parameter keeps its
     # unsharded gradient, upcast to ``reduce_dtype`` (torch/distributed/fsdp/_fully_shard/
@@ -343,13 +351,25 @@ def fsdp_memory(
             "head_gradient": head_grad,
             "unsharded_params": gathered_blocks,
             "block_unsharded_gradients": p * block_t,
-            "reduce_scatter_input": r * block_t,
-            "sharded_gradients": 0 if offload else m * shard(block_t),
             **dequant,
             **acc_all,
         },
+        # The block's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+        # ``post_backward``): its backward has already freed its saved tensors (and the rebuilt
+        # ones under recomputation), it reshards its parameters first, then ``foreach_reduce``
+        # (_fsdp_collectives.py) copies the unsharded gradients into the reduce-scatter input,
+        # frees them, and allocates the output (r/N of the input; a full copy at N = 1).
+        "block_reduce_scatter": {
+            "activations": layers_only - own_block_acts,
+            "root_unsharded_params": root_p,
+            "head_gradient": head_grad,
+            "unsharded_params": gathered_blocks - block_bytes,
+            "reduce_scatter_input": r * block_t,
+            "block_unsharded_gradients": max(p * block_t, r * shard(block_t)),
+            **acc_all,
+        },
         "root_post_backward": {
-            "sharded_gradients": sharded_grads_gpu,
+            "sharded_gradients": 0 if offload else grads,
             "root_unsharded_params": root_p,
             "root_unsharded_gradients": p * root_t,
             "reduce_scatter_input": r * root_t,
