@@ -56,10 +56,13 @@ def measure(in_backward: bool) -> dict:
 
         for p in params:
             p.register_post_accumulate_grad_hook(optim_step)
-        states = lambda: [t for o in optims.values() for s in o.state.values() for t in s.values() if torch.is_tensor(t)]  # noqa: E731
+        optimizers = list(optims.values())
     else:
         optim = torch.optim.AdamW(params, lr=1e-4)
-        states = lambda: [t for s in optim.state.values() for t in s.values() if torch.is_tensor(t)]  # noqa: E731
+        optimizers = [optim]
+
+    def states() -> list:
+        return [t for o in optimizers for st in o.state.values() for t in st.values() if torch.is_tensor(t)]
 
     ids = torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQ))
 
