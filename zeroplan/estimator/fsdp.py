@@ -312,8 +312,7 @@ def fsdp_memory(
     dequant = {"dequantized_weight": workspace_bytes} if workspace_bytes else {}
     params = m * shard(float_psi) + shard(q_stored) + q_constants
     if training.optimizer_in_backward:
-        raise SpecError(f"optimizer_in_backward is modelled for one process without DDP or FSDP (torchtune's single-device "
-                        f"recipes), not stage {plan.stage} on {n} GPUs; use --stage 0 --gpus 1")
+        _check_in_backward(plan, n)
     grads = m * shard(psi_t)
     optimizer, paged_host = _optimizer_placement(model, training, optimizer_impl, moments, psi_t, n)
     unsharded_all = p * float_psi + q_stored
@@ -404,9 +403,7 @@ def _in_backward_phases(training: TrainingSpec, plan: Plan, n: int, *, m: int, l
     benchmarks/results/optimizer_in_backward.txt). The head's gradient is stepped as soon as
     it exists, so it is not held through the blocks' backward either.
     """
-    if plan.stage > 1 or n > 1:
-        raise SpecError(f"optimizer_in_backward is modelled for one process without DDP or FSDP (torchtune's single-device "
-                        f"recipes), not stage {plan.stage} on {n} GPUs; use --stage 0 --gpus 1")
+    _check_in_backward(plan, n)
     if plan.gradient_accumulation_steps > 1:
         raise SpecError(f"optimizer_in_backward cannot accumulate gradients ({plan.gradient_accumulation_steps} micro-steps); "
                         "use a global batch of micro_batch × GPUs")
@@ -417,3 +414,10 @@ def _in_backward_phases(training: TrainingSpec, plan: Plan, n: int, *, m: int, l
         "loss_backward": {**common, "activations": loss_acts},
         "block_backward": {**common, "activations": layers_only, **in_flight},
     }
+
+
+def _check_in_backward(plan: Plan, n: int) -> None:
+    """SpecError unless one process trains without DDP or FSDP, where optimizer in backward is modelled."""
+    if plan.stage > 1 or n > 1:
+        raise SpecError(f"optimizer_in_backward is modelled for one process without DDP or FSDP (torchtune's single-device "
+                        f"recipes), not stage {plan.stage} on {n} GPUs; use --stage 0 --gpus 1")
