@@ -88,6 +88,11 @@ def estimate_row(row: dict, workdir: Path) -> dict:
         global_batch=None, grad_accum=row.get("grad_accum", 1),
     )
     training = replace(training, flash_attention=row["flash_attention"])
+    if row.get("optimizer_in_backward"):
+        if "optimizer_in_backward" in {f.name for f in fields(TrainingSpec)}:
+            training = replace(training, optimizer_in_backward=True)
+        else:
+            fallback.append("optimizer_in_backward→off")
     if "loss" in {f.name for f in fields(TrainingSpec)}:
         training = replace(training, loss=row["loss"])
     elif row["loss"] != "hf":

@@ -12,7 +12,7 @@ from zeroplan.estimator.activations import loss_activation_bytes
 from zeroplan.estimator.plans import bucket_sizes
 from zeroplan.spec import ModelSpec, SpecError
 
-from helpers import ROOT
+from helpers import ROOT, benchmark
 
 
 def test_deepspeed_convention_is_deepspeeds_own_defaults():
@@ -73,3 +73,24 @@ def test_loss_choices_order():
     # Eager chunked cross-entropy keeps every chunk's fp32 log-softmax until backward: more than
     # Megatron's in-place softmax, less than one full fp32 upcast (benchmarks/results/loss_memory.txt).
     assert total["fused"] < total["megatron"] < total["chunked"] < total["plain"] < total["hf"]
+
+
+@pytest.mark.slow  # inductor compiles two graphs on CPU: 20-30 s on 2 busy cores
+def test_compiled_chunked_loss_matches_measurement():
+    """The compiled chunked loss's term against its CPU measurement (benchmarks/compiled_loss_memory.py:
+    inductor's saved tensors and the allocator's peak, independent of the formula)."""
+    pytest.importorskip("torch")
+    measure = benchmark("compiled_loss_memory").measure
+    model = ModelSpec(name="x", params=10**6, hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=1024,
+                      vocab_size=8000, tied_embeddings=True, gated_mlp=True)
+    n, v = 256, 8000
+    saved = {}
+    for loss, compiled in (("chunked", False), ("chunked-compiled", True)):
+        r = measure(compiled, b=1, s=n, v=v)
+        predicted = sum(loss_activation_bytes(model, seq_len=n, micro_batch=1, precision="bf16", loss=loss).values())
+        assert abs(predicted - r["peak_bytes"]) <= 0.01 * r["peak_bytes"], (loss, predicted, r)
+        saved[loss] = r["saved_bytes"]
+    # Eager autograd saves each chunk's fp32 log-softmax (4·N·V); the compiled graph the chunk's
+    # own bf16 logits (2·N·V) and row statistics (the labels and two fp32 vectors: under 1 %).
+    assert 4 * n * v <= saved["chunked"] <= 1.01 * 4 * n * v
+    assert 2 * n * v <= saved["chunked-compiled"] <= 1.01 * 2 * n * v

@@ -23,10 +23,10 @@ def test_gpu_check_cpu_mode(tmp_path):
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     (row,) = rows
     assert row["status"] == "ok" and row["memory_kind"] == "cpu-storage"
-    # The FSDP2 model against the real run's live tensor storage: measured +11.1 % on this machine
-    # (+8.2 % before the Llama RMSNorm's fp32 upcast, rsqrt and normalized copy were counted — that term
-    # is checked against autograd in tests/test_norms.py; the over-estimate it adds to lies elsewhere,
-    # open). An estimate under the measurement, or a further drift, fails.
+    # The FSDP2 model against the real run's live tensor storage: measured +8.2 % on this machine since
+    # a block's activations and its reduce-scatter buffers are no longer counted together (+11.1 % before;
+    # the peak is now the root's post-backward, whose own over-count is open: zeroplan.estimator.fsdp).
+    # An estimate under the measurement, or a further drift, fails.
     err = (row["estimated_allocated"] - row["measured_allocated"]) / row["measured_allocated"]
-    assert 0.0 <= err <= 0.12
+    assert 0.0 <= err <= 0.10
     assert "fsdp2-s3" in out.read_text()

@@ -44,7 +44,15 @@ def fsdp_settings(plan: Plan, training: TrainingSpec, *, world_size: int, optimi
         from zeroplan.estimator.optimizer import resolve_optimizer_impl
 
         resolve_optimizer_impl(optimizer_impl, engine="fsdp", plan=plan)
-        optimizer["fused"] = optimizer_impl == "torch-fused"
+        paged = {"bnb-paged": "bitsandbytes.optim.PagedAdamW", "bnb-paged-8bit": "bitsandbytes.optim.PagedAdamW8bit"}
+        if optimizer_impl in paged and training.optimizer in ("adamw", "adam"):
+            optimizer = {"type": paged[optimizer_impl],
+                         "note": "states of tensors >= 1e5 elements in CUDA unified memory (paged to host RAM when the GPU is full)"}
+        else:
+            optimizer["fused"] = optimizer_impl == "torch-fused"
+    if training.optimizer_in_backward:
+        optimizer["in_backward"] = ("one optimizer per parameter, stepped in register_post_accumulate_grad_hook and "
+                                    "its gradient freed there (torchtune optimizer_in_bwd)")
     if plan.stage <= 1:
         single = world_size == 1
         engine = {

@@ -179,11 +179,11 @@ BaseQuantOpt = Annotated[
 
 LossOpt = Annotated[
     Optional[str],
-    typer.Option("--loss", help="hf | plain | megatron | fused | chunked | tiled (ALST's tiled loss) | trl: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own; trl under a --recipe].", rich_help_panel=_TRAIN),
+    typer.Option("--loss", help="hf | plain | megatron | fused | chunked | chunked-compiled (torchtune's compile=True) | tiled (ALST's tiled loss) | trl: what the loss keeps over the logits (docs/estimate.md) [default: hf; a task's own; trl under a --recipe].", rich_help_panel=_TRAIN),
 ]
 OptimizerImplOpt = Annotated[
     Optional[str],
-    typer.Option("--optimizer-impl", help="torch | torch-forloop | torch-fused | deepspeed-fused | deepspeed-cpu: whose optimizer step runs (torch-forloop: foreach=False, torch < 2.0) [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp; a config without an optimizer block: torch].", rich_help_panel=_TRAIN),
+    typer.Option("--optimizer-impl", help="torch | torch-forloop | torch-fused | deepspeed-fused | deepspeed-cpu | bnb-paged | bnb-paged-8bit: whose optimizer step runs (torch-forloop: foreach=False, torch < 2.0; bnb-paged*: bitsandbytes' paged AdamW, states in unified memory, engine fsdp) [default: DeepSpeed's own (FusedAdam, CPU Adam with offload) under deepspeed, torch under fsdp; a config without an optimizer block: torch].", rich_help_panel=_TRAIN),
 ]
 BucketsOpt = Annotated[
     str,

@@ -182,8 +182,18 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
       ``F.cross_entropy(chunk.float(), ...)`` saves its fp32 log-softmax output until backward
       (4·N·V over all chunks), and the chunk being upcast adds 4·N·V/C: the peak is the end of
       the loss's forward, (e + 4 + 4/C)·N·V (measured to 0.01 %, benchmarks/results/loss_memory.txt).
-      Chunking saves only the full fp32 upcast and the 12·N·V of one backward; what torchtune's
-      compiled ``compute_cross_entropy`` saves instead is not measured here.
+      Chunking saves only the full fp32 upcast and the 12·N·V of one backward.
+    * ``chunked-compiled``: the same loss with torchtune's ``compile=True``: the recipe compiles
+      only ``compute_cross_entropy``, the chunk's ``F.cross_entropy(logits.float(), ...)``
+      (torchtune 1814feb17, recipes/lora_finetune_single_device.py:295-296 →
+      torchtune/training/_compile.py:74-77). AOTAutograd's partition of that graph saves the
+      chunk's e-byte logits themselves and two fp32 vectors of N/C (row max and log-sum-exp), not
+      the fp32 log-softmax, and fuses the upcast: the e-byte logits of every chunk stay alive
+      (saved) until each chunk's backward, which writes the chunk's e-byte gradient before the
+      saved chunk is released: e·N·V + e·N·V/C + 8·N (:func:`compiled_chunked_loss_bytes`).
+      Measured on CPU with inductor (benchmarks/results/compiled_loss_memory.txt: saved tensors
+      by ``saved_tensors_hooks``, the peak by the CPU allocator's own records): saved 2.001·N·V
+      bytes in bf16, peak 2.250·N·V, as predicted (eager chunked 6.500·N·V, as predicted).
     * ``tiled``: ALST's tiled loss, DeepSpeed's ``TiledFusedLogitsLoss`` (runtime/sequence_parallel/
       ulysses_sp.py) as ArcticTraining's SFT trainer drives it: ``num_shards = ceil(4·N·V / 2^30)``
       (about 1 GiB of fp32 logits per shard); each shard's head projection and Hugging Face loss run
@@ -212,7 +222,30 @@ def loss_activation_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, p
         from zeroplan.estimator.recipe_terms import trl_logprob_head_bytes
 
         return trl_logprob_head_bytes(tokens=n, vocab_size=v, hidden_size=h, precision=precision)
+    if loss == "chunked-compiled":
+        return compiled_chunked_loss_bytes(tokens=n, vocab_size=v, precision=precision)
     return {"output_logits": e * n * v, "saved_log_softmax": 4 * n * v, "chunk_upcast": 4 * n * v // LOSS_CHUNKS}
+
+
+def compiled_chunked_loss_bytes(*, tokens: int, vocab_size: int, precision: str, chunks: int = LOSS_CHUNKS) -> dict[str, int]:
+    """Bytes at the backward of torchtune's ``CEWithChunkedOutputLoss`` whose
+    ``compute_cross_entropy`` is ``torch.compile``d (``compile=True``), by tensor.
+
+    torchtune/training/_compile.py:74-77 (commit 1814feb17) compiles ``F.cross_entropy(
+    logits.float(), labels, reduction="sum")`` per chunk (torchtune/modules/loss/
+    ce_chunked_output_loss.py). The compiled graph saves for backward the chunk's own e-byte
+    logits and two fp32 vectors per row (max and log-sum-exp), where eager autograd saves the
+    fp32 log-softmax (measured with ``saved_tensors_hooks`` on CPU inductor, torch 2.13). So:
+
+    * ``output_logits``: e·N·V — every chunk's logits, held by the compiled graphs until the
+      chunk's backward (the recipe's ``del logits`` drops only its own reference);
+    * ``chunk_gradient``: e·N·V/C — the chunk's gradient, written while its saved logits are still
+      alive (chunk backwards run one after the other, each freeing its input as it ends);
+    * ``row_statistics``: 8·N — the saved max and log-sum-exp.
+    """
+    e = bytes_per_param(precision)
+    return {"output_logits": e * tokens * vocab_size, "chunk_gradient": e * tokens * vocab_size // chunks,
+            "row_statistics": 8 * tokens}
 
 
 def tiled_loss_shards(tokens: int, *, vocab_size: int) -> int:
@@ -396,6 +429,9 @@ def loss_backward_transients(loss_terms: dict[str, int]) -> int:
     if "shard_logits_and_gradients" in loss_terms:
         # Tiled: one shard's logits, fp32 copies and gradients, allocated and freed in the loss.
         return loss_terms["shard_logits_and_gradients"]
+    if "chunk_gradient" in loss_terms:
+        # Compiled chunked: one chunk's e-byte gradient at a time.
+        return loss_terms["chunk_gradient"]
     if "chunk_upcast" in loss_terms:
         # Eager chunked: one chunk's two fp32 gradients at a time; its logits are gone by backward.
         return 2 * loss_terms["chunk_upcast"]

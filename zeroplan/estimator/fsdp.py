@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.fsdp1 import flat_unit_gradients
 from zeroplan.estimator.memory import ModelStates
-from zeroplan.estimator.optimizer import optimizer_step_temporaries
+from zeroplan.estimator.optimizer import PAGED_IMPLS, optimizer_step_temporaries, paged_state_bytes
 from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, quantized_weight_bytes
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param, master_bytes_per_param
 
@@ -51,6 +51,7 @@ __all__ = [
     "fsdp_groups",
     "fsdp_memory",
     "check_fsdp_plan",
+    "trainable_tensor_numels",
 ]
 
 #: Bytes of the reduce-scatter in mixed precision (``MixedPrecisionPolicy(reduce_dtype=
@@ -96,6 +97,46 @@ def _trainable_split(model: ModelSpec) -> tuple[int, int, int, bool, int]:
         return psi_t, 0, -(-psi_t // model.num_layers), False, largest
     root_t = psi_t * groups.root // model.total_params
     return psi_t, root_t, -(-(psi_t - root_t) // model.num_layers), True, model.largest_layer_params
+
+
+def trainable_tensor_numels(model: ModelSpec) -> dict[int, int]:
+    """Element count → number of trainable tensors of that size (what bitsandbytes decides
+    per tensor: :func:`~zeroplan.estimator.optimizer.paged_state_bytes`).
+
+    LoRA adapters counted module by module: A is r × in, B is out × r. A full fine-tune: the
+    norm weights (two per block and the final one, h each) and one tensor holding the rest (the
+    matrices, all far above bitsandbytes' thresholds for any model worth paging). Other
+    adapters: their trainable count as one tensor.
+    """
+    peft = model.peft
+    if peft is None:
+        norms = min(model.params, (2 * model.num_layers + 1) * model.hidden_size)
+        rest = model.params - norms
+        out = {model.hidden_size: 2 * model.num_layers + 1} if norms else {}
+        if rest:
+            out[rest] = out.get(rest, 0) + 1
+        return out
+    if peft.method == "lora" and peft.adapted:
+        out: dict[int, int] = {}
+        for m in peft.adapted:
+            for numel in (m.rank * m.in_features, m.rank * m.out_features):
+                out[numel] = out.get(numel, 0) + m.count
+        extra = peft.trainable_params - sum(k * v for k, v in out.items())
+        if extra > 0:
+            out[extra] = out.get(extra, 0) + 1
+        return out
+    return {peft.trainable_params: 1}
+
+
+def _optimizer_placement(model: ModelSpec, training: TrainingSpec, impl: str, moments: int, count: int, shards: int) -> tuple[int, dict[str, int]]:
+    """(optimizer-state bytes in torch's allocator, host-backed items) for ``count`` trainable
+    parameters split over ``shards`` ranks: torch.optim's ``moments`` bytes each, or
+    bitsandbytes' paged states (device part in torch's allocator, unified part backed by host RAM)."""
+    if impl not in PAGED_IMPLS or training.optimizer not in ("adam", "adamw"):
+        return moments * -(-count // shards), {}
+    paged = paged_state_bytes(trainable_tensor_numels(model), impl=impl, optimizer=training.optimizer)
+    device = -(-(paged["device_states"] + paged["absmax"]) // shards)
+    return device, {"paged_optimizer_states": -(-paged["unified_states"] // shards)}
 
 
 def _quantized_base(model: ModelSpec) -> tuple[int, int, int]:
@@ -179,9 +220,16 @@ def fsdp_memory(
     * block_backward (first block in backward): activations without the logits' term + the
       recompute working set; root parameters and the head's gradient, both p bytes, held until
       the root's post-backward; the block's and the prefetched block's parameters (stage 3) or
-      every block's (stage 2); the block's unsharded gradients (p) and reduce-scatter input (r).
+      every block's (stage 2); the block's unsharded gradients (p).
+    * block_reduce_scatter (that block's post-backward): its own saved and rebuilt activations
+      freed, its parameters resharded, its reduce-scatter input (r) beside the unsharded
+      gradients (p) and then beside the output (r/N) — never the block's activations and its
+      reduce-scatter buffers together (counting both read +11 % on gpu_check --cpu's FSDP2 row).
     * root_post_backward: every sharded gradient + the root's unsharded parameters and
-      gradients (p each) + its reduce-scatter input (r).
+      gradients (p each) + its reduce-scatter input (r). (The block rule above — parameters
+      resharded before the reduce — would drop the root's parameters here, but the measured
+      stage-3 + full-recompute probe, benchmarks/results/fsdp_memory.txt, reads -0.5 % with them
+      and -2.8 % without: not applied until that is understood.)
     * optimizer_step: the sharded gradients + :func:`optimizer_step_temporaries`.
 
     Stages 0–1 (DDP): parameters m·Ψ, DDP's gradient buckets m·Ψ (``Reducer``, a flat copy
@@ -232,7 +280,7 @@ def fsdp_memory(
             quantized = model.peft.quantized_params
             params = parameter_bytes(model, "bf16-pure" if m == 2 else "fp32").total
             workspace = {"dequantized_weight": dequant_workspace_bytes(model, training.precision)}
-        optimizer = moments * (shard(psi_t) if plan.stage == 1 else psi_t)
+        optimizer, paged_host = _optimizer_placement(model, training, optimizer_impl, moments, psi_t, n if plan.stage == 1 else 1)
         # autocast casts each matmul weight once per forward (the cast cache) and the matmul's
         # backward saves it: every floating-point weight but the untied input embedding's, p bytes.
         cast_cache = p * (psi - quantized - (0 if model.tied_embeddings else model.embedding_params)) if p < m else 0
@@ -252,8 +300,12 @@ def fsdp_memory(
                                "head_gradient": m * model.embedding_params if head_trains else 0, **accumulated},
             "optimizer_step": {**bucket, "gradients": grads, **temps},
         }
+        if training.optimizer_in_backward:
+            grads, phases = _in_backward_phases(training, plan, n, m=m, largest=largest_t, optimizer_impl=optimizer_impl,
+                                                on_gpu=on_gpu, common={**bucket, "autocast_weight_casts": cast_cache},
+                                                loss_acts=loss_acts, layers_only=layers_only)
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
-        return FsdpMemory(states=states, phases=phases, host_items={})
+        return FsdpMemory(states=states, phases=phases, host_items=paged_host)
 
     offload = (plan.offload_optimizer == "cpu" or plan.offload_param == "cpu") and on_gpu
     # FSDP2 with a quantized base (QLoRA): the codes are sharded and all-gathered as stored, the
@@ -264,6 +316,8 @@ def fsdp_memory(
     workspace_bytes = dequant_workspace_bytes(model, training.precision)
     dequant = {"dequantized_weight": workspace_bytes} if workspace_bytes else {}
     params = m * shard(float_psi) + shard(q_stored) + q_constants
+    if training.optimizer_in_backward:
+        _check_in_backward(plan, n)
     if flat_units:
         # FSDP1 flat parameters (zeroplan.estimator.fsdp1): gradients, reduce-scatters and
         # accumulation cover every unit that holds a trainable parameter, whole; the optimizer
@@ -273,7 +327,8 @@ def fsdp_memory(
         grad_psi, root_g, block_g = units.total, units.root, units.block
     else:
         grad_psi, root_g, block_g = psi_t, root_t, block_t
-    grads, optimizer = m * shard(grad_psi), moments * shard(psi_t)
+    grads = m * shard(grad_psi)
+    optimizer, paged_host = _optimizer_placement(model, training, optimizer_impl, moments, psi_t, n)
     unsharded_all = p * float_psi + q_stored
     root_p = p * groups.root
     head_grad = p * model.embedding_params if head_trains else 0
@@ -289,7 +344,8 @@ def fsdp_memory(
         impl=optimizer_impl, optimizer=training.optimizer, partition_params=shard(psi_t), largest_param=shard(largest_t),
         state_bytes=m, on_gpu=on_gpu,
     )
-    sharded_grads_gpu = 0 if offload else grads
+    # The first block's own saved tensors (and, under recomputation, its rebuilt activations).
+    own_block_acts = min(layers_only, acts.per_layer + (acts.recompute_working_set if activation_total is None else 0))
     # Gradient accumulation with ``set_requires_gradient_sync(False)`` on all but the last
     # micro-step (the runtime's loop): no reduce-scatter runs, and each parameter keeps its
     # unsharded gradient, upcast to ``reduce_dtype`` (torch/distributed/fsdp/_fully_shard/
@@ -311,13 +367,25 @@ def fsdp_memory(
             "head_gradient": head_grad,
             "unsharded_params": gathered_blocks,
             "block_unsharded_gradients": p * block_g,
-            "reduce_scatter_input": r * block_g,
-            "sharded_gradients": 0 if offload else m * shard(block_g),
             **dequant,
             **acc_all,
         },
+        # The block's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+        # ``post_backward``): its backward has already freed its saved tensors (and the rebuilt
+        # ones under recomputation), it reshards its parameters first, then ``foreach_reduce``
+        # (_fsdp_collectives.py) copies the unsharded gradients into the reduce-scatter input,
+        # frees them, and allocates the output (r/N of the input; a full copy at N = 1).
+        "block_reduce_scatter": {
+            "activations": layers_only - own_block_acts,
+            "root_unsharded_params": root_p,
+            "head_gradient": head_grad,
+            "unsharded_params": gathered_blocks - block_bytes,
+            "reduce_scatter_input": r * block_g,
+            "block_unsharded_gradients": max(p * block_g, r * shard(block_g)),
+            **acc_all,
+        },
         "root_post_backward": {
-            "sharded_gradients": sharded_grads_gpu,
+            "sharded_gradients": 0 if offload else grads,
             "root_unsharded_params": root_p,
             "root_unsharded_gradients": p * root_g,
             "reduce_scatter_input": r * root_g,
@@ -335,4 +403,38 @@ def fsdp_memory(
         )
     else:
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
-    return FsdpMemory(states=states, phases=phases, host_items=host)
+    return FsdpMemory(states=states, phases=phases, host_items={**host, **paged_host})
+
+
+def _in_backward_phases(training: TrainingSpec, plan: Plan, n: int, *, m: int, largest: int, optimizer_impl: str, on_gpu: bool,
+                        common: dict[str, int], loss_acts: int, layers_only: int) -> tuple[int, dict[str, dict[str, int]]]:
+    """(gradient bytes, phases) of one process that steps each parameter in its gradient hook.
+
+    torchtune (fef3ed10, recipes/full_finetune_single_device.py:277-284 and torchtune/utils/
+    memory.py:142-160, ``register_optim_in_bwd_hooks``) gives every parameter its own optimizer
+    and registers ``register_post_accumulate_grad_hook(optim_step)``, where ``optim_step`` runs
+    ``step()`` then ``zero_grad()`` (set_to_none): a gradient lives from its accumulation to the
+    end of its own step. Autograd accumulates one parameter at a time, so at most the largest
+    trainable tensor's gradient (m bytes each) and its step's temporaries are alive beside the
+    activations; there is no optimizer step after backward (measured on CPU:
+    benchmarks/results/optimizer_in_backward.txt). The head's gradient is stepped as soon as
+    it exists, so it is not held through the blocks' backward either.
+    """
+    _check_in_backward(plan, n)
+    if plan.gradient_accumulation_steps > 1:
+        raise SpecError(f"optimizer_in_backward cannot accumulate gradients ({plan.gradient_accumulation_steps} micro-steps); "
+                        "use a global batch of micro_batch × GPUs")
+    temps = optimizer_step_temporaries(impl=optimizer_impl, optimizer=training.optimizer, partition_params=largest,
+                                       largest_param=largest, state_bytes=m, on_gpu=on_gpu)
+    in_flight = {"gradients": m * largest, **temps}
+    return m * largest, {
+        "loss_backward": {**common, "activations": loss_acts},
+        "block_backward": {**common, "activations": layers_only, **in_flight},
+    }
+
+
+def _check_in_backward(plan: Plan, n: int) -> None:
+    """SpecError unless one process trains without DDP or FSDP, where optimizer in backward is modelled."""
+    if plan.stage > 1 or n > 1:
+        raise SpecError(f"optimizer_in_backward is modelled for one process without DDP or FSDP (torchtune's single-device "
+                        f"recipes), not stage {plan.stage} on {n} GPUs; use --stage 0 --gpus 1")

@@ -10,13 +10,21 @@ from typing import Optional
 
 from zeroplan.spec import Plan, SpecError
 
-__all__ = ["OPTIMIZER_IMPLS", "TORCH_IMPLS", "ENGINE_OPTIMIZER_IMPLS", "default_optimizer_impl", "resolve_optimizer_impl", "optimizer_step_temporaries"]
+__all__ = [
+    "OPTIMIZER_IMPLS", "TORCH_IMPLS", "PAGED_IMPLS", "ENGINE_OPTIMIZER_IMPLS", "default_optimizer_impl", "resolve_optimizer_impl",
+    "optimizer_step_temporaries", "paged_state_bytes",
+]
 
 #: Optimizer implementations zeroplan models: torch.optim with its default choice (``torch``:
 #: foreach on CUDA, the for-loop on CPU), torch.optim forced to its for-loop (``torch-forloop``:
 #: ``foreach=False``, torch < 2.0's default, or a tensor learning rate), its fused kernel
-#: (``torch-fused``), DeepSpeed's FusedAdam (``deepspeed-fused``) and CPU Adam (``deepspeed-cpu``).
-OPTIMIZER_IMPLS = ("torch", "torch-forloop", "torch-fused", "deepspeed-fused", "deepspeed-cpu")
+#: (``torch-fused``), DeepSpeed's FusedAdam (``deepspeed-fused``) and CPU Adam (``deepspeed-cpu``),
+#: and bitsandbytes' paged AdamW with 32-bit states (``bnb-paged``: ``PagedAdamW``,
+#: ``PagedAdamW32bit``, Hugging Face's ``optim=paged_adamw_32bit``) or 8-bit states
+#: (``bnb-paged-8bit``: ``PagedAdamW8bit``, ``paged_adamw_8bit``): :func:`paged_state_bytes`.
+OPTIMIZER_IMPLS = ("torch", "torch-forloop", "torch-fused", "deepspeed-fused", "deepspeed-cpu", "bnb-paged", "bnb-paged-8bit")
+#: bitsandbytes' paged implementations (states in CUDA unified memory).
+PAGED_IMPLS = ("bnb-paged", "bnb-paged-8bit")
 #: The implementations that are torch.optim's Adam/AdamW (DeepSpeed's ``torch_adam`` path).
 TORCH_IMPLS = ("torch", "torch-forloop", "torch-fused")
 
@@ -79,10 +87,54 @@ def optimizer_step_temporaries(
 #: runs its own (config ``optimizer`` block) or a client optimizer (torch.optim, e.g. what Hugging
 #: Face's Trainer creates when the config has no ``optimizer`` block).
 ENGINE_OPTIMIZER_IMPLS = {
-    "deepspeed": OPTIMIZER_IMPLS,
-    "fsdp": ("torch", "torch-forloop", "torch-fused"),
-    "fsdp1": ("torch", "torch-forloop", "torch-fused"),
+    "deepspeed": ("torch", "torch-forloop", "torch-fused", "deepspeed-fused", "deepspeed-cpu"),
+    "fsdp": ("torch", "torch-forloop", "torch-fused", *PAGED_IMPLS),
+    "fsdp1": ("torch", "torch-forloop", "torch-fused", *PAGED_IMPLS),
 }
+
+#: bitsandbytes allocates a state buffer in unified memory only for tensors of at least this many
+#: elements; smaller ones get ordinary device tensors (bitsandbytes 0.50.2, optim/optimizer.py:383
+#: ``if not self.is_paged or p.numel() < 1e5: return torch.zeros_like(...)``).
+PAGED_MIN_NUMEL = 100_000
+#: 8-bit states: tensors under ``min_8bit_size`` keep fp32 states (optim/optimizer.py:502-503;
+#: ``min_8bit_size=4096``, optim/adamw.py ``PagedAdamW8bit``); the others one uint8 per element
+#: per moment plus one fp32 absmax per block of 256 (optim/optimizer.py:518-529).
+MIN_8BIT_SIZE = 4096
+BLOCKWISE_8BIT = 256
+
+
+def paged_state_bytes(tensor_numels: dict[int, int], *, impl: str, optimizer: str) -> dict[str, int]:
+    """Adam/AdamW state bytes of bitsandbytes' paged optimizers, split by where they live.
+
+    ``tensor_numels`` maps a trainable tensor's element count to how many such tensors there
+    are. bitsandbytes' ``Optimizer2State.init_state`` (0.50.2, optim/optimizer.py:495-529) makes
+    two state buffers per tensor through ``get_state_buffer`` (:374-388): a tensor of at least
+    1e5 elements gets ``F.get_paged`` — ``cget_managed_ptr``, i.e. ``cudaMallocManaged``
+    (functional.py:91-99), CUDA unified memory that torch's caching allocator never sees
+    (``max_memory_allocated``/``reserved`` leave it out) and the driver migrates to host RAM when
+    the GPU is full; smaller tensors get ordinary ``torch.zeros_like`` device tensors.
+
+    * ``bnb-paged`` (32-bit states, fp32 whatever the parameter's dtype): 8 bytes per element.
+    * ``bnb-paged-8bit``: tensors under 4096 elements keep fp32 states (8 B); the others one
+      uint8 per element per moment (2 B), paged or not by the 1e5 rule, plus two fp32 absmax
+      vectors of ⌈n/256⌉ (``torch.zeros`` on the device: always torch's).
+
+    Returns ``device_states`` (in torch's allocator), ``unified_states`` (paged) and
+    ``absmax`` (device); zeros for other optimizers (bitsandbytes' paged AdamW only).
+    """
+    if impl not in PAGED_IMPLS or optimizer not in ("adam", "adamw"):
+        return {"device_states": 0, "unified_states": 0, "absmax": 0}
+    device = unified = absmax = 0
+    for numel, count in tensor_numels.items():
+        if impl == "bnb-paged-8bit" and numel >= MIN_8BIT_SIZE:
+            per, absmax = 2 * numel, absmax + count * 2 * 4 * -(-numel // BLOCKWISE_8BIT)
+        else:
+            per = 8 * numel
+        if numel >= PAGED_MIN_NUMEL:
+            unified += count * per
+        else:
+            device += count * per
+    return {"device_states": device, "unified_states": unified, "absmax": absmax}
 
 
 def default_optimizer_impl(*, engine: str, plan: Plan, ds_config: Optional[dict] = None) -> str:
@@ -122,6 +174,8 @@ def resolve_optimizer_impl(impl: Optional[str], *, engine: str, plan: Plan) -> s
     offload = plan.offload_optimizer != "none"
     if impl == "deepspeed-cpu" and not offload:
         raise SpecError("optimizer_impl='deepspeed-cpu' (DeepSpeedCPUAdam) updates host tensors: it needs --offload-optimizer cpu or nvme")
+    if impl in PAGED_IMPLS and offload:
+        raise SpecError(f"optimizer_impl={impl!r} pages its states to host RAM itself: it is not combined with --offload-optimizer/--offload-param")
     if impl == "deepspeed-fused" and offload:
         raise SpecError("optimizer_impl='deepspeed-fused' (FusedAdam) runs on the GPU: with optimizer offload DeepSpeed uses deepspeed-cpu")
     return impl

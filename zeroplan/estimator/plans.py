@@ -272,6 +272,9 @@ def estimate_plan(
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not valid; choose one of {', '.join(ENGINES)}")
     check_engine_precision(engine, training.precision)
+    if training.optimizer_in_backward and engine != "fsdp":
+        raise SpecError(f"optimizer_in_backward (a step per parameter in its gradient hook) is modelled for engine fsdp's "
+                        f"single process only, not {engine}; use --engine fsdp --stage 0")
     # A model whose attention cannot run a fused kernel here saves the a·s² probabilities (gpt-oss, MLA on CPU).
     training = with_attention_kernel(model, training, device)
     if model_build is not None:

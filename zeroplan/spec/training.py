@@ -34,10 +34,11 @@ PURE_PRECISION_ENGINES = TORCH_ENGINES
 #: Loss implementations over the logits (zeroplan.estimator.activations.loss_activation_bytes):
 #: hf (a Hugging Face model's loss, logits returned), plain (log-softmax + NLL in fp32, logits
 #: dropped), megatron (vocab-parallel cross-entropy, in place), fused (Liger's fused linear
-#: cross-entropy), chunked (cross-entropy over logit chunks, torchtune's default of 8), tiled
-#: (ALST's tiled loss) and trl (TRL 1.x's fused LM head, ``add_fused_lm_head``: log-probs over
+#: cross-entropy), chunked (cross-entropy over logit chunks, torchtune's default of 8, eager),
+#: chunked-compiled (the same with torchtune's ``compile=True``, which compiles each chunk's
+#: upcast and cross-entropy), tiled (ALST's tiled loss) and trl (TRL 1.x's fused LM head, ``add_fused_lm_head``: log-probs over
 #: vocabulary tiles, which SFT, DPO and GRPO trainers all use).
-LOSSES = ("hf", "plain", "megatron", "fused", "chunked", "tiled", "trl")
+LOSSES = ("hf", "plain", "megatron", "fused", "chunked", "chunked-compiled", "tiled", "trl")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
 
 
@@ -112,13 +113,23 @@ class TrainingSpec:
     flash_attention: bool = True
     """Attention kernel that does not keep the a·s² score matrix (SDPA/flash)."""
     loss: str = "hf"
-    """How the loss is computed over the logits (:data:`LOSSES`): hf, plain, megatron, fused, chunked or trl."""
+    """How the loss is computed over the logits (:data:`LOSSES`): hf, plain, megatron, fused, chunked, chunked-compiled, tiled or trl."""
+    optimizer_in_backward: bool = False
+    """Each parameter is stepped by its own optimizer in its gradient hook and its gradient freed
+    there (torchtune's ``optimizer_in_bwd: True``; PyTorch's optimizer-in-backward tutorial):
+    no full set of gradients ever exists. One process, no gradient accumulation."""
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_positive_int("seq_len", self.seq_len, maximum=100_000_000)
         check_choice("loss", self.loss, LOSSES)
+        if not isinstance(self.optimizer_in_backward, bool):
+            raise SpecError(f"optimizer_in_backward={self.optimizer_in_backward!r} must be true or false")
+        if self.optimizer_in_backward and (self.grad_accum or 1) > 1:
+            # torchtune refuses it too (recipes/full_finetune_single_device.py:117-120 at fef3ed10).
+            raise SpecError(f"optimizer_in_backward steps every parameter in its gradient hook: it cannot accumulate "
+                            f"gradients (grad_accum={self.grad_accum}); use grad_accum 1 or drop optimizer_in_backward")
         if self.micro_batch is not None:
             check_positive_int("micro_batch", self.micro_batch, maximum=1_000_000)
         if self.global_batch is not None:
@@ -169,5 +180,6 @@ class TrainingSpec:
             "grad_accum": self.grad_accum,
             "flash_attention": self.flash_attention,
             "loss": self.loss,
+            "optimizer_in_backward": self.optimizer_in_backward,
         }
 
