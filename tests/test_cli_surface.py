@@ -5,6 +5,7 @@ A flag may be added (add it here too); one that disappears or is renamed fails t
 
 from __future__ import annotations
 
+import pytest
 import typer.main
 
 from zeroplan.cli import app
@@ -13,6 +14,7 @@ from zeroplan.cli import app
 SURFACE = {
     "calibrate": ((), {
         "--deepspeed-adam", "--device", "--engine", "--gpus", "--micro-batch", "--no-engine", "--output",
+        "--engine-steps", "--no-engine-steps",
         "--precision", "--quick", "--task", "--torch-adam", "-o",
     }),
     "doctor": (('logs',), {
@@ -104,3 +106,35 @@ def test_every_command_takes_h_for_help():
     for name, cmd in group.commands.items():
         with click.Context(cmd, info_name=name, parent=click.Context(group, info_name="zeroplan", **app.info.context_settings)) as ctx:
             assert sorted(cmd.get_help_option(ctx).opts) == ["--help", "-h"], name
+
+
+def _parse(command: str, args: list[str]) -> dict:
+    """The values click parses for ``args`` (before the option groups are built), and the visible help."""
+    from typer import _click as click
+
+    group = typer.main.get_command(app)
+    cmd = group.commands[command]
+    parent = click.Context(group, info_name="zeroplan", **app.info.context_settings)
+    with cmd.make_context(command, list(args), parent=parent, resilient_parsing=True) as ctx:
+        return dict(ctx.params), cmd.get_help(ctx)
+
+
+@pytest.mark.parametrize("command", ["probe", "tune"])
+def test_engine_is_the_one_name_and_backend_its_hidden_old_spelling(command):
+    from zeroplan.cli.options import EngineOptions
+
+    new, help_text = _parse(command, ["x.py", "--engine", "fsdp"])
+    old, _ = _parse(command, ["x.py", "--backend", "fsdp"])
+    pick = lambda p: EngineOptions(engine=p["engine"], backend=p["backend"]).name  # noqa: E731
+    assert pick(new) == pick(old) == "fsdp" and pick(_parse(command, ["x.py"])[0]) == "deepspeed"
+    rows = [line.lstrip() for line in help_text.splitlines()]
+    assert any(r.startswith("--engine <str>") for r in rows) and not any(r.startswith("--backend") for r in rows)
+
+
+def test_calibrate_engine_steps_and_its_old_spelling():
+    """``--engine`` is deepspeed|fsdp elsewhere; calibrate's switch is ``--engine-steps``, ``--no-engine`` still parses."""
+    default, help_text = _parse("calibrate", [])
+    assert (default["engine_steps"], default["engine"]) == (True, None)
+    assert _parse("calibrate", ["--no-engine-steps"])[0]["engine_steps"] is False
+    assert _parse("calibrate", ["--no-engine"])[0]["engine"] is False
+    assert "--engine-steps / --no-engine-steps" in help_text and "--engine / --no-engine" not in help_text
