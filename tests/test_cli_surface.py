@@ -138,3 +138,18 @@ def test_calibrate_engine_steps_and_its_old_spelling():
     assert _parse("calibrate", ["--no-engine-steps"])[0]["engine_steps"] is False
     assert _parse("calibrate", ["--no-engine"])[0]["engine"] is False
     assert "--engine-steps / --no-engine-steps" in help_text and "--engine / --no-engine" not in help_text
+
+
+def test_engine_means_deepspeed_or_fsdp_on_every_command_that_plans_or_runs_one():
+    """One name per concept: ``--engine`` takes deepspeed|fsdp wherever it appears except calibrate
+    (a hidden old switch there), and ``--backend`` is never shown."""
+    group = typer.main.get_command(app)
+    with_engine = set()
+    for name, cmd in group.commands.items():
+        for param in cmd.params:
+            if "--engine" in param.opts and name != "calibrate":
+                assert not param.is_flag and param.default == "deepspeed" and not param.hidden, name
+                with_engine.add(name)
+            if "--backend" in param.opts or "--engine" in getattr(param, "opts", ()) and name == "calibrate":
+                assert param.hidden, name
+    assert with_engine == {"estimate", "export", "probe", "tune"}
