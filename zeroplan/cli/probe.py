@@ -183,10 +183,10 @@ def _report(result, plan, *, format: str, output) -> None:
 def probe(
     ctx: typer.Context,
     script: Annotated[Path, typer.Argument(help="DeepSpeed training script, or a zeroplan task (defines zeroplan_task()).")],
-    config: ConfigOpt = None, cluster_opts: ProbeCluster = None, engine_opts: ProbeEngine = None, steps: StepsOpt = 5,
+    config: ConfigOpt = None, cluster_opts: ProbeCluster = None, model_opts: ModelOptions = None, steps: StepsOpt = 5,
     warmup: WarmupOpt = 2, timeout: TimeoutOpt = 300.0, config_arg: ConfigArgOpt = "--deepspeed_config", workdir: WorkdirOpt = None,
-    torchrun_arg: TorchrunArgOpt = None, model_opts: ModelOptions = None, training_opts: ProbeTraining = None,
-    plan_opts: ProbePlan = None, recipe_opts: RecipeOptions = None, peft_opts: PeftGroup = None, format: ProbeFormatOpt = "table",
+    torchrun_arg: TorchrunArgOpt = None, training_opts: ProbeTraining = None, plan_opts: ProbePlan = None,
+    engine_opts: ProbeEngine = None, recipe_opts: RecipeOptions = None, peft_opts: PeftGroup = None, format: ProbeFormatOpt = "table",
     output: OutputOpt = None, verbose: VerboseOpt = False, nnodes: NnodesOpt = 1, launcher: LauncherOpt = None,
     node_rank: NodeRankOpt = None, rdzv_endpoint: RdzvEndpointOpt = None, rdzv_timeout: RdzvTimeoutOpt = 120.0,
     sp: SpProbeOpt = 1, tp: TpProbeOpt = 1,
