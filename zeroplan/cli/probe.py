@@ -25,11 +25,10 @@ from zeroplan.cli.common import (
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
-from zeroplan.runtime.probe_setup import check_probe_config
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
 from zeroplan.spec import GiB, SpecError
 
-__all__ = ["check_probe_config", "probe"]
+__all__ = ["probe"]
 
 _PROBE = "Probe"
 ConfigOpt = Annotated[
