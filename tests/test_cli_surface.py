@@ -153,3 +153,21 @@ def test_engine_means_deepspeed_or_fsdp_on_every_command_that_plans_or_runs_one(
             if "--backend" in param.opts or "--engine" in getattr(param, "opts", ()) and name == "calibrate":
                 assert param.hidden, name
     assert with_engine == {"estimate", "export", "probe", "tune"}
+
+
+def test_one_name_per_concept_across_commands():
+    """An option spelling means the same parameter on every command, and a parameter has the same
+    spellings everywhere; the one exception is calibrate's hidden old ``--engine/--no-engine`` switch."""
+    from collections import defaultdict
+
+    group = typer.main.get_command(app)
+    names, spellings = defaultdict(set), defaultdict(set)
+    for command, cmd in group.commands.items():
+        for param in cmd.params:
+            if param.param_type_name != "option" or (command, param.name) == ("calibrate", "engine"):
+                continue
+            spellings[param.name].add((tuple(param.opts), tuple(param.secondary_opts)))
+            for opt in param.opts:
+                names[opt].add(param.name)
+    assert {o: n for o, n in names.items() if len(n) > 1} == {}
+    assert {n: s for n, s in spellings.items() if len(s) > 1} == {}

@@ -164,10 +164,10 @@ def _run(request, *, verbose: bool):
         return run_probe(request, on_line=show)
 
 
-def _report(result, plan, *, format: str, output) -> None:
+def _report(result, plan, *, fmt: str, output) -> None:
     from rich.console import Console
 
-    if format == "json":
+    if fmt == "json":
         write_output(json.dumps(result.as_dict(), indent=2), output)
     elif output is None:
         _render_table(result, plan, Console(width=terminal_width(120)))
@@ -185,7 +185,7 @@ def probe(
     config: ConfigOpt = None, cluster_opts: ProbeCluster = None, model_opts: ModelOptions = None, steps: StepsOpt = 5,
     warmup: WarmupOpt = 2, timeout: TimeoutOpt = 300.0, config_arg: ConfigArgOpt = "--deepspeed_config", workdir: WorkdirOpt = None,
     torchrun_arg: TorchrunArgOpt = None, training_opts: ProbeTraining = None, plan_opts: ProbePlan = None,
-    engine_opts: ProbeEngine = None, recipe_opts: RecipeOptions = None, peft_opts: PeftGroup = None, format: ProbeFormatOpt = "table",
+    engine_opts: ProbeEngine = None, recipe_opts: RecipeOptions = None, peft_opts: PeftGroup = None, fmt: ProbeFormatOpt = "table",
     output: OutputOpt = None, verbose: VerboseOpt = False, nnodes: NnodesOpt = 1, launcher: LauncherOpt = None,
     node_rank: NodeRankOpt = None, rdzv_endpoint: RdzvEndpointOpt = None, rdzv_timeout: RdzvTimeoutOpt = 120.0,
     sp: SpProbeOpt = 1, tp: TpProbeOpt = 1,
@@ -199,7 +199,7 @@ def probe(
     from zeroplan.runtime import ProbeRequest, script_kind
     from zeroplan.runtime.probe_setup import ProbeChoices, probe_setup
 
-    check_choice_option("--format", format, ("table", "json"))
+    check_choice_option("--format", fmt, ("table", "json"))
     backend = engine_opts.name
     check_choice_option(engine_opts.flag, backend, ("deepspeed", "fsdp"))
     require_runtime("probe")
@@ -241,6 +241,6 @@ def probe(
         recipe=recipe_opts.resolve(), peft_flags=peft_flags, launcher=local_launcher(launcher),
     )
     result = _run(request, verbose=verbose)
-    _report(result, setup.plan, format=format, output=output)
+    _report(result, setup.plan, fmt=fmt, output=output)
     if result.status != "ok":
         raise typer.Exit(1)
