@@ -9,14 +9,10 @@ from typing import Annotated, Any, List, Optional
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import (
-    PeftOptions, RunGpusOpt, check_choice_option, check_plan_options, require_runtime, resolve_engine_options, resolve_gpus,
-    resolve_layout_options, resolve_training, terminal_width,
-)
+from zeroplan.cli.common import RunGpusOpt, check_choice_option, require_runtime, terminal_width
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
-from zeroplan.cli.recipe_options import resolve_recipe
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import print_summary
 from zeroplan.cli.tune_view import TuneRender
@@ -97,8 +93,8 @@ def tune(
     flags = {name: value for name, value in locals().items() if not name.endswith("_opts")}
     for group in (cluster_opts, model_opts, training_opts, plan_opts, peft_opts, engine_opts, recipe_opts):
         flags.update((f.name, getattr(group, f.name)) for f in dataclasses.fields(group))
-    flags["backend"], flags["engine_flag"] = engine_opts.name, engine_opts.flag
-    request = _request(flags)  # every option as parsed, by parameter name
+    request = _request(flags, plan=plan_opts, engine=engine_opts, cluster=cluster_opts, training=training_opts, peft=peft_opts,
+                       recipe=recipe_opts)  # every option as parsed, by parameter name, and their groups
     if request is None:
         return  # a Slurm script written, or this node followed node 0's probes
     from rich.console import Console
@@ -114,7 +110,8 @@ def tune(
     print_summary(console, outcome.frame, outcome.summary, outcome.output, outcome.gpus, trainer=outcome.trainer)
 
 
-def _request(flags: dict[str, Any]) -> Any:
+def _request(flags: dict[str, Any], *, plan: PlanOptions, engine: EngineOptions, cluster: ClusterOptions, training: TrainingOptions,
+             peft: PeftGroup, recipe: RecipeOptions) -> Any:
     """The flags checked (in the order the command always checked them) and turned into a
     :class:`~zeroplan.tuner.request.TuneRequest`; None when the run ends here: ``--emit-sbatch``
     wrote its script, or a node other than 0 followed node 0's probes."""
@@ -125,24 +122,16 @@ def _request(flags: dict[str, Any]) -> Any:
 
     f = flags
     script = f["script"]
-    check_plan_options(stage=f["stage"], offload_optimizer=f["offload_optimizer"], offload_param=f["offload_param"], checkpointing=f["checkpointing"])
-    check_choice_option(f["engine_flag"], f["backend"], ("deepspeed", "fsdp"))
+    plan.check()
+    check_choice_option(engine.flag, engine.name, ("deepspeed", "fsdp"))
     check_tune_precision(f["precision"])
-    gpus = resolve_gpus(f["gpus"], runs_here=True)
-    plan_buckets = resolve_engine_options(
-        engine=f["backend"], engine_flag=f["engine_flag"], optimizer_impl=f["optimizer_impl"], loss=f["loss"], offload_optimizer=f["offload_optimizer"],
-        offload_param=f["offload_param"], buckets=f["buckets"], reduce_bucket_size=f["reduce_bucket_size"],
-        allgather_bucket_size=f["allgather_bucket_size"], prefetch_bucket_size=f["prefetch_bucket_size"], overlap_comm=f["overlap_comm"],
-    )
+    gpus = cluster.world(runs_here=True)
+    plan_buckets = engine.resolve(plan)
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
     # The batch flags are checked before the task is loaded or this machine measured (seconds each):
     # the training spec's own checks, and --global-batch against --gpus as the space divides it.
-    micro_batch_choices(
-        resolve_training(precision=f["precision"], optimizer=f["optimizer"], seq_len=f["seq_len"] or 2048, micro_batch=f["micro_batch"],
-                         global_batch=f["global_batch"], grad_accum=f["grad_accum"]),
-        gpus,
-    )
+    micro_batch_choices(dataclasses.replace(training, seq_len=training.seq_len or 2048).resolve(), gpus)
     if f["timeout"] <= 0:
         raise SpecError(f"--timeout {f['timeout']:g} is not valid; give seconds > 0")
     if f["steps"] < 1 or f["warmup"] < 0:
@@ -153,8 +142,8 @@ def _request(flags: dict[str, Any]) -> Any:
     if output.exists() and not output.is_dir():
         raise SpecError(f"--output {output} is a file; give a folder")
     kind = script_kind(script)
-    if f["backend"] == "fsdp" and kind != "task":
-        flag = f["engine_flag"]
+    if engine.name == "fsdp" and kind != "task":
+        flag = engine.flag
         raise SpecError(f"{flag} fsdp runs zeroplan tasks only, and {script} defines no zeroplan_task(); use {flag} deepspeed")
     nproc, nodes = _nodes(gpus, f)
     if nproc is None:
@@ -167,15 +156,13 @@ def _request(flags: dict[str, Any]) -> Any:
         script=script, script_kind=kind, gpus=gpus, nproc=nproc, script_args=tuple(f["script_args"] or ()), nodes=nodes,
         launcher=local_launcher(f["launcher"]), gpu=f["gpu"], gpu_memory_gib=f["gpu_memory"], cpu_memory_gib=f["cpu_memory"],
         nvme_gib=f["nvme"], node=f["node"], params=f["params"], model=f["model"], precision=f["precision"],
-        peft=PeftOptions(f["lora_rank"], f["lora_targets"], f["lora_alpha"], f["adapter"], f["trainable_params"], f["base_quant"]),
+        peft=peft.spec(),
         optimizer=f["optimizer"], seq_len=f["seq_len"], micro_batch=f["micro_batch"], global_batch=f["global_batch"],
-        grad_accum=f["grad_accum"], loss=f["loss"], engine=f["backend"], stage=f["stage"], offload_optimizer=f["offload_optimizer"],
+        grad_accum=f["grad_accum"], loss=f["loss"], engine=engine.name, stage=f["stage"], offload_optimizer=f["offload_optimizer"],
         offload_param=f["offload_param"], checkpointing=f["checkpointing"], nvme_path=f["nvme_path"], bucket_sizes=searched_buckets,
         optimizer_impl=f["optimizer_impl"], buckets=plan_buckets, settings=settings, sampler=f["sampler"], seed=f["seed"],
         steps=f["steps"], warmup=f["warmup"], ci=f["ci"], resume=f["resume"], storage=f["storage"], output=output, config=f["config"],
-        config_arg=f["config_arg"], layout=resolve_layout_options(f["sp"], f["tp"]),
-        recipe=resolve_recipe(f["recipe"], generations=f["generations"], completion_len=f["completion_len"],
-                              vllm_gpu_memory=f["vllm_gpu_memory"], vllm_sleep=f["vllm_sleep"], reference=f["reference"]),
+        config_arg=f["config_arg"], layout=plan.layout(), recipe=recipe.resolve(),
     )
 
 
