@@ -5,6 +5,7 @@ A flag may be added (add it here too); one that disappears or is renamed fails t
 
 from __future__ import annotations
 
+import pytest
 import typer.main
 
 from zeroplan.cli import app
@@ -13,6 +14,7 @@ from zeroplan.cli import app
 SURFACE = {
     "calibrate": ((), {
         "--deepspeed-adam", "--device", "--engine", "--gpus", "--micro-batch", "--no-engine", "--output",
+        "--engine-steps", "--no-engine-steps",
         "--precision", "--quick", "--task", "--torch-adam", "-o",
     }),
     "doctor": (('logs',), {
@@ -104,3 +106,68 @@ def test_every_command_takes_h_for_help():
     for name, cmd in group.commands.items():
         with click.Context(cmd, info_name=name, parent=click.Context(group, info_name="zeroplan", **app.info.context_settings)) as ctx:
             assert sorted(cmd.get_help_option(ctx).opts) == ["--help", "-h"], name
+
+
+def _parse(command: str, args: list[str]) -> dict:
+    """The values click parses for ``args`` (before the option groups are built), and the visible help."""
+    from typer import _click as click
+
+    group = typer.main.get_command(app)
+    cmd = group.commands[command]
+    parent = click.Context(group, info_name="zeroplan", **app.info.context_settings)
+    with cmd.make_context(command, list(args), parent=parent, resilient_parsing=True) as ctx:
+        return dict(ctx.params), cmd.get_help(ctx)
+
+
+@pytest.mark.parametrize("command", ["probe", "tune"])
+def test_engine_is_the_one_name_and_backend_its_hidden_old_spelling(command):
+    from zeroplan.cli.options import EngineOptions
+
+    new, help_text = _parse(command, ["x.py", "--engine", "fsdp"])
+    old, _ = _parse(command, ["x.py", "--backend", "fsdp"])
+    pick = lambda p: EngineOptions(engine=p["engine"], backend=p["backend"]).name  # noqa: E731
+    assert pick(new) == pick(old) == "fsdp" and pick(_parse(command, ["x.py"])[0]) == "deepspeed"
+    rows = [line.lstrip() for line in help_text.splitlines()]
+    assert any(r.startswith("--engine <str>") for r in rows) and not any(r.startswith("--backend") for r in rows)
+
+
+def test_calibrate_engine_steps_and_its_old_spelling():
+    """``--engine`` is deepspeed|fsdp elsewhere; calibrate's switch is ``--engine-steps``, ``--no-engine`` still parses."""
+    default, help_text = _parse("calibrate", [])
+    assert (default["engine_steps"], default["engine"]) == (True, None)
+    assert _parse("calibrate", ["--no-engine-steps"])[0]["engine_steps"] is False
+    assert _parse("calibrate", ["--no-engine"])[0]["engine"] is False
+    assert "--engine-steps / --no-engine-steps" in help_text and "--engine / --no-engine" not in help_text
+
+
+def test_engine_means_deepspeed_or_fsdp_on_every_command_that_plans_or_runs_one():
+    """One name per concept: ``--engine`` takes deepspeed|fsdp wherever it appears except calibrate
+    (a hidden old switch there), and ``--backend`` is never shown."""
+    group = typer.main.get_command(app)
+    with_engine = set()
+    for name, cmd in group.commands.items():
+        for param in cmd.params:
+            if "--engine" in param.opts and name != "calibrate":
+                assert not param.is_flag and param.default == "deepspeed" and not param.hidden, name
+                with_engine.add(name)
+            if "--backend" in param.opts or "--engine" in getattr(param, "opts", ()) and name == "calibrate":
+                assert param.hidden, name
+    assert with_engine == {"estimate", "export", "probe", "tune"}
+
+
+def test_one_name_per_concept_across_commands():
+    """An option spelling means the same parameter on every command, and a parameter has the same
+    spellings everywhere; the one exception is calibrate's hidden old ``--engine/--no-engine`` switch."""
+    from collections import defaultdict
+
+    group = typer.main.get_command(app)
+    names, spellings = defaultdict(set), defaultdict(set)
+    for command, cmd in group.commands.items():
+        for param in cmd.params:
+            if param.param_type_name != "option" or (command, param.name) == ("calibrate", "engine"):
+                continue
+            spellings[param.name].add((tuple(param.opts), tuple(param.secondary_opts)))
+            for opt in param.opts:
+                names[opt].add(param.name)
+    assert {o: n for o, n in names.items() if len(n) > 1} == {}
+    assert {n: s for n, s in spellings.items() if len(s) > 1} == {}

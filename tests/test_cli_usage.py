@@ -236,7 +236,7 @@ def test_probe_refuses_a_config_validate_rejects_before_launching(tmp_path, caps
 def test_probe_says_why_an_nvme_config_reads_as_cpu_offload(tmp_path):
     """Stage 2 with offload_optimizer nvme runs as a CPU offload (DeepSpeed's stage_1_and_2.py), so
     its plan reads z2+opt:cpu; probe says so in a note (ZP204) instead of leaving the label unexplained."""
-    from zeroplan.cli.probe import check_probe_config
+    from zeroplan.runtime.probe_setup import check_probe_config
     from zeroplan.dsconfig import load_config, plan_from_config
 
     config = _config(tmp_path, stage=2, offload_optimizer={"device": "nvme", "nvme_path": "/tmp"})

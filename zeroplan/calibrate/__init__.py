@@ -6,7 +6,7 @@ worker processes it spawns.
 """
 
 from zeroplan.calibrate.fit import CollectiveFit, fit_latency_bandwidth, ring_bytes
-from zeroplan.calibrate.run import CalibrationError, CalibrationOptions, CalibrationResult, calibrate, planned_steps
+from zeroplan.calibrate.run import CalibrationError, CalibrationOptions, CalibrationResult, calibrate, default_processes, planned_steps
 
 __all__ = [
     "CalibrationError",
@@ -14,6 +14,7 @@ __all__ = [
     "CalibrationResult",
     "CollectiveFit",
     "calibrate",
+    "default_processes",
     "fit_latency_bandwidth",
     "planned_steps",
     "ring_bytes",

@@ -24,7 +24,7 @@ from typing import Any
 from zeroplan.calibrate.fit import CollectiveFit, fit_latency_bandwidth, ring_bytes
 from zeroplan.spec import GpuSpec, SpecError
 
-__all__ = ["CalibrationOptions", "CalibrationResult", "CalibrationError", "calibrate", "planned_steps"]
+__all__ = ["CalibrationOptions", "CalibrationResult", "CalibrationError", "calibrate", "default_processes", "planned_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -138,6 +138,14 @@ def _cpu_adam_built() -> bool:
         return (Path(_get_build_directory("cpu_adam", verbose=False)) / "cpu_adam.so").exists()
     except Exception:  # private helper; any failure just means "not known to be built"
         return False
+
+
+def default_processes(device: str) -> int:
+    """Processes to measure with when ``--gpus`` is not given: this machine's CUDA devices (unless
+    ``device`` is cpu), else 2 ranks sharing the CPU."""
+    import torch
+
+    return torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 2
 
 
 def calibrate(options: CalibrationOptions, *, progress: bool = True) -> CalibrationResult:
@@ -326,7 +334,7 @@ def _engine_terms(gpu: GpuSpec, engine: dict | None, options: CalibrationOptions
     from zeroplan.calibrate.fit import fixed_and_per_sample
 
     if not options.engine:
-        cal["engine"] = "skipped (--no-engine): step_overhead_s = 0"
+        cal["engine"] = "skipped (--no-engine-steps): step_overhead_s = 0"
         return gpu
     if not engine or "error" in engine:
         cal["engine"] = f"not measured: {engine.get('error') if engine else 'no result'}; step_overhead_s = 0"

@@ -13,23 +13,8 @@ from typing import Annotated, Optional
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import (
-    CpuMemoryOpt,
-    GlobalBatchOpt,
-    GpuMemoryOpt,
-    GpuOpt,
-    MicroBatchOpt,
-    ModelOpt,
-    OptimizerOpt,
-    OutputOpt,
-    ParamsOpt,
-    PrecisionOpt,
-    SeqLenOpt,
-    check_choice_option,
-    resolve_model,
-    resolve_training,
-    write_output,
-)
+from zeroplan.cli.common import OutputOpt, check_choice_option, resolve_model, write_output
+from zeroplan.cli.options import ClusterOptions, ModelOptions, Take, TrainingOptions, grouped
 from zeroplan.spec import SpecError
 
 __all__ = ["doctor"]
@@ -44,23 +29,16 @@ ConfigOpt = Annotated[
 ]
 
 
+DoctorCluster = Annotated[ClusterOptions, Take(only=("gpus", "gpu", "gpu_memory", "cpu_memory"), options={"gpus": DoctorGpusOpt})]
+DoctorTraining = Annotated[TrainingOptions, Take(only=("seq_len", "micro_batch", "global_batch", "precision", "optimizer"))]
+LogsArg = Annotated[list[str], typer.Argument(help="Log file(s), a folder of rank logs, a trainer_state.json, or - for stdin.", show_default=False)]
+
+
 @app.command()
+@grouped
 def doctor(
-    logs: Annotated[list[str], typer.Argument(help="Log file(s), a folder of rank logs, a trainer_state.json, or - for stdin.", show_default=False)],
-    config: ConfigOpt = None,
-    params: ParamsOpt = None,
-    model: ModelOpt = None,
-    gpus: DoctorGpusOpt = None,
-    gpu: GpuOpt = None,
-    gpu_memory: GpuMemoryOpt = None,
-    cpu_memory: CpuMemoryOpt = None,
-    seq_len: SeqLenOpt = 2048,
-    micro_batch: MicroBatchOpt = None,
-    global_batch: GlobalBatchOpt = None,
-    precision: PrecisionOpt = "bf16",
-    optimizer: OptimizerOpt = "adamw",
-    fmt: DoctorFormatOpt = "table",
-    output: OutputOpt = None,
+    logs: LogsArg, config: ConfigOpt = None, model_opts: ModelOptions = None, cluster_opts: DoctorCluster = None,
+    training_opts: DoctorTraining = None, fmt: DoctorFormatOpt = "table", output: OutputOpt = None,
 ) -> None:
     """Say why a training run died, from its logs, and which plan fixes it.
 
@@ -78,6 +56,8 @@ def doctor(
     check_choice_option("--format", fmt, ("table", "json"))
     if output is not None and fmt != "json":
         raise SpecError("--output needs --format json (the table prints to the terminal)")
+    params, model, gpus = model_opts.params, model_opts.model, cluster_opts.gpus
+    gpu, gpu_memory, cpu_memory = cluster_opts.gpu, cluster_opts.gpu_memory, cluster_opts.cpu_memory
     if gpus is not None and gpus < 1:
         raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
     cfg = None
@@ -87,8 +67,7 @@ def doctor(
         cfg = load_config(config).config
         if not isinstance(cfg, dict):
             raise SpecError(f"--config {config}: a DeepSpeed config is a JSON object")
-    training = resolve_training(precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch,
-                                global_batch=global_batch, grad_accum=None)
+    training = training_opts.resolve()
     model_spec = None
     model_flags: tuple[str, ...] = ()
     if params is not None or model is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -11,61 +12,12 @@ import typer
 from zeroplan.cli import app
 from zeroplan.cli.estimate_output import estimates_to_json, estimates_to_rows, summarize
 from zeroplan.cli.jsontext import dumps_indented
-from zeroplan.cli.common import (
-    AdapterOpt,
-    AllgatherBucketOpt,
-    BaseQuantOpt,
-    BucketsOpt,
-    LossOpt,
-    OptimizerImplOpt,
-    PrefetchBucketOpt,
-    OverlapCommOpt,
-    ReduceBucketOpt,
-    LoraAlphaOpt,
-    LoraRankOpt,
-    LoraTargetsOpt,
-    TrainableParamsOpt,
-    CheckpointingOpt,
-    CpuMemoryOpt,
-    FormatOpt,
-    GlobalBatchOpt,
-    GpuMemoryOpt,
-    GpuOpt,
-    GpusOpt,
-    GpusPerNodeOpt,
-    GradAccumOpt,
-    MicroBatchOpt,
-    ModelOpt,
-    NodeOpt,
-    NvmeOpt,
-    OffloadOptimizerOpt,
-    OffloadParamOpt,
-    OptimizerOpt,
-    OutputOpt,
-    ParamsOpt,
-    PeftOptions,
-    PrecisionOpt,
-    SeqLenOpt,
-    SpOpt,
-    StageOpt,
-    TiledMlpOpt,
-    TpOpt,
-    resolve_layout_options,
-    check_choice_option,
-    check_plan_options,
-    resolve_cluster,
-    resolve_engine_options,
-    resolve_gpus,
-    resolve_model,
-    resolve_training,
-    write_output,
+from zeroplan.cli.common import FormatOpt, OutputOpt, check_choice_option, write_output
+from zeroplan.cli.options import (
+    ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
-from zeroplan.cli.recipe_options import (
-    CompletionLenOpt, CriticModelOpt, GenerationsOpt, RecipeOpt, ReferenceOpt, RewardModelOpt, VllmGpuMemoryOpt, VllmSleepOpt, resolve_recipe,
-)
-from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, SpecError, format_params
-
-from zeroplan.cli.expert_option import EpOpt
+from zeroplan.estimator.usecase import EstimateRequest, check_model_build, resolve_checkpointing, run_estimate, with_training_choices
+from zeroplan.spec import GiB, SpecError, format_params
 
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
@@ -177,14 +129,8 @@ def recommendation(estimates: "list[PlanEstimate]", options: dict) -> str:
     return f"{use}\nWrite it: {export_command(best, options)}"
 
 
-def _render_table(
-    model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str], console=None, recommend: str = ""
-) -> None:
-    from rich.table import Table
-
-    from zeroplan.cli.table_fit import widest_table
-
-    console = console or _table_console()
+def _title(model, cluster, training, estimates) -> str:
+    """The table's title: the model's counts, the cluster, precision, optimizer, sequence and engine."""
     name = model.name if model.source != "derived" else "model"
     if model.peft is not None:
         counts = (
@@ -196,61 +142,67 @@ def _render_table(
     if model.moe is not None:
         # Memory holds every expert; FLOPs and time count what one token touches.
         counts += f", {format_params(model.active_params)} active ({model.moe.experts_per_token} of {model.moe.num_experts} experts)"
-    title = (
+    return (
         f"{name}: {counts} on {cluster.gpus}× {cluster.gpu.name} "
         f"({cluster.gpu_memory_bytes / GiB:.0f} GiB, {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}), "
         f"{training.precision}, {training.optimizer}, seq {training.seq_len}"
         + (f", engine {estimates[0].engine}" if estimates and estimates[0].engine != "deepspeed" else "")
     )
 
+
+def _row(i: int, est: "PlanEstimate", cluster) -> tuple[dict, Optional[str]]:
+    """One plan's cells by column, and its style."""
     def g(n: int) -> str:
         return f"{n / GiB:.1f}"
 
-    rows = []
-    for i, est in enumerate(shown, 1):
-        p = est.plan
-        rows.append((
-            {
-                "#": str(i),
-                "stage": p.stage_name(est.engine),
-                "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
-                "layout": p.layout_label or "dp",
-                "ckpt": p.checkpointing + ("+tiledmlp" if p.tiled_mlp else ""),
-                "mb×ga": f"{p.micro_batch}×{p.gradient_accumulation_steps}",
-                "params": g(est.gpu.params),
-                "grads": g(est.gpu.gradients),
-                "optim": g(est.gpu.optimizer_states),
-                "activ": g(est.gpu.activations),
-                # The columns add up to the GPU figure (gpu.required); the cached segments only the
-                # reserved peak holds (gpu.total) are in --format json.
-                "extra": g(est.gpu.required - est.gpu.params - est.gpu.gradients - est.gpu.optimizer_states - est.gpu.activations),
-                "GPU": g(est.gpu.required),
-                "CPU/node": g(est.cpu_per_node),
-                "comm GB": f"{est.comm_per_step / 1e9:.0f}",
-                "step s": f"{est.step_time:.2f}",
-                "tokens/s": f"{est.tokens_per_second:,.0f}",
-                "verdict": _verdict_cell(est, cluster),
-            },
-            {"fits": None, "tight": "yellow", "oom": "dim"}[est.verdict],
-        ))
+    p = est.plan
+    cells = {
+        "#": str(i),
+        "stage": p.stage_name(est.engine),
+        "offload opt/param": f"{p.offload_optimizer}/{p.offload_param}",
+        "layout": p.layout_label or "dp",
+        "ckpt": p.checkpointing + ("+tiledmlp" if p.tiled_mlp else ""),
+        "mb×ga": f"{p.micro_batch}×{p.gradient_accumulation_steps}",
+        "params": g(est.gpu.params),
+        "grads": g(est.gpu.gradients),
+        "optim": g(est.gpu.optimizer_states),
+        "activ": g(est.gpu.activations),
+        # The columns add up to the GPU figure (gpu.required); the cached segments only the
+        # reserved peak holds (gpu.total) are in --format json.
+        "extra": g(est.gpu.required - est.gpu.params - est.gpu.gradients - est.gpu.optimizer_states - est.gpu.activations),
+        "GPU": g(est.gpu.required),
+        "CPU/node": g(est.cpu_per_node),
+        "comm GB": f"{est.comm_per_step / 1e9:.0f}",
+        "step s": f"{est.step_time:.2f}",
+        "tokens/s": f"{est.tokens_per_second:,.0f}",
+        "verdict": _verdict_cell(est, cluster),
+    }
+    return cells, {"fits": None, "tight": "yellow", "oom": "dim"}[est.verdict]
 
-    def build(columns: list[str]) -> Table:
-        table = Table(title=title, title_justify="left")
-        for col in columns:
-            # "verdict" may fold its reasons onto a second line; every other cell stays on one.
-            table.add_column(
-                col, justify="left" if col in ("offload opt/param", "ckpt", "verdict") else "right",
-                no_wrap=col != "verdict", min_width=10 if col == "verdict" else None,
-            )
-        for cells, style in rows:
-            table.add_row(*(cells[c] for c in columns), style=style)
-        return table
 
-    # Leave out the least important columns until the table fits the terminal.
+def _build_table(title: str, rows: list, columns: list[str]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        # "verdict" may fold its reasons onto a second line; every other cell stays on one.
+        table.add_column(
+            col, justify="left" if col in ("offload opt/param", "ckpt", "verdict") else "right",
+            no_wrap=col != "verdict", min_width=10 if col == "verdict" else None,
+        )
+    for cells, style in rows:
+        table.add_row(*(cells[c] for c in columns), style=style)
+    return table
+
+
+def _fitted_table(title: str, rows: list, shown, console):
+    """The table with the least important columns left out until it fits the console; (table, left out)."""
+    from zeroplan.cli.table_fit import widest_table
+
     # The layout column only when a shown plan is not pure data parallelism (data-parallel tables as before).
     columns = [c for c in _COLUMNS if c != "layout" or any(e.plan.layout_label for e in shown)]
     dropped: list[str] = []
-    t = build(columns)
+    t = _build_table(title, rows, columns)
     for col in _DROP_ORDER:
         if widest_table((cells for cells, _ in rows), columns, min_widths={"verdict": 10}) <= console.width:
             break  # fits for certain (cli/table_fit.py); else rich measures it
@@ -258,10 +210,11 @@ def _render_table(
             break
         columns.remove(col)
         dropped.append(col)
-        t = build(columns)
-    if recommend:
-        console.print(recommend, soft_wrap=True)
-    console.print(t)
+        t = _build_table(title, rows, columns)
+    return t, dropped
+
+
+def _table_notes(model, cluster, estimates, shown, *, total_plans: int, extra_notes: list[str], dropped: list[str], width: int) -> list[str]:
     notes = list(model.notes) + list(cluster.notes) + extra_notes
     n_fit = sum(e.verdict == "fits" for e in estimates)
     n_tight = sum(e.verdict == "tight" for e in estimates)
@@ -273,166 +226,138 @@ def _render_table(
         "'extra' = engine buffers + CUDA context + allocator rounding (--format json itemizes, with the reserved peak gpu.total)."
     )
     if dropped:
-        notes.append(f"left out to fit {console.width} columns: {', '.join(dropped)} (a wider terminal or --format json shows them)")
-    for note in notes:
+        notes.append(f"left out to fit {width} columns: {', '.join(dropped)} (a wider terminal or --format json shows them)")
+    return notes
+
+
+def _render_table(
+    model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str], console=None, recommend: str = ""
+) -> None:
+    console = console or _table_console()
+    rows = [_row(i, est, cluster) for i, est in enumerate(shown, 1)]
+    table, dropped = _fitted_table(_title(model, cluster, training, estimates), rows, shown, console)
+    if recommend:
+        console.print(recommend, soft_wrap=True)
+    console.print(table)
+    for note in _table_notes(model, cluster, estimates, shown, total_plans=total_plans, extra_notes=extra_notes,
+                             dropped=dropped, width=console.width):
         console.print(f"[dim]• {note}[/dim]")
 
 
+NoFlashOpt = Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")]
+ExpandableOpt = Annotated[bool, typer.Option("--expandable-segments", help="The run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the CUDA allocator strands no transient segments (docs/estimate.md).")]
+ModelBuildOpt = Annotated[Optional[str], typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32].", rich_help_panel="Plan")]
+TraceOpt = Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="Write a stacked bar chart of memory per plan (PNG/SVG/PDF).")]
+TopOpt = Annotated[int, typer.Option("--top", help="Rows in the table (0: all configurations).")]
+AllPlansOpt = Annotated[bool, typer.Option("--all", help="Table shows every micro-batch, not only the best per configuration.")]
+#: estimate takes every engine option but the old ``--backend`` spelling (it never had one).
+EstimateEngine = Annotated[EngineOptions, Take(only=("optimizer_impl", "loss", "buckets", "reduce_bucket_size", "allgather_bucket_size",
+                                                     "prefetch_bucket_size", "overlap_comm", "engine"))]
+
+
+def _trace(trace: bool, model_arg: Optional[str], checkpointing: Optional[str], model_spec, cluster, training):
+    """``--trace``: (the traced activation override or None, its note or None)."""
+    if trace and (model_arg is None or not model_arg.endswith(".json")):
+        raise SpecError("--trace needs --model path/to/config.json (a Hugging Face config to trace)")
+    if trace and checkpointing == "selective-op":
+        # The tracer applies none, attention and full (zeroplan.trace.tracer.TRACED_CHECKPOINTING).
+        return None, ("--trace: selective-op is not traced; its activations come from the formula "
+                      "(selective_op_layer_bytes: block input, SDPA output and log-sum-exp, every other matmul)")
+    if not trace:
+        return None, None
+    from rich.console import Console
+
+    from zeroplan.estimator import enumerate_plans
+    from zeroplan.trace import activation_override
+
+    with Console(stderr=True).status(f"tracing activations of {model_arg} under FakeTensorMode…"):
+        traced = activation_override(Path(model_arg), training)
+        traced(enumerate_plans(model_spec, cluster, training, stage=0, checkpointing="none")[0])
+    # The override counts the loss's backward gradients itself (trace.TracedActivationOverride).
+    return traced, traced.describe()
+
+
+def _json_doc(request, outcome, *, trace_note: Optional[str]) -> dict:
+    doc = estimates_to_json(request.model, request.cluster, request.training, outcome.estimates)
+    if outcome.layout_note:
+        doc["layout_note"] = outcome.layout_note
+    if request.recipe is not None:
+        doc["recipe"] = request.recipe.as_dict()
+    if trace_note and request.activation_bytes is None:
+        doc["activation_trace"] = {"note": trace_note, "method": "formula"}
+    elif trace_note:
+        from zeroplan.estimator import activation_memory
+
+        doc["activation_trace"] = {"note": trace_note, **request.activation_bytes.as_dict()}
+        for entry, est in zip(doc["plans"], outcome.estimates):
+            entry["activations_formula"] = activation_memory(request.model, request.training, est.plan).total
+    return doc
+
+
+def _export_options(m: ModelOptions, c: ClusterOptions, t: TrainingOptions, peft: PeftGroup, e: EngineOptions, recipe, *,
+                    gpus: int, nvme_plan: bool) -> dict:
+    """The options the recommended ``zeroplan export`` line repeats (export's names; None left out)."""
+    options = dict(
+        params=m.params, model=m.model, gpus=gpus, gpus_per_node=c.gpus_per_node, gpu=c.gpu, gpu_memory=c.gpu_memory,
+        cpu_memory=c.cpu_memory, node=c.node, nvme=c.nvme, seq_len=t.seq_len, global_batch=t.global_batch, precision=t.precision,
+        optimizer=t.optimizer, **{f.name: getattr(peft, f.name) for f in dataclasses.fields(peft)}, optimizer_impl=e.optimizer_impl,
+        loss=e.loss, buckets=None if e.buckets == "hf" else e.buckets, reduce_bucket_size=e.reduce_bucket_size,
+        allgather_bucket_size=e.allgather_bucket_size, prefetch_bucket_size=e.prefetch_bucket_size,
+        engine=None if e.name == "deepspeed" else e.name,
+    )
+    if e.overlap_comm is not None:
+        options["overlap_comm"] = e.overlap_comm
+    options.update(recipe.as_options() if recipe is not None else {})
+    if nvme_plan:
+        options["nvme_path"] = "/local_nvme"
+    return options
+
+
 @app.command()
+@grouped
 def estimate(
-    params: ParamsOpt = None,
-    model: ModelOpt = None,
-    gpus: GpusOpt = None,
-    gpus_per_node: GpusPerNodeOpt = None,
-    gpu: GpuOpt = None,
-    gpu_memory: GpuMemoryOpt = None,
-    cpu_memory: CpuMemoryOpt = None,
-    node: NodeOpt = None,
-    nvme: NvmeOpt = None,
-    seq_len: SeqLenOpt = 2048,
-    micro_batch: MicroBatchOpt = None,
-    global_batch: GlobalBatchOpt = None,
-    grad_accum: GradAccumOpt = None,
-    precision: PrecisionOpt = "bf16",
-    optimizer: OptimizerOpt = "adamw",
-    stage: StageOpt = None,
-    offload_optimizer: OffloadOptimizerOpt = None,
-    offload_param: OffloadParamOpt = None,
-    checkpointing: CheckpointingOpt = None,
-    sp: SpOpt = None,
-    tp: TpOpt = None,
-    tiled_mlp: TiledMlpOpt = False,
-    lora_rank: LoraRankOpt = None,
-    lora_targets: LoraTargetsOpt = None,
-    lora_alpha: LoraAlphaOpt = None,
-    adapter: AdapterOpt = None,
-    trainable_params: TrainableParamsOpt = None,
-    base_quant: BaseQuantOpt = None,
-    no_flash: Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")] = False,
-    expandable_segments: Annotated[bool, typer.Option("--expandable-segments", help="The run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the CUDA allocator strands no transient segments (docs/estimate.md).")] = False,
-    loss: LossOpt = None,
-    buckets: BucketsOpt = "hf",
-    reduce_bucket_size: ReduceBucketOpt = None,
-    allgather_bucket_size: AllgatherBucketOpt = None,
-    prefetch_bucket_size: PrefetchBucketOpt = None,
-    overlap_comm: OverlapCommOpt = None,
-    ep: EpOpt = None,
-    engine: Annotated[str, typer.Option("--engine", help="deepspeed (ZeRO as DeepSpeed runs it) | fsdp (PyTorch: DDP for stage 0, ZeroRedundancyOptimizer for 1, FSDP2 fully_shard for 2-3) | fsdp1 (FSDP1 per block, use_orig_params: flat parameters at 2-3).", rich_help_panel="Plan")] = "deepspeed",
-    optimizer_impl: OptimizerImplOpt = None,
-    model_build: Annotated[Optional[str], typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32].", rich_help_panel="Plan")] = None,
-    trace: Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")] = False,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a stacked bar chart of memory per plan (PNG/SVG/PDF).")] = None,
-    top: Annotated[int, typer.Option("--top", help="Rows in the table (0: all configurations).")] = 20,
-    all_plans: Annotated[bool, typer.Option("--all", help="Table shows every micro-batch, not only the best per configuration.")] = False,
-    recipe: RecipeOpt = None, generations: GenerationsOpt = None, completion_len: CompletionLenOpt = None,
-    vllm_gpu_memory: VllmGpuMemoryOpt = None, vllm_sleep: VllmSleepOpt = False, reference: ReferenceOpt = None,
-    reward_model: RewardModelOpt = None, critic_model: CriticModelOpt = None,
+    model_opts: ModelOptions, cluster_opts: ClusterOptions, training_opts: TrainingOptions, plan_opts: PlanOptions,
+    peft_opts: PeftGroup, engine_opts: EstimateEngine,
+    no_flash: NoFlashOpt = False, expandable_segments: ExpandableOpt = False, model_build: ModelBuildOpt = None,
+    trace: TraceOpt = False, fmt: FormatOpt = "table", output: OutputOpt = None, plot: PlotOpt = None, top: TopOpt = 20,
+    all_plans: AllPlansOpt = False, recipe_opts: RecipeOptions = None,
 ) -> None:
     """Memory per GPU, host memory, traffic and step time for every ZeRO plan, best first.
 
     Exit code 0 when at least one plan fits, 1 when none does, 2 on bad input.
     """
     check_choice_option("--format", fmt, ("table", "json", "csv"))
-    recipe_spec = resolve_recipe(recipe, generations=generations, completion_len=completion_len, vllm_gpu_memory=vllm_gpu_memory,
-                                 vllm_sleep=vllm_sleep, reference=reference, reward_model=reward_model, critic_model=critic_model)
-    gpus = resolve_gpus(gpus, runs_here=False)
-    check_plan_options(stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing)
-    sp_degrees, tp_degrees = resolve_layout_options(sp, tp)
-    plan_buckets = resolve_engine_options(
-        engine=engine, optimizer_impl=optimizer_impl, loss=loss, offload_optimizer=offload_optimizer, offload_param=offload_param,
-        buckets=buckets, reduce_bucket_size=reduce_bucket_size, allgather_bucket_size=allgather_bucket_size,
-        prefetch_bucket_size=prefetch_bucket_size, overlap_comm=overlap_comm,
-    )
+    recipe_spec = recipe_opts.resolve()
+    gpus = cluster_opts.world(runs_here=False)
+    plan_opts.check()
+    sp_degrees, tp_degrees = plan_opts.layout()
+    plan_buckets = engine_opts.resolve(plan_opts)
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
-    from zeroplan.estimator.host import BUILDS
-
-    check_choice_option("--model-build", model_build, BUILDS)
-    if model_build == "zero_init" and (engine != "deepspeed" or stage in (0, 1, 2)):
-        raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
-    from dataclasses import replace
-
-    from zeroplan.estimator import enumerate_plans
-    from zeroplan.estimator.plans_recipe import estimate_recipe_all
+    check_model_build(model_build, engine=engine_opts.name, stage=plan_opts.stage)
     from zeroplan.profiles.recipe_models import recipe_models
 
-    model_spec = PeftOptions(lora_rank, lora_targets, lora_alpha, adapter, trainable_params, base_quant).apply(
-        resolve_model(params, model), model, precision=precision
-    )
-    cluster = resolve_cluster(
-        gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gib=gpu_memory, cpu_memory_gib=cpu_memory, nvme_gib=nvme, node=node
-    )
-    training = resolve_training(
-        precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch, global_batch=global_batch, grad_accum=grad_accum
-    )
-    if no_flash:
-        training = replace(training, flash_attention=False)
-    training = replace(training, loss=loss or "hf")
-    alias_note = None
-    if checkpointing in CHECKPOINTING_ALIASES:
-        alias_note = f"--checkpointing {checkpointing} is now called {CHECKPOINTING_ALIASES[checkpointing]} (Korthikanti's attention-core recomputation)"
-        checkpointing = CHECKPOINTING_ALIASES[checkpointing]
-    if checkpointing is not None:
-        from zeroplan.estimator import checkpointing_duplicate
-
-        duplicate = checkpointing_duplicate(model_spec, training, checkpointing)
-        alias_note = "; ".join(n for n in (alias_note, duplicate) if n) or None
+    model_spec = model_opts.resolve(peft_opts, precision=training_opts.precision)
+    cluster = cluster_opts.resolve(gpus)
+    training = with_training_choices(training_opts.resolve(), flash_attention=not no_flash, loss=engine_opts.loss)
+    checkpointing, alias_note = resolve_checkpointing(model_spec, training, plan_opts.checkpointing)
     if plot is not None:
         from zeroplan.cli.estimate_plot import check_plot_target
 
         check_plot_target(plot)  # before anything is printed: a bad --plot is one line, not a table and then an error
-    activation_bytes = None
-    trace_note = None
-    traced = None
-    if trace and (model is None or not model.endswith(".json")):
-        raise SpecError("--trace needs --model path/to/config.json (a Hugging Face config to trace)")
-    if trace and checkpointing == "selective-op":
-        # The tracer applies none, attention and full (zeroplan.trace.tracer.TRACED_CHECKPOINTING).
-        trace_note = ("--trace: selective-op is not traced; its activations come from the formula "
-                      "(selective_op_layer_bytes: block input, SDPA output and log-sum-exp, every other matmul)")
-        trace = False
-    if trace:
-        from rich.console import Console
-
-        from zeroplan.trace import activation_override
-
-        with Console(stderr=True).status(f"tracing activations of {model} under FakeTensorMode…"):
-            traced = activation_override(Path(model), training)
-            traced(enumerate_plans(model_spec, cluster, training, stage=0, checkpointing="none")[0])
-        # The override counts the loss's backward gradients itself (trace.TracedActivationOverride).
-        activation_bytes = traced
-        trace_note = traced.describe()
-    from zeroplan.estimator.expert_parallel import parse_expert_degrees, with_expert_degrees
-    from zeroplan.estimator.layout_space import estimate_with_layouts
-
-    estimates, layout_note = estimate_with_layouts(
-        model_spec, cluster, training, sp=sp_degrees, tp=tp_degrees,
-        plan_options=dict(stage=3 if model_build == "zero_init" else stage, offload_optimizer=offload_optimizer, offload_param=offload_param,
-                          checkpointing=checkpointing, engine=engine, optimizer_impl=optimizer_impl, buckets=plan_buckets, tiled_mlp=tiled_mlp),
-        estimate_options=dict(activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
-                              expandable_segments=expandable_segments, model_build=model_build),
-        estimate_many=None if recipe_spec is None else (
-            lambda m, c, t, plans, **kw: estimate_recipe_all(m, c, t, plans, recipe_spec, **kw, **recipe_models(recipe_spec))),
-        expand=lambda plans: with_expert_degrees(plans, model_spec, cluster.gpus, parse_expert_degrees(ep, engine=engine)),
+    traced, trace_note = _trace(trace, model_opts.model, checkpointing, model_spec, cluster, training)
+    request = EstimateRequest(
+        model=model_spec, cluster=cluster, training=training, stage=plan_opts.stage, offload_optimizer=plan_opts.offload_optimizer,
+        offload_param=plan_opts.offload_param, checkpointing=checkpointing, sp=sp_degrees, tp=tp_degrees, tiled_mlp=plan_opts.tiled_mlp,
+        ep=plan_opts.ep, engine=engine_opts.name, optimizer_impl=engine_opts.optimizer_impl, buckets=plan_buckets,
+        expandable_segments=expandable_segments, model_build=model_build, activation_bytes=traced, recipe=recipe_spec,
+        recipe_models=recipe_models(recipe_spec) if recipe_spec is not None else {},
     )
-
+    outcome = run_estimate(request)
+    estimates = outcome.estimates
     if fmt == "json":
-        doc = estimates_to_json(model_spec, cluster, training, estimates)
-        if layout_note:
-            doc["layout_note"] = layout_note
-        if recipe_spec is not None:
-            doc["recipe"] = recipe_spec.as_dict()
-        if trace_note and traced is None:
-            doc["activation_trace"] = {"note": trace_note, "method": "formula"}
-        elif trace_note:
-            from zeroplan.estimator import activation_memory
-
-            doc["activation_trace"] = {"note": trace_note, **traced.as_dict()}
-            for entry, est in zip(doc["plans"], estimates):
-                entry["activations_formula"] = activation_memory(model_spec, training, est.plan).total
-        write_output(dumps_indented(doc), output)
+        write_output(dumps_indented(_json_doc(request, outcome, trace_note=trace_note)), output)
     elif fmt == "csv":
         import pandas as pd
 
@@ -440,31 +365,17 @@ def estimate(
     else:
         if output is not None:
             raise SpecError("--output needs --format json or csv (the table prints to the terminal)")
-        shown = estimates if all_plans else summarize(estimates)
-        if top:
-            shown = shown[:top]
-        export_options = dict(
-            params=params, model=model, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory=gpu_memory,
-            cpu_memory=cpu_memory, node=node, nvme=nvme, seq_len=seq_len, global_batch=global_batch, precision=precision,
-            optimizer=optimizer, lora_rank=lora_rank, lora_targets=lora_targets, lora_alpha=lora_alpha, adapter=adapter,
-            trainable_params=trainable_params, base_quant=base_quant, optimizer_impl=optimizer_impl, loss=loss,
-            buckets=None if buckets == "hf" else buckets, reduce_bucket_size=reduce_bucket_size,
-            allgather_bucket_size=allgather_bucket_size, prefetch_bucket_size=prefetch_bucket_size,
-            engine=None if engine == "deepspeed" else engine,
-        )
-        if overlap_comm is not None:
-            export_options["overlap_comm"] = overlap_comm
-        export_options.update(recipe_spec.as_options() if recipe_spec is not None else {})
-        if any(e.plan.offload_param == "nvme" or e.plan.offload_optimizer == "nvme" for e in estimates[:1]):
-            export_options["nvme_path"] = "/local_nvme"
+        shown = (estimates if all_plans else summarize(estimates))[: top or None]
+        options = _export_options(model_opts, cluster_opts, training_opts, peft_opts, engine_opts, recipe_spec, gpus=gpus,
+                                  nvme_plan=any("nvme" in (e.plan.offload_param, e.plan.offload_optimizer) for e in estimates[:1]))
         _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates),
-                      extra_notes=[n for n in (alias_note, trace_note, layout_note, recipe_spec and f"recipe {recipe_spec.label}") if n],
-                      recommend=recommendation(estimates, export_options))
+                      extra_notes=[n for n in (alias_note, trace_note, outcome.layout_note, recipe_spec and f"recipe {recipe_spec.label}") if n],
+                      recommend=recommendation(estimates, options))
     if plot is not None:
         from zeroplan.cli.estimate_plot import plot_plans
 
         plot_plans(plot, summarize(estimates)[: top or None], cluster)
     if not any(e.fits for e in estimates):
-        hint = ", or sequence parallelism: --sp auto" if sp_degrees == (1,) and engine == "deepspeed" else ""
+        hint = ", or sequence parallelism: --sp auto" if sp_degrees == (1,) and engine_opts.name == "deepspeed" else ""
         print(f"zeroplan: no plan fits; see the reasons above (more GPUs, offload, checkpointing or a smaller micro-batch{hint})", file=sys.stderr)
         raise typer.Exit(1)

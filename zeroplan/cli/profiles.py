@@ -120,13 +120,13 @@ def _render_tables(doc: dict, console) -> None:
 
 @app.command()
 def profiles(
-    format: ProfilesFormatOpt = "table",
+    fmt: ProfilesFormatOpt = "table",
     output: OutputOpt = None,
 ) -> None:
     """List the GPU profiles and model presets (sources: docs/profiles.md and each TOML's `source`)."""
-    check_choice_option("--format", format, _FORMATS)
+    check_choice_option("--format", fmt, _FORMATS)
     doc = profiles_document()
-    if format == "json":
+    if fmt == "json":
         write_output(json.dumps(doc, indent=2), output)
         return
     from rich.console import Console

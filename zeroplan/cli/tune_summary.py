@@ -52,20 +52,11 @@ def _mib(value: Any) -> str:
     return "–" if pd.isna(value) else f"{float(value) / 2**20:.1f}"
 
 
-def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_size: int, *, trainer: bool = False) -> None:
-    """The probes that worked (best first), the failures, the winner proved by validation, the gap
-    to the plans not probed and the files written; exit 1 when nothing worked or the winner fails."""
+def _probe_table(ok: Any, probed: Any, summary: Any) -> Any:
+    """The probes that worked, best first (at most 10)."""
     import pandas as pd
     from rich.table import Table
 
-    # Imported here: the runtime package is not needed to start `zeroplan estimate`.
-    from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
-
-    from zeroplan.tuner import prove_winner
-    from zeroplan.tuner.results import best_row
-
-    probed = frame[frame["status"].isin(PROBED_STATUSES)]
-    ok = frame[frame["status"] == "ok"].sort_values("ranked_samples_per_second", ascending=False)
     table = Table(title=f"zeroplan tune: {len(probed)} probes ({summary.stopped_because})", title_justify="left")
     # Measured peak beside the estimator's figure for the same quantity (allocated bytes, not gpu.total).
     for col in ("#", "plan", "samples/s", "tokens/s", "peak MiB", "pred. MiB", "pred. rank"):
@@ -83,50 +74,33 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
             _mib(r["predicted_peak_memory_bytes"]),
             "–" if rank is None or pd.isna(rank) else str(int(rank)),
         )
-    if not ok.empty:
-        console.print(table)
+    return table
+
+
+def _nothing_worked(console: Any, probed: Any, summary: Any, output: Path) -> None:
+    """Why there is no best plan; exit 1."""
+    if summary.failure_signature:
+        console.print(f"[bold red]every plan fails the same way[/] after {len(probed)} probes: {summary.failure_signature}")
+        console.print(f"  fix: {summary.failure_fix}; logs in {output / 'probes'}/")
+    elif probed.empty:
+        console.print("[bold red]no probe ran[/]: every plan left was skipped; see report.md")
     else:
-        console.print(f"zeroplan tune: {len(probed)} probes ({summary.stopped_because}), none worked")
-    startup = probed["startup_s"].dropna()
-    if not startup.empty:
-        console.print(
-            f"start-up (imports, engine build, op compilation): median {startup.median():.1f} s per probe over "
-            f"{len(startup)} probes, not part of the throughput"
-        )
-    failed = probed[probed["status"] != "ok"]
-    for _, r in failed.iterrows():
-        console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")
-    best = best_row(frame)
-    if best is None:
-        if summary.failure_signature:
-            console.print(f"[bold red]every plan fails the same way[/] after {len(probed)} probes: {summary.failure_signature}")
-            console.print(f"  fix: {summary.failure_fix}; logs in {output / 'probes'}/")
-        elif probed.empty:
-            console.print("[bold red]no probe ran[/]: every plan left was skipped; see report.md")
-        else:
-            console.print(f"[bold red]every probe failed[/] ({len(probed)}); see {output / 'report.md'} and {output / 'probes'}/")
-        raise typer.Exit(1)
-    check = prove_winner(output / "ds_config.json", world_size=world_size)
-    if not check.ok:
-        console.print(f"[bold red]the best config does not validate[/]: {'; '.join(check.errors)}")
-        raise typer.Exit(1)
+        console.print(f"[bold red]every probe failed[/] ({len(probed)}); see {output / 'report.md'} and {output / 'probes'}/")
+    raise typer.Exit(1)
+
+
+def _validated_words(check: Any) -> str:
     # FSDP-only installs have no DeepSpeed: its parser is skipped, and the message says so.
-    validated = (
+    return (
         "config validated by zeroplan and DeepSpeed's parser"
         if check.checked_by_deepspeed
         else "config validated by zeroplan; its \"auto\" entries were resolved by the script in the trial's run"
         if check.keeps_auto
         else "config validated by zeroplan (DeepSpeed is not installed, so its parser did not check it)"
     )
-    console.print(
-        f"[bold green]best[/]: {best['plan']} — {best['ranked_samples_per_second']:.2f} samples/s "
-        f"(trial #{best['trial']}); {validated}"
-    )
-    if summary.trust is not None:
-        console.print(summary.trust.text)
-    gap_line = gap_sentence(summary.gap)
-    if gap_line:
-        console.print(gap_line)
+
+
+def _files_written(console: Any, output: Path, *, trainer: bool) -> None:
     for name in ("ds_config.json", "ds_config.trl.json", "trials.csv", "report.md", "throughput.png"):
         if (output / name).exists():
             console.print(f"  wrote {output / name}")
@@ -137,3 +111,45 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
             f"--gradient_accumulation_steps {cfg['gradient_accumulation_steps']}"
         )
         console.print(f"  train with: --deepspeed {output / 'ds_config.json'} {flags}", markup=False)
+
+
+def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_size: int, *, trainer: bool = False) -> None:
+    """The probes that worked (best first), the failures, the winner proved by validation, the gap
+    to the plans not probed and the files written; exit 1 when nothing worked or the winner fails."""
+    # Imported here: the runtime package is not needed to start `zeroplan estimate`.
+    from zeroplan.runtime.api import STATUSES as PROBED_STATUSES
+
+    from zeroplan.tuner import prove_winner
+    from zeroplan.tuner.results import best_row
+
+    probed = frame[frame["status"].isin(PROBED_STATUSES)]
+    ok = frame[frame["status"] == "ok"].sort_values("ranked_samples_per_second", ascending=False)
+    if not ok.empty:
+        console.print(_probe_table(ok, probed, summary))
+    else:
+        console.print(f"zeroplan tune: {len(probed)} probes ({summary.stopped_because}), none worked")
+    startup = probed["startup_s"].dropna()
+    if not startup.empty:
+        console.print(
+            f"start-up (imports, engine build, op compilation): median {startup.median():.1f} s per probe over "
+            f"{len(startup)} probes, not part of the throughput"
+        )
+    for _, r in probed[probed["status"] != "ok"].iterrows():
+        console.print(f"[red]trial #{r['trial']} {r['plan']}: {r['status']}[/] {str(r['reason'])[:160]}")
+    best = best_row(frame)
+    if best is None:
+        _nothing_worked(console, probed, summary, output)
+    check = prove_winner(output / "ds_config.json", world_size=world_size)
+    if not check.ok:
+        console.print(f"[bold red]the best config does not validate[/]: {'; '.join(check.errors)}")
+        raise typer.Exit(1)
+    console.print(
+        f"[bold green]best[/]: {best['plan']} — {best['ranked_samples_per_second']:.2f} samples/s "
+        f"(trial #{best['trial']}); {_validated_words(check)}"
+    )
+    if summary.trust is not None:
+        console.print(summary.trust.text)
+    gap_line = gap_sentence(summary.gap)
+    if gap_line:
+        console.print(gap_line)
+    _files_written(console, output, trainer=trainer)
