@@ -272,10 +272,8 @@ def probe(
     )
     if nodes is not None and workdir is None:
         raise SpecError("a multi-node probe needs --workdir DIR: a folder every node sees at the same path (a shared file system)")
-    if nodes is not None and nodes.launcher == "slurm":
-        from zeroplan.runtime.multinode import slurm_allocation
-
-        slurm_allocation(nodes.nnodes)
+    if nodes is not None:
+        nodes.kind.preflight(nodes)  # outside a Slurm allocation / too few nodes: before anything is written
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zeroplan.runtime.launch.registry import DEFAULT_ONE_NODE, local_launchers
 from zeroplan.runtime.multinode import NodeLaunch
 from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, resolve_optimizer_impl
 from zeroplan.estimator.plans import check_engine_precision
@@ -17,10 +18,11 @@ from zeroplan.spec.errors import check_choice
 __all__ = ["BACKENDS", "LOCAL_LAUNCHERS", "STATUSES", "ProbeRequest", "ProbeResult"]
 
 BACKENDS = ("deepspeed", "fsdp")
-#: How a one-node probe starts its ranks: ``warm`` forks them from a server that imported torch and
-#: DeepSpeed once (zeroplan.runtime.warm), ``torchrun`` starts ``torchrun --standalone``.
-LOCAL_LAUNCHERS = ("warm", "torchrun")
 STATUSES = ("ok", "oom", "error", "timeout")
+#: How a one-node probe starts its ranks: ``warm`` forks them from a server that imported torch and
+#: DeepSpeed once (zeroplan.runtime.warm), ``torchrun`` starts ``torchrun --standalone``
+#: (the registry's one-node kinds, zeroplan.runtime.launch.registry).
+LOCAL_LAUNCHERS = local_launchers()
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,10 @@ class ProbeRequest:
     peft_flags: PeftFlags | None = None
     """LoRA/QLoRA options for the estimate when the run's own model does not carry a layout
     (zeroplan.runtime.peft_source)."""
-    launcher: str = "warm"
-    """One node: ``warm`` (ranks forked from a pre-imported server; torchrun where it cannot start,
-    and whenever ``torchrun_args`` are given) or ``torchrun``. Several nodes: ``nodes.launcher``."""
+    launcher: str = DEFAULT_ONE_NODE
+    """How a one-node probe starts its ranks (``LOCAL_LAUNCHERS``, zeroplan.runtime.launch): ``warm``
+    (ranks forked from a pre-imported server; torchrun where it cannot start, and whenever
+    ``torchrun_args`` are given) or ``torchrun``. Several nodes: ``nodes.launcher``."""
 
     @property
     def world_size(self) -> int:
@@ -102,8 +105,8 @@ class ProbeRequest:
             raise SpecError(f"config_arg={self.config_arg!r} is not valid; give an option such as --deepspeed_config")
         if self.loss is not None:
             check_choice("loss", self.loss, LOSSES)
-        if self.launcher not in LOCAL_LAUNCHERS:
-            raise SpecError(f"launcher={self.launcher!r} is not valid; choose one of {', '.join(LOCAL_LAUNCHERS)}")
+        if self.launcher not in local_launchers():
+            raise SpecError(f"launcher={self.launcher!r} is not valid; choose one of {', '.join(local_launchers())}")
         if self.optimizer_impl is not None:
             valid = ENGINE_OPTIMIZER_IMPLS[self.backend]
             if self.optimizer_impl not in valid:

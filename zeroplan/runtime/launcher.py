@@ -1,4 +1,6 @@
-"""Launch one probe as ``torchrun`` in its own session, watch it, kill it whole, classify it.
+"""Run one probe: write the worker's instructions, start its ranks with the request's launcher
+(zeroplan.runtime.launch: warm, torchrun or a Slurm step), watch them, stop them whole on a timeout,
+classify what came back and put the estimate beside it.
 
 torchrun starts each worker with ``start_new_session=True`` (torch/distributed/elastic/
 multiprocessing/subprocess_handler), so killing torchrun's process group alone would orphan
@@ -11,7 +13,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import Callable
 from zeroplan.runtime.api import ProbeRequest, ProbeResult
 from zeroplan.runtime import multinode
 from zeroplan.runtime.classify import classify, summarize_ranks
-from zeroplan.runtime.job import Job
+from zeroplan.runtime.launch import LaunchHandle, LaunchJob, Launcher, LauncherUnavailable, launcher_for
+from zeroplan.runtime.launch.torchrun import TorchrunLauncher
 from zeroplan.runtime.phases import PHASES, PhaseClock
 from zeroplan.runtime.prediction import _estimate, _host_estimate, comparable_estimate, config_for_plan
 from zeroplan.runtime.hostmem import NodeRssSampler, memory_limit, summarize_host
@@ -55,10 +57,6 @@ def script_kind(script: Path) -> str:
     return "task" if _TASK_RE.search(text) else "script"
 
 
-def _local_torchrun(torchrun_args: tuple[str, ...]) -> bool:
-    return not any(a.split("=")[0] in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr") for a in torchrun_args)
-
-
 def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = None) -> list[str]:
     """``python -m torch.distributed.run ... -m zeroplan.runtime.worker SPEC``.
 
@@ -72,12 +70,7 @@ def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = No
         if info is not None:
             info.update(extra)
         return cmd
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(request.nproc), "--max-restarts", "0"]
-    if _local_torchrun(request.torchrun_args):
-        cmd.append("--standalone")
-    cmd += list(request.torchrun_args)
-    cmd += ["-m", "zeroplan.runtime.worker", str(spec_path)]
-    return cmd
+    return TorchrunLauncher.local_command(request.nproc, spec_path, request.torchrun_args)
 
 
 def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -164,13 +157,12 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             "a multi-node probe needs --workdir: a folder on a file system every node shares, at the same path "
             "(each node's ranks write their results there)"
         )
-    if launch is not None and launch.launcher == "slurm":
-        multinode.slurm_allocation(launch.nnodes)  # outside an allocation / too few nodes: fail before writing
+    launcher = launcher_for(request)
+    if launch is not None:
+        launcher.preflight(launch)  # outside an allocation / too few nodes: fail before writing
     started_unix = time.time()
     workdir = Path(request.workdir).resolve() if request.workdir else Path(tempfile.mkdtemp(prefix="zeroplan-probe-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    # One file set per node launcher in a shared folder (node 0 and a Slurm step keep the plain names).
-    tag = f"-node{launch.node_rank}" if launch is not None and launch.launcher == "torchrun" and launch.node_rank else ""
     for stale in workdir.glob("rank-*.json"):
         stale.unlink()
 
@@ -229,54 +221,31 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     config_arg = TRAINER_CONFIG_ARG if trainer and request.config_arg == "--deepspeed_config" else request.config_arg
     extra_args = trainer_batch_args(plan) if trainer and plan is not None and not batch_is_auto(config) else ()
     spec_path = _write_spec(request, workdir, kind, config_path, config is not None, config_arg=config_arg, extra_args=extra_args)
-    if launch is not None and launch.launcher == "torchrun" and not launch.node_rank:
+    if launch is not None and launcher.agent_per_node and not launch.node_rank:
         # What the other nodes' followers (zeroplan tune --node-rank K) need to join this probe.
         _write_json(workdir / "launch.json", {"nodes": launch.as_dict(), "nproc": request.nproc, "timeout_s": request.timeout_s,
                                               "env": dict(request.env), "started_unix": started_unix})
 
-    info: dict = {}
-    cmd = build_command(request, spec_path, info)
     env = probe_environment(request)
     load_start = os.getloadavg()[0]
     started = time.monotonic()
     clock = PhaseClock(started, on_line)
+    progress = multinode.ProgressTracker(clock.on_line)
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
-    progress = multinode.ProgressTracker(clock.on_line)
-    job, launcher, launcher_note = None, (launch.launcher if launch is not None else "torchrun"), None
-    if uses_warm_launcher(request):
-        from zeroplan.runtime.warm import WarmUnavailable, start_warm_job
-
-        try:
-            job = start_warm_job(spec_path=spec_path, nproc=request.nproc, env=env, cwd=Path.cwd(), log_path=workdir / f"probe{tag}.log",
-                                 on_line=progress, ready_timeout_s=max(request.timeout_s, WARM_READY_WAIT_S))
-            launcher = "warm"
-            (workdir / f"command{tag}.txt").write_text(f"zeroplan warm launcher: {request.nproc} ranks forked from a server that imported torch; "
-                                                       f"each runs zeroplan.runtime.worker {spec_path}\n")
-        except WarmUnavailable as exc:
-            launcher_note = str(exc)
-    clock.mark("launch")
+    job = LaunchJob(spec_path=spec_path, nproc=request.nproc, env=env, workdir=workdir, on_line=progress, nodes=launch,
+                    torchrun_args=request.torchrun_args, ready_timeout_s=max(request.timeout_s, WARM_READY_WAIT_S), cwd=Path.cwd())
+    handle, launcher_note = _start(launcher, job)
+    launcher, process = handle.launcher, handle.process
     # The plan's clock starts once something runs its ranks: waiting for the warm server (its
     # imports, its answer) is not the plan's, whichever launcher ends up running it.
+    clock.mark("launch", at=handle.started_at)
     waits_s: dict[str, float] = {}
-    launcher_wait_s = time.monotonic() - started
+    launcher_wait_s = handle.started_at - started
     if launcher_wait_s >= 0.05:
         waits_s["launcher"] = round(launcher_wait_s, 3)
-    plan_started = time.monotonic()
-    if job is None:
-        (workdir / f"command{tag}.txt").write_text(" ".join(cmd) + "\n")
-        log_name = multinode.job_log_name(launch.node_rank if launch is not None and launch.launcher == "torchrun" else None)
-        job = Job(cmd, env, Path.cwd(), workdir / log_name, progress)
-
-    def stop() -> None:
-        job.kill_all()
-        # A Slurm step's remote tasks are not our processes: srun forwarded the SIGTERM; scancel
-        # makes Slurm kill whatever is left of the step on every node.
-        if launch is not None and launch.launcher == "slurm" and info.get("step_name"):
-            multinode.cancel_slurm_step(info["step_name"], env)
-
-    watch = multinode.NodeWatch(workdir, launch, progress=progress) if launch is not None and launch.launcher == "torchrun" else None
-    sampler = NodeRssSampler(job.pids).start()
+    plan_started = handle.started_at
+    sampler = NodeRssSampler(process.pids).start()
     try:
         # The timeout covers the job from its launch (torchrun's and the workers' imports
         # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
@@ -284,28 +253,24 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         # would start it over).
         from zeroplan.runtime.dsops import op_build_in_progress
 
-        returncode, timed_out = job.wait(max(request.timeout_s - (time.monotonic() - plan_started), 0.1), watch,
-                                         not_charged=lambda: op_build_in_progress(env=env))
-        if getattr(job, "not_charged_s", 0.0) > 0:
-            waits_s["op build"] = round(job.not_charged_s, 3)
+        returncode, timed_out = launcher.wait(handle, max(request.timeout_s - (time.monotonic() - plan_started), 0.1),
+                                              not_charged=lambda: op_build_in_progress(env=env))
+        if getattr(process, "not_charged_s", 0.0) > 0:
+            waits_s["op build"] = round(process.not_charged_s, 3)
         sampler.stop()
-        if watch is not None:
-            # This node's job is over: its peers must not read it as lost. Said before the clean-up
-            # below, which beats no heartbeat while it runs (Job.kill_all up to 9 s, Job.close 5 s).
-            watch.beat(ended=True)
         if timed_out or returncode != 0:
-            stop()
+            launcher.cancel(handle)
             _drop_locks_left(env, started_unix)
         else:
             # torchrun has exited; make sure no worker outlived it.
-            job.kill_all()
+            process.kill_all()
     except BaseException:
         sampler.stop()
-        stop()
+        launcher.cancel(handle)
         _drop_locks_left(env, started_unix)
-        job.close()
+        process.close()
         raise
-    job.close()
+    process.close()
     clock.mark("exit")
     wall_s = time.monotonic() - started
 
@@ -316,7 +281,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         while len(ranks) < request.world_size and time.monotonic() < deadline:
             time.sleep(0.25)
             ranks = _read_ranks(workdir)
-    log_tail = "\n".join(job.tail)
+    log_tail = "\n".join(process.tail)
     status, error = classify(
         returncode=returncode,
         timed_out=timed_out,
@@ -325,10 +290,11 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         expected_ranks=request.world_size,
         log_text=log_tail,
     )
-    if job.aborted:
-        status, error = "error", job.aborted
+    if process.aborted:
+        status, error = "error", process.aborted
     elif launch is not None and status != "ok":
-        error, lost = _nodes_reason(launch, info, workdir, ranks, log_tail, status, error, started_unix, watch=watch, progress=progress)
+        error, lost = _nodes_reason(launch, handle.info, workdir, ranks, log_tail, status, error, started_unix, watch=handle.watch,
+                                    progress=progress)
         if lost or (error and error.startswith("the rendezvous")):
             status = "error"
     summary = summarize_ranks(ranks)
@@ -378,13 +344,23 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         **host,
     )
     clock.mark("report")
-    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s,
+    result = dataclasses.replace(result, launcher=launcher.name, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s,
                                  cpu_step_time=summary.get("cpu_step_time"), load_average=(load_start, os.getloadavg()[0]))
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:
-        record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
-    (workdir / f"result{tag}.json").write_text(json.dumps(record, indent=2))
+        record["nodes"] = launch.as_dict() | {k: v for k, v in handle.info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
+    launcher.files(workdir, job.node_rank).result.write_text(json.dumps(record, indent=2))
     return result
+
+
+def _start(launcher: Launcher, job: LaunchJob) -> tuple[LaunchHandle, str | None]:
+    """Start ``job`` with ``launcher``; where it cannot run here, with its fallback (the note says why)."""
+    try:
+        return launcher.start(job), None
+    except LauncherUnavailable as exc:
+        if launcher.fallback is None:
+            raise
+        return launcher.fallback().start(job), str(exc)
 
 
 def _drop_locks_left(env: dict[str, str], started_unix: float) -> None:
@@ -400,8 +376,7 @@ def _drop_locks_left(env: dict[str, str], started_unix: float) -> None:
 
 def uses_warm_launcher(request: ProbeRequest) -> bool:
     """The probe runs under the warm launcher: asked for, one node, no torchrun arguments to honour."""
-    multi = request.nodes is not None and request.nodes.multinode
-    return request.launcher == "warm" and not multi and not request.torchrun_args
+    return launcher_for(request).warm
 
 
 def _read_ranks(workdir: Path) -> list[dict]:
@@ -422,7 +397,7 @@ def _nodes_reason(
     stopped; mid-training, with the last step seen), the nodes that never joined, or the nodes
     that sent no result."""
     # Another node's launcher may have started up to one rendezvous timeout before this one.
-    since = started_unix - (launch.rdzv_timeout_s if launch.launcher == "torchrun" else 0.0) - 1.0
+    since = started_unix - launch.kind.peer_start_skew_s(launch) - 1.0
     missing = multinode.missing_nodes(workdir, launch.nnodes, since_unix=since)
     endpoint = info.get("endpoint", "?")
     # How far training got, wherever c10d put rank 0: its progress lines in this node's log, a

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from zeroplan.runtime.job import Job, _die_with_parent
+from zeroplan.runtime.launch.base import LauncherUnavailable
 
 __all__ = ["WarmUnavailable", "WarmServer", "begin", "start_warm_job", "shutdown", "server_env_key"]
 
@@ -40,7 +41,7 @@ _lock = threading.Lock()
 _server: Optional["WarmServer"] = None
 
 
-class WarmUnavailable(RuntimeError):
+class WarmUnavailable(LauncherUnavailable):
     """The warm server could not start here (the reason is the message); use torchrun."""
 
 

@@ -36,7 +36,7 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
     nodes = request.nodes
     # Open the study first: a corrupt, locked or refused storage fails before any slow work.
     output.mkdir(parents=True, exist_ok=True)
-    if nodes is not None and nodes.launcher == "torchrun":
+    if nodes is not None and nodes.kind.agent_per_node:
         from zeroplan.runtime import FOLLOW_DONE
 
         (output / "probes" / FOLLOW_DONE).unlink(missing_ok=True)  # followers wait for this run's end
@@ -270,7 +270,7 @@ def _search(request, listener, study, space, runner, meta, *, url: str, time_mod
         listener.event("interrupted", storage=url)
         raise
     finally:
-        if nodes is not None and nodes.launcher == "torchrun":
+        if nodes is not None and nodes.kind.agent_per_node:
             from zeroplan.runtime import FOLLOW_DONE
 
             (output / "probes").mkdir(parents=True, exist_ok=True)
