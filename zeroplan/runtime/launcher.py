@@ -235,42 +235,9 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
     job = LaunchJob(spec_path=spec_path, nproc=request.nproc, env=env, workdir=workdir, on_line=progress, nodes=launch,
                     torchrun_args=request.torchrun_args, ready_timeout_s=max(request.timeout_s, WARM_READY_WAIT_S), cwd=Path.cwd())
-    handle, launcher_note = _start(launcher, job)
-    launcher, process = handle.launcher, handle.process
-    # The plan's clock starts once something runs its ranks: waiting for the warm server (its
-    # imports, its answer) is not the plan's, whichever launcher ends up running it.
-    clock.mark("launch", at=handle.started_at)
-    waits_s: dict[str, float] = {}
-    launcher_wait_s = handle.started_at - started
-    if launcher_wait_s >= 0.05:
-        waits_s["launcher"] = round(launcher_wait_s, 3)
-    plan_started = handle.started_at
-    sampler = NodeRssSampler(process.pids).start()
-    try:
-        # The timeout covers the job from its launch (torchrun's and the workers' imports
-        # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
-        # ranks wait to load it: a timeout must never kill that build half-way (the next probe
-        # would start it over).
-        from zeroplan.runtime.dsops import op_build_in_progress
-
-        returncode, timed_out = launcher.wait(handle, max(request.timeout_s - (time.monotonic() - plan_started), 0.1),
-                                              not_charged=lambda: op_build_in_progress(env=env))
-        if getattr(process, "not_charged_s", 0.0) > 0:
-            waits_s["op build"] = round(process.not_charged_s, 3)
-        sampler.stop()
-        if timed_out or returncode != 0:
-            launcher.cancel(handle)
-            _drop_locks_left(env, started_unix)
-        else:
-            # torchrun has exited; make sure no worker outlived it.
-            process.kill_all()
-    except BaseException:
-        sampler.stop()
-        launcher.cancel(handle)
-        _drop_locks_left(env, started_unix)
-        process.close()
-        raise
-    process.close()
+    ran = _run_job(launcher, job, timeout_s=request.timeout_s, started=started, started_unix=started_unix, clock=clock)
+    handle, returncode, timed_out = ran.handle, ran.returncode, ran.timed_out
+    process, launcher = handle.process, handle.launcher  # the launcher that ran it (a fallback's, if need be)
     clock.mark("exit")
     wall_s = time.monotonic() - started
 
@@ -310,7 +277,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         precision = trainer_precision(request.script_args, config)
     context: dict = {}
     estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size, context, precision=precision)
-    host = summarize_host(ranks, sampler)
+    host = summarize_host(ranks, ran.sampler)
     host.update(_host_estimate(context, summary, host))
     host.pop("model_build", None)
     limit = memory_limit(status, error, summary.get("memory_kind"))
@@ -344,13 +311,72 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         **host,
     )
     clock.mark("report")
-    result = dataclasses.replace(result, launcher=launcher.name, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s,
+    result = dataclasses.replace(result, launcher=launcher.name, launcher_note=ran.launcher_note, phases_s=clock.phases(), waits_s=ran.waits_s,
                                  cpu_step_time=summary.get("cpu_step_time"), load_average=(load_start, os.getloadavg()[0]))
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:
         record["nodes"] = launch.as_dict() | {k: v for k, v in handle.info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
     launcher.files(workdir, job.node_rank).result.write_text(json.dumps(record, indent=2))
     return result
+
+
+@dataclasses.dataclass
+class _Ran:
+    """A launched job once it has ended and been cleaned up."""
+
+    handle: LaunchHandle
+    """What started it (the launcher that ran it, its process tree, rendezvous facts, heartbeats)."""
+    returncode: int | None
+    """Its exit code; None when it was stopped."""
+    timed_out: bool
+    """It ran past the probe's timeout (and was cancelled)."""
+    waits_s: dict[str, float]
+    """Seconds waited on what is not the plan's (``ProbeResult.waits_s``)."""
+    launcher_note: str | None
+    """Why the launcher asked for did not run it (its fallback did), else None."""
+    sampler: NodeRssSampler
+    """The node's RSS, sampled while the job ran."""
+
+
+def _run_job(launcher: Launcher, job: LaunchJob, *, timeout_s: float, started: float, started_unix: float, clock: PhaseClock) -> _Ran:
+    """Start ``job``, wait for it within ``timeout_s`` of the plan's clock, and stop whatever is left
+    of it (all of it, through its launcher, when it failed or timed out, or on Ctrl-C)."""
+    handle, launcher_note = _start(launcher, job)
+    launcher, process = handle.launcher, handle.process
+    # The plan's clock starts once something runs its ranks: waiting for the warm server (its
+    # imports, its answer) is not the plan's, whichever launcher ends up running it.
+    clock.mark("launch", at=handle.started_at)
+    waits_s: dict[str, float] = {}
+    launcher_wait_s = handle.started_at - started
+    if launcher_wait_s >= 0.05:
+        waits_s["launcher"] = round(launcher_wait_s, 3)
+    sampler = NodeRssSampler(process.pids).start()
+    try:
+        # The timeout covers the job from its launch (torchrun's and the workers' imports
+        # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
+        # ranks wait to load it: a timeout must never kill that build half-way (the next probe
+        # would start it over).
+        from zeroplan.runtime.dsops import op_build_in_progress
+
+        returncode, timed_out = launcher.wait(handle, max(timeout_s - (time.monotonic() - handle.started_at), 0.1),
+                                              not_charged=lambda: op_build_in_progress(env=job.env))
+        if getattr(process, "not_charged_s", 0.0) > 0:
+            waits_s["op build"] = round(process.not_charged_s, 3)
+        sampler.stop()
+        if timed_out or returncode != 0:
+            launcher.cancel(handle)
+            _drop_locks_left(job.env, started_unix)
+        else:
+            # torchrun has exited; make sure no worker outlived it.
+            process.kill_all()
+    except BaseException:
+        sampler.stop()
+        launcher.cancel(handle)
+        _drop_locks_left(job.env, started_unix)
+        process.close()
+        raise
+    process.close()
+    return _Ran(handle=handle, returncode=returncode, timed_out=timed_out, waits_s=waits_s, launcher_note=launcher_note, sampler=sampler)
 
 
 def _start(launcher: Launcher, job: LaunchJob) -> tuple[LaunchHandle, str | None]:
