@@ -1,4 +1,4 @@
-"""Options shared by ``probe`` and ``tune`` for jobs across nodes (zeroplan.runtime.multinode), and
+"""Options shared by ``probe`` and ``tune`` for jobs across nodes (zeroplan.runtime.launch.multinode), and
 ``tune``'s multi-node steps: a follower node's agent and the ``--emit-sbatch`` batch script."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def resolve_nodes(
     ``launcher`` None or a one-node kind (``warm``) on one node is a one-node job (:func:`local_launcher`
     says which launcher starts it); a one-node kind across nodes is refused.
     """
-    from zeroplan.runtime.multinode import NodeLaunch, check_node_layout
+    from zeroplan.runtime.launch.multinode import NodeLaunch, check_node_layout
 
     if launcher is not None and launcher not in LAUNCHERS:
         raise SpecError(f"--launcher {launcher} is not valid; choose one of {', '.join(LAUNCHERS)}")
@@ -112,8 +112,8 @@ def follow_node0(probes: Path, nodes: Any) -> None:
 
 
 def write_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:
-    """Write the batch script (zeroplan.runtime.multinode.sbatch_script) for this command line."""
-    from zeroplan.runtime.multinode import sbatch_script, tune_command_for_sbatch
+    """Write the batch script (zeroplan.runtime.launch.multinode.sbatch_script) for this command line."""
+    from zeroplan.runtime.launch.multinode import sbatch_script, tune_command_for_sbatch
 
     argv = sys.argv[sys.argv.index("tune") + 1 :] if "tune" in sys.argv else []
     out_dir = output.resolve()

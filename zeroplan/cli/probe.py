@@ -132,17 +132,17 @@ def _render_table(result, plan, console) -> None:
     table.add_row("tokens / s", "—" if result.tokens_per_second is None else f"{result.tokens_per_second:,.0f}", "", "")
     console.print(table)
     if result.discovered_model:
-        from zeroplan.runtime.discover import DiscoveredModel
+        from zeroplan.runtime.discovery.discover import DiscoveredModel
 
         console.print(f"model {DiscoveredModel.from_dict(result.discovered_model).describe()}", markup=False, highlight=False)
     if result.recipe:
-        from zeroplan.runtime.recipe_discovery import recipe_lines
+        from zeroplan.runtime.discovery.recipe_discovery import recipe_lines
 
         phases = result.memory_phases_per_rank[0] if result.memory_phases_per_rank else None
         for line in recipe_lines(result.trainer, result.recipe, result.frozen_engines, phases):
             console.print(line, markup=False, highlight=False)
     if result.activations_source:
-        from zeroplan.runtime.discover import ACTIVATION_SOURCE_WORDS
+        from zeroplan.runtime.discovery.discover import ACTIVATION_SOURCE_WORDS
 
         console.print(f"activations: {ACTIVATION_SOURCE_WORDS.get(result.activations_source, result.activations_source)}",
                       markup=False, highlight=False)
@@ -279,13 +279,13 @@ def probe(
     # The reader `zeroplan validate` uses: commented (hjson) configs DeepSpeed accepts are read too.
     ds_config = load_config(config).config if config is not None else None
     if ds_config is not None and (sp > 1 or tp > 1):
-        from zeroplan.runtime.layout import apply_probe_layout
+        from zeroplan.runtime.rank.layout import apply_probe_layout
 
         ds_config, _ = apply_probe_layout(ds_config, None, sp=sp, tp=tp, world_size=gpus)
     if ds_config is not None:
         for note in check_probe_config(ds_config, config, world_size=gpus):
             print(f"zeroplan: note: {note}", file=sys.stderr)
-    from zeroplan.runtime.peft_source import PeftFlags
+    from zeroplan.runtime.measure.peft_source import PeftFlags
 
     # What needs no model is checked now; a layout that does not fit the model is an error now
     # with --model/--params, and a note beside the measurement for a task's or discovered model.
@@ -321,13 +321,13 @@ def probe(
     elif backend == "fsdp" or ds_config is None:
         raise SpecError("give a DeepSpeed config (--config ds.json) or a plan (--stage 0|1|2|3, --micro-batch ...)")
     if sp > 1 or tp > 1 or plan is not None:
-        from zeroplan.runtime.layout import apply_probe_layout
+        from zeroplan.runtime.rank.layout import apply_probe_layout
 
         if backend == "fsdp" and (sp > 1 or tp > 1):
             raise SpecError("--sp and --tp run on --backend deepspeed (Ulysses and AutoTP are DeepSpeed features)")
         ds_config, plan = apply_probe_layout(ds_config, plan, sp=sp, tp=tp, world_size=gpus)
         if plan is not None and (plan.sp > 1 or plan.tp > 1):
-            from zeroplan.runtime.layout import check_probe_layout
+            from zeroplan.runtime.rank.layout import check_probe_layout
 
             check_probe_layout(plan, world_size=gpus, model=model_spec, seq_len=seq_len)
     if backend == "fsdp" and plan is not None and (plan.zero_hpz_partition_size > 1 or plan.zero_quantized_weights or plan.zero_quantized_gradients):
@@ -374,7 +374,7 @@ def probe(
     from rich.console import Console
 
     err_console = Console(stderr=True)
-    from zeroplan.runtime.dsops import lock_report
+    from zeroplan.runtime.rank.dsops import lock_report
 
     for note in lock_report():  # probes build in their own folder; the user's own runs would wait on these
         print(f"zeroplan: note: {note}", file=sys.stderr)

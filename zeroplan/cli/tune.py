@@ -246,7 +246,7 @@ def _nodes(gpus: int, f: dict) -> tuple[Any, Any]:
     require_runtime("tune")
     if nodes is not None and nodes.kind.agent_per_node and nodes.node_rank:
         # Node K > 0: no study, no search; join every probe node 0's tuner starts in the shared
-        # --output folder until it is done (zeroplan.runtime.follow.follow_probes).
+        # --output folder until it is done (zeroplan.runtime.launch.follow.follow_probes).
         follow_node0(f["output"] / "probes", nodes)
         return None, None
     if nodes is not None:

@@ -46,7 +46,7 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
     base_config, config_arg, trainer, user_base = _base_config(request, listener)
     precision = request.precision
     if trainer:
-        from zeroplan.runtime.trainer import trainer_precision
+        from zeroplan.runtime.rank.trainer import trainer_precision
 
         # What "auto" resolves to: the script's --bf16/--fp16, unless the config says.
         precision = trainer_precision(request.script_args, base_config)
@@ -123,7 +123,7 @@ def _base_config(request: TuneRequest, listener: TuneListener) -> tuple[Any, str
     trial starts from the user's config, else (Trainer) from the "auto" template, else from
     zeroplan's complete config."""
     from zeroplan.dsconfig.trial import base_for_script, with_overlap_comm
-    from zeroplan.runtime.trainer import TRAINER_CONFIG_ARG, is_trainer_script
+    from zeroplan.runtime.rank.trainer import TRAINER_CONFIG_ARG, is_trainer_script
 
     config_arg = request.config_arg
     trainer = request.script_kind == "script" and is_trainer_script(request.script)
@@ -165,7 +165,7 @@ def _model(request: TuneRequest, listener: TuneListener, *, precision: str, conf
                 raise SpecError(f"the task in {script} declares no model_spec; give --params or --model")
             found["origin"] = "declared by the task"
         else:
-            from zeroplan.runtime.discover import discovered_or_cached, discovery_config
+            from zeroplan.runtime.discovery.discover import discovered_or_cached, discovery_config
 
             draft = resolve_training(precision=precision, optimizer=request.optimizer, seq_len=request.seq_len or 2048, micro_batch=None,
                                      global_batch=None, grad_accum=None)
@@ -178,7 +178,7 @@ def _model(request: TuneRequest, listener: TuneListener, *, precision: str, conf
                          activation_bytes=discovered.activation_bytes(), origin="discovered" + (" (cached)" if cached else ""))
             listener.event("model_discovered", description=discovered.describe(), cached=cached)
             if discovered.recipe:
-                from zeroplan.runtime.recipe_discovery import recipe_lines
+                from zeroplan.runtime.discovery.recipe_discovery import recipe_lines
 
                 # A TRL DPO/GRPO script: its recipe prunes and ranks the plans unless --recipe says otherwise.
                 found["recipe"] = discovered.recipe
@@ -208,7 +208,7 @@ def _training_and_cluster(request: TuneRequest, known: dict, *, precision: str) 
         micro_batch=request.micro_batch, global_batch=request.global_batch, grad_accum=request.grad_accum,
     )
     # What the loss keeps over the logits: --loss, else the task's Task(loss=...), as a probe's
-    # estimate reads it (runtime.prediction); else the estimator's default.
+    # estimate reads it (runtime.measure.prediction); else the estimator's default.
     loss_origin = "given" if request.loss else "declared by the task" if known["task_loss"] else "default"
     training = replace(training, loss=request.loss or known["task_loss"] or training.loss)
     cluster = resolve_cluster(
@@ -280,10 +280,10 @@ def _search(request, listener, study, space, runner, meta, *, url: str, time_mod
 
 def _build_optimizer_ops(listener: TuneListener, space, training, *, base_config, optimizer_impl) -> None:
     """Compile the DeepSpeed optimizer ops the fitting plans load, once, before the first probe
-    (zeroplan.runtime.dsops.build_ops), and say how long it took: apart from every probe."""
+    (zeroplan.runtime.rank.dsops.build_ops), and say how long it took: apart from every probe."""
     import subprocess
 
-    from zeroplan.runtime.dsops import build_ops, optimizer_ops_for, unbuilt_ops
+    from zeroplan.runtime.rank.dsops import build_ops, optimizer_ops_for, unbuilt_ops
 
     block = (base_config is None or "optimizer" in base_config) and optimizer_impl not in ("torch", "torch-fused") \
         and training.optimizer in ("adam", "adamw")

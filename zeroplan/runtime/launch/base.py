@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Optional
 
 if TYPE_CHECKING:  # annotations only: the node layout validates itself through this module's registry
-    from zeroplan.runtime.job import Job
-    from zeroplan.runtime.multinode import NodeLaunch, NodeWatch
+    from zeroplan.runtime.launch.job import Job
+    from zeroplan.runtime.launch.multinode import NodeLaunch, NodeWatch
 
 __all__ = ["LaunchFiles", "LaunchHandle", "LaunchJob", "Launcher", "LauncherUnavailable"]
 
@@ -53,11 +53,11 @@ class LaunchJob:
     """What to start: one probe's ranks on this node (or, for a scheduler, on every node)."""
 
     spec_path: Path
-    """The worker's instructions (``probe.json``; ``python -m zeroplan.runtime.worker SPEC``)."""
+    """The worker's instructions (``probe.json``; ``python -m zeroplan.runtime.rank.worker SPEC``)."""
     nproc: int
     """Ranks per node."""
     env: Mapping[str, str]
-    """The ranks' environment (:func:`zeroplan.runtime.launcher.probe_environment`)."""
+    """The ranks' environment (:func:`zeroplan.runtime.probe.probe_environment`)."""
     workdir: Path
     """The probe folder (shared by every node of a multi-node probe)."""
     on_line: Optional[Callable[[str], None]] = None

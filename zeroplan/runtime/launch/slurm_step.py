@@ -1,6 +1,6 @@
 """``--launcher slurm``: every probe is one job step inside the allocation, ``srun --nodes N
 --ntasks-per-node 1`` of the node wrapper and torchrun, the rendezvous on the allocation's first
-host (Slurm itself: zeroplan.runtime.slurm). No ssh, no hostfile; one zeroplan agent for all nodes."""
+host (Slurm itself: zeroplan.runtime.launch.slurm). No ssh, no hostfile; one zeroplan agent for all nodes."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from zeroplan.runtime import multinode
+from zeroplan.runtime.launch import multinode
 from zeroplan.runtime.launch.base import LaunchHandle, LaunchJob, Launcher
 from zeroplan.runtime.launch.torchrun import TorchrunLauncher, start_command, torchrun_command
-from zeroplan.runtime.slurm import cancel_slurm_step, slurm_allocation
+from zeroplan.runtime.launch.slurm import cancel_slurm_step, slurm_allocation
 from zeroplan.spec import SpecError
 
 __all__ = ["SLURM_RDZV_PORTS", "SlurmLauncher"]
@@ -51,7 +51,7 @@ class SlurmLauncher(Launcher):
                 "hosts": ",".join(alloc.hosts[: nodes.nnodes])}
         srun = ["srun", "--nodes", str(nodes.nnodes), "--ntasks", str(nodes.nnodes), "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
                 f"--job-name={step_name}", "--export=ALL"]
-        wrapper = [sys.executable, "-m", "zeroplan.runtime.node_start", str(workdir), "slurm"]
+        wrapper = [sys.executable, "-m", "zeroplan.runtime.launch.node_start", str(workdir), "slurm"]
         torchrun = torchrun_command(nproc, spec_path, multinode.torchrun_node_args(nodes, endpoint=endpoint, rdzv_id=rdzv_id))
         return srun + wrapper + ["--"] + torchrun, info
 

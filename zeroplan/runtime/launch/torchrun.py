@@ -1,5 +1,5 @@
 """``--launcher torchrun``: ``torchrun --standalone`` on one node; across nodes one zeroplan agent per
-node, each running torchrun against a c10d rendezvous (zeroplan.runtime.multinode)."""
+node, each running torchrun against a c10d rendezvous (zeroplan.runtime.launch.multinode)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import ClassVar, Optional
 
-from zeroplan.runtime import multinode
-from zeroplan.runtime.job import Job
+from zeroplan.runtime.launch import multinode
+from zeroplan.runtime.launch.job import Job
 from zeroplan.runtime.launch.base import LaunchFiles, LaunchHandle, LaunchJob, Launcher
 from zeroplan.spec import SpecError
 
@@ -20,10 +20,10 @@ _NODE_ARGS = ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr",
 
 
 def torchrun_command(nproc: int, spec_path: Path, node_args: list[str]) -> list[str]:
-    """``python -m torch.distributed.run ... -m zeroplan.runtime.worker SPEC`` (no restarts: a
+    """``python -m torch.distributed.run ... -m zeroplan.runtime.rank.worker SPEC`` (no restarts: a
     failed probe is an answer, not something to retry)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts", "0"]
-    return cmd + node_args + ["-m", "zeroplan.runtime.worker", str(spec_path)]
+    return cmd + node_args + ["-m", "zeroplan.runtime.rank.worker", str(spec_path)]
 
 
 def start_command(launcher: Launcher, job: LaunchJob, cmd: list[str], info: dict, *, started_at: float, heartbeats: bool) -> LaunchHandle:
@@ -82,11 +82,11 @@ class TorchrunLauncher(Launcher):
         return torchrun_command(nproc, spec_path, standalone + list(torchrun_args))
 
     def node_command(self, nodes, *, nproc: int, spec_path: Path, workdir: Path, env: dict[str, str] | None = None) -> tuple[list[str], dict]:
-        """This node's wrapper (``zeroplan.runtime.node_start`` writes its marker, then execs
+        """This node's wrapper (``zeroplan.runtime.launch.node_start`` writes its marker, then execs
         torchrun) and torchrun against the user's rendezvous endpoint; (command, info)."""
         rdzv_id = nodes.rdzv_id or multinode.rendezvous_id(workdir)
         endpoint = str(nodes.rdzv_endpoint)
-        wrapper = [sys.executable, "-m", "zeroplan.runtime.node_start", str(workdir), str(nodes.node_rank)]
+        wrapper = [sys.executable, "-m", "zeroplan.runtime.launch.node_start", str(workdir), str(nodes.node_rank)]
         torchrun = torchrun_command(nproc, spec_path, multinode.torchrun_node_args(nodes, endpoint=endpoint, rdzv_id=rdzv_id))
         return wrapper + ["--"] + torchrun, {"rdzv_id": rdzv_id, "endpoint": endpoint}
 

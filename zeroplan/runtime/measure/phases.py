@@ -1,6 +1,6 @@
 """Where a probe's wall time goes: the phases the launcher sees, from the worker's progress lines.
 
-The worker (rank 0) prints ``zeroplan-progress EVENT t=S`` lines (zeroplan.runtime.meter); the
+The worker (rank 0) prints ``zeroplan-progress EVENT t=S`` lines (zeroplan.runtime.measure.meter); the
 launcher notes when each reached it, on its own clock, so the time before the worker ran (the
 launcher's start, torchrun's or a fork) is counted too.
 """

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from zeroplan.runtime import multinode
+from zeroplan.runtime.launch import multinode
 from zeroplan.runtime.api import ProbeRequest
 from zeroplan.runtime.launch import LaunchJob
-from zeroplan.runtime.launcher import probe_environment
+from zeroplan.runtime.probe import probe_environment
 
 __all__ = ["FOLLOW_DONE", "follow_probes", "join_probe"]
 

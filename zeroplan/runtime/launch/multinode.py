@@ -14,8 +14,8 @@ Every node's ranks write their results into the probe folder, so on a real clust
 launcher first writes ``node-<K>.json`` there; a rendezvous that times out names the node ranks
 with no such file.
 
-Slurm itself (allocation, step cancel, batch script) lives in :mod:`zeroplan.runtime.slurm`.
-No torch here; ``python -m zeroplan.runtime.node_start`` is the small per-node wrapper that
+Slurm itself (allocation, step cancel, batch script) lives in :mod:`zeroplan.runtime.launch.slurm`.
+No torch here; ``python -m zeroplan.runtime.launch.node_start`` is the small per-node wrapper that
 writes the marker and then *execs* torchrun (same pid, so signals that reach it reach torchrun).
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from zeroplan.runtime.meter import progress_step
-from zeroplan.runtime.slurm import (
+from zeroplan.runtime.measure.meter import progress_step
+from zeroplan.runtime.launch.slurm import (
     SlurmAllocation,
     cancel_slurm_step,
     expand_hostlist,

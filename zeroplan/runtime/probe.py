@@ -4,7 +4,7 @@ classify what came back and put the estimate beside it.
 
 torchrun starts each worker with ``start_new_session=True`` (torch/distributed/elastic/
 multiprocessing/subprocess_handler), so killing torchrun's process group alone would orphan
-the workers: :class:`zeroplan.runtime.job.Job` remembers every descendant and signals each group.
+the workers: :class:`zeroplan.runtime.launch.job.Job` remembers every descendant and signals each group.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Callable
 
 from zeroplan.runtime.api import ProbeRequest, ProbeResult
-from zeroplan.runtime import multinode
-from zeroplan.runtime.classify import classify, summarize_ranks
+from zeroplan.runtime.launch import multinode
+from zeroplan.runtime.measure.classify import classify, summarize_ranks
 from zeroplan.runtime.launch import LaunchHandle, LaunchJob, Launcher, LauncherUnavailable, launcher_for
 from zeroplan.runtime.launch.torchrun import TorchrunLauncher
-from zeroplan.runtime.phases import PHASES, PhaseClock
-from zeroplan.runtime.prediction import _estimate, _host_estimate, comparable_estimate, config_for_plan
-from zeroplan.runtime.hostmem import NodeRssSampler, memory_limit, summarize_host
+from zeroplan.runtime.measure.phases import PHASES, PhaseClock
+from zeroplan.runtime.measure.prediction import _estimate, _host_estimate, comparable_estimate, config_for_plan
+from zeroplan.runtime.measure.hostmem import NodeRssSampler, memory_limit, summarize_host
 from zeroplan.spec import SpecError, TrainingSpec
 
 __all__ = [
@@ -58,11 +58,11 @@ def script_kind(script: Path) -> str:
 
 
 def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = None) -> list[str]:
-    """``python -m torch.distributed.run ... -m zeroplan.runtime.worker SPEC``.
+    """``python -m torch.distributed.run ... -m zeroplan.runtime.rank.worker SPEC``.
 
     A single-node probe uses ``--standalone`` (a c10d store on a free localhost port), so
     concurrent probes never fight over MASTER_PORT; extra torchrun arguments pass through
-    unchanged. A multi-node request (``request.nodes``) is zeroplan.runtime.multinode's command
+    unchanged. A multi-node request (``request.nodes``) is zeroplan.runtime.launch.multinode's command
     (this node's torchrun agent, or one ``srun`` step); ``info`` receives its endpoint and step.
     """
     if request.nodes is not None and request.nodes.multinode:
@@ -75,20 +75,20 @@ def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = No
 
 def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the job: zeroplan importable, unbuffered output, intra-op threads per rank
-    (:func:`zeroplan.runtime.threads.rank_threads`: one on CPU, the cores split between ranks on CUDA).
+    (:func:`zeroplan.runtime.rank.threads.rank_threads`: one on CPU, the cores split between ranks on CUDA).
 
     ``DS_ACCELERATOR=cpu`` (DeepSpeed 0.19 on CPU over gloo) is set by the worker itself when
     torch sees no CUDA device, so it is right on every node of a multi-node job.
-    ``TORCH_EXTENSIONS_DIR`` is zeroplan's own (:func:`zeroplan.runtime.dsops.private_extensions_dir`).
+    ``TORCH_EXTENSIONS_DIR`` is zeroplan's own (:func:`zeroplan.runtime.rank.dsops.private_extensions_dir`).
     """
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     if "OMP_NUM_THREADS" not in env:
         # One intra-op thread per CPU rank: a pool as wide as the cores measures the machine's
-        # other work, not the plan (zeroplan.runtime.threads has the measurement).
+        # other work, not the plan (zeroplan.runtime.rank.threads has the measurement).
         from zeroplan.profiles.detect import local_gpu_count
-        from zeroplan.runtime.threads import rank_threads
+        from zeroplan.runtime.rank.threads import rank_threads
 
         env["OMP_NUM_THREADS"] = str(rank_threads(request.nproc, on_cuda=bool(local_gpu_count()), env=env))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -97,7 +97,7 @@ def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None)
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     # DeepSpeed's JIT ops build and load in zeroplan's own folder: a rank killed mid-build leaves
     # its lock there, never where the user's own runs would wait on it (dsops.private_extensions_dir).
-    from zeroplan.runtime.dsops import private_extensions_dir
+    from zeroplan.runtime.rank.dsops import private_extensions_dir
 
     env["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir(env))
     env.update(dict(request.env))
@@ -192,8 +192,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json) or a plan")
         config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.world_size, model=request.model,
                                  workdir=workdir, optimizer_impl=request.optimizer_impl)
-        if request.plan.sp > 1 or request.plan.tp > 1:  # the layout's DeepSpeed keys (zeroplan.runtime.layout)
-            from zeroplan.runtime.layout import with_layout
+        if request.plan.sp > 1 or request.plan.tp > 1:  # the layout's DeepSpeed keys (zeroplan.runtime.rank.layout)
+            from zeroplan.runtime.rank.layout import with_layout
 
             config = with_layout(config, sp=request.plan.sp, tp=request.plan.tp, world_size=request.world_size)
     if config is not None:
@@ -204,9 +204,9 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             raise SpecError("backend deepspeed needs a DeepSpeed config or a plan (--stage ...)")
         config_path = workdir / "ds_config.json"
     # A Hugging Face Trainer script takes --deepspeed, and its batch flags must agree with the
-    # config's numbers (zeroplan.runtime.trainer); "auto" batch keys leave the flags to the user
+    # config's numbers (zeroplan.runtime.rank.trainer); "auto" batch keys leave the flags to the user
     # and the plan's batch shape to what the engine reports after the run.
-    from zeroplan.runtime.trainer import TRAINER_CONFIG_ARG, batch_is_auto, is_trainer_script, trainer_batch_args
+    from zeroplan.runtime.rank.trainer import TRAINER_CONFIG_ARG, batch_is_auto, is_trainer_script, trainer_batch_args
 
     plan, plan_note = request.plan, None
     if plan is None and config is not None:
@@ -272,7 +272,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         plan = dataclasses.replace(plan, micro_batch=int(micro), gradient_accumulation_steps=int(accumulation))
     precision = None
     if trainer and config is not None:
-        from zeroplan.runtime.trainer import trainer_precision
+        from zeroplan.runtime.rank.trainer import trainer_precision
 
         precision = trainer_precision(request.script_args, config)
     context: dict = {}
@@ -356,7 +356,7 @@ def _run_job(launcher: Launcher, job: LaunchJob, *, timeout_s: float, started: f
         # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
         # ranks wait to load it: a timeout must never kill that build half-way (the next probe
         # would start it over).
-        from zeroplan.runtime.dsops import op_build_in_progress
+        from zeroplan.runtime.rank.dsops import op_build_in_progress
 
         returncode, timed_out = launcher.wait(handle, max(timeout_s - (time.monotonic() - handle.started_at), 0.1),
                                               not_charged=lambda: op_build_in_progress(env=job.env))
@@ -391,8 +391,8 @@ def _start(launcher: Launcher, job: LaunchJob) -> tuple[LaunchHandle, str | None
 
 def _drop_locks_left(env: dict[str, str], started_unix: float) -> None:
     """A rank killed while loading a DeepSpeed op leaves torch's build lock behind, on which every
-    later load of the op would wait for ever (zeroplan.runtime.dsops.drop_stale_locks)."""
-    from zeroplan.runtime.dsops import drop_stale_locks
+    later load of the op would wait for ever (zeroplan.runtime.rank.dsops.drop_stale_locks)."""
+    from zeroplan.runtime.rank.dsops import drop_stale_locks
 
     try:
         drop_stale_locks(env=env, since=started_unix)
