@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     from zeroplan import profiles
     from zeroplan.estimator import estimate_plan
     from zeroplan.runtime import ProbeRequest, run_probe
-    from zeroplan.runtime.launcher import comparable_estimate
+    from zeroplan.runtime.probe import comparable_estimate
     from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
 
-    from zeroplan.runtime.task import load_task
+    from zeroplan.runtime.rank.task import load_task
 
     cfg = gpt_task.GPTConfig(layers=4, hidden=256, heads=4, vocab=8192, seq_len=128)
     script_args = ("--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "8192", "--seq-len", "128")

@@ -84,7 +84,7 @@ def estimate(name: str, *, stage: int, nproc: int, model, training, cluster) -> 
     """The estimator's comparable per-rank peak for the layout's Plan (TiledMLP rows with
     ``Plan.tiled_mlp``)."""
     from zeroplan import estimator
-    from zeroplan.runtime.prediction import comparable_estimate
+    from zeroplan.runtime.measure.prediction import comparable_estimate
 
     plan = layout_plan(name, stage=stage, hidden=model.hidden_size)
     est = estimator.estimate_plan(model, cluster, training, plan, device="cpu")

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from zeroplan import estimator, profiles
     from zeroplan.runtime import ProbeRequest, run_probe
-    from zeroplan.runtime.launcher import comparable_estimate
+    from zeroplan.runtime.probe import comparable_estimate
     from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
 
     task = _task_module()
@@ -133,7 +133,7 @@ def _savings(rows: list[dict]) -> None:
 def _reestimate(rows: list[dict], settings: dict) -> None:
     """The current estimator's comparable peak for each measured row (same model, plan, engine)."""
     from zeroplan import estimator, profiles
-    from zeroplan.runtime.launcher import comparable_estimate
+    from zeroplan.runtime.probe import comparable_estimate
     from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
 
     task = _task_module()

@@ -125,7 +125,7 @@ def measure(variant: str, *, n: int, h: int, v: int, chunks: int = 8) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     torch.manual_seed(0)
     hidden = (torch.randn(n, h) / h**0.5).to(torch.bfloat16).requires_grad_()

@@ -63,14 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     from zeroplan import estimator, profiles
     from zeroplan.runtime import ProbeRequest, run_probe
     from zeroplan.estimator.memory import engine_overhead
-    from zeroplan.runtime.launcher import comparable_estimate
+    from zeroplan.runtime.probe import comparable_estimate
     from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
 
     names = [n.strip() for n in args.plans.split(",") if n.strip()]
     unknown = [n for n in names if n not in PLANS]
     if unknown:
         p.error(f"unknown plans {unknown}; choose from {', '.join(PLANS)}")
-    from zeroplan.runtime.task import load_task
+    from zeroplan.runtime.rank.task import load_task
 
     script_args = ("--layers", str(args.layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
                    "--vocab", str(args.vocab), "--seq-len", str(args.seq_len))

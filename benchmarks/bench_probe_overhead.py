@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from zeroplan.dsconfig import build_config
     from zeroplan.runtime import ProbeRequest, run_probe
-    from zeroplan.runtime.launcher import probe_environment
+    from zeroplan.runtime.probe import probe_environment
     from zeroplan.spec import Plan, TrainingSpec
 
     cfg = gpt_task.GPTConfig(layers=args.layers, hidden=args.hidden, heads=8, vocab=args.vocab, seq_len=64)

@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     from zeroplan import profiles
     from zeroplan.estimator import estimate_plan
     from zeroplan.runtime import ProbeRequest, run_probe
-    from zeroplan.runtime.launcher import comparable_estimate
-    from zeroplan.runtime.task import load_task
+    from zeroplan.runtime.probe import comparable_estimate
+    from zeroplan.runtime.rank.task import load_task
     from zeroplan.spec import ClusterSpec, Plan, TrainingSpec
 
     gpu = profiles.default_gpu()[0]

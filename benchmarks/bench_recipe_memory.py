@@ -103,16 +103,16 @@ def _row_seq_len(row: dict, run: dict, settings: dict) -> int:
 
 def reestimate(doc: dict) -> None:
     """Each run's estimate again with this zeroplan's estimator, without probing: the probe's own
-    path (:func:`zeroplan.runtime.prediction._estimate`: the trainer's bf16 and checkpointing, the
+    path (:func:`zeroplan.runtime.measure.prediction._estimate`: the trainer's bf16 and checkpointing, the
     discovered recipe, TRL's fused head, CPU storage) over the saved run's trainer values and recipe
     and the model the probe discovered (else examples/tiny_llama.json, the examples' model).
     Sets ``reestimated_peak_memory`` and ``reestimate_note`` on every ok run."""
     from zeroplan.dsconfig import plan_from_config
     from zeroplan.profiles.hf_config import model_from_hf_config
     from zeroplan.runtime.api import ProbeRequest
-    from zeroplan.runtime.discover import DiscoveredModel
-    from zeroplan.runtime.prediction import _estimate
-    from zeroplan.runtime.trainer import trainer_precision
+    from zeroplan.runtime.discovery.discover import DiscoveredModel
+    from zeroplan.runtime.measure.prediction import _estimate
+    from zeroplan.runtime.rank.trainer import trainer_precision
 
     tiny = model_from_hf_config(EXAMPLES / "tiny_llama.json")
     settings = doc["settings"]

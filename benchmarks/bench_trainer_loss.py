@@ -31,7 +31,7 @@ def training_step_peak(vocab_size: int, *, tokens: int = TOKENS, trainer: str = 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,

@@ -11,7 +11,7 @@ Part 2 — one process, the plain DeepSpeed script examples/train_deepspeed.py:
   and DeepSpeed's chosen config re-measured with a zeroplan probe, so both best throughputs come
   from the same measurement. zeroplan's wall time runs from starting its warm server and measuring
   this CPU (as ``zeroplan tune`` does before searching) to the end of the search; a table splits
-  each probe into phases (zeroplan.runtime.phases.PHASES) and shows the tuner's time between
+  each probe into phases (zeroplan.runtime.measure.phases.PHASES) and shows the tuner's time between
   probes. ``--launcher torchrun`` runs the search's probes under torchrun instead;
   ``--compare-launchers N`` first probes three plans N rounds under each launcher, interleaved
   (step time, peak tensor memory per rank, host RSS).
@@ -160,9 +160,9 @@ def zeroplan_search(request: TuneRequest, *, grid_values: Optional[dict] = None)
 
 
 def phase_table(title: str, outcomes: list, search_wall_s: float) -> Table:
-    """Where each probe's wall time went (zeroplan.runtime.phases.PHASES), and the tuner's own
+    """Where each probe's wall time went (zeroplan.runtime.measure.phases.PHASES), and the tuner's own
     time between probes (estimator, Optuna, files): the search's wall time less its probes'."""
-    from zeroplan.runtime.phases import PHASES
+    from zeroplan.runtime.measure.phases import PHASES
 
     table = Table(title=title, title_justify="left")
     for col in ("probe", "launcher", "wall s", *PHASES):
@@ -380,7 +380,7 @@ def part2_once(args, tmp: Path, model, training, *, deepspeed_first: bool = True
     # As `zeroplan tune` runs on CPU (run_tune, which the command calls): the warm server starts while
     # this process imports torch for the quick time model, micro-step probes stop at ±10%, derived
     # timeouts, 5 measured steps at most. Everything from here is part of zeroplan's wall time.
-    from zeroplan.runtime import warm
+    from zeroplan.runtime.launch import warm
 
     warm.shutdown()  # the search pays the warm server's start, as `zeroplan tune` does
     # The script stops after --steps optimizer steps: leave room for warm-up plus the measured ones.

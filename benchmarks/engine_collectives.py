@@ -57,7 +57,7 @@ def main() -> None:
 
     from zeroplan.dsconfig import build_config
     from zeroplan.estimator.engine_work import engine_work, stage3_gathers
-    from zeroplan.runtime.dsops import skip_shm_comm_op
+    from zeroplan.runtime.rank.dsops import skip_shm_comm_op
     from zeroplan.spec import Plan, TrainingSpec
     from zeroplan.tuner.checks import task_declaration
 

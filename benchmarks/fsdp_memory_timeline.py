@@ -3,9 +3,9 @@
     PYTHONPATH=. python -m torch.distributed.run --nproc_per_node 2 \
         benchmarks/fsdp_memory_timeline.py --stage 3 [--checkpointing full] [--offload] [--foreach]
 
-Wraps the model exactly as the probe's fsdp backend does (zeroplan.runtime.backends.fsdp.wrap_model:
+Wraps the model exactly as the probe's fsdp backend does (zeroplan.runtime.rank.backends.fsdp.wrap_model:
 FSDP2 ``fully_shard`` per block and at the root, bf16 MixedPrecisionPolicy with fp32 reduction),
-counts live tensor storage with zeroplan.runtime.memory.StorageTracker (the probes' CPU meter), and
+counts live tensor storage with zeroplan.runtime.measure.memory.StorageTracker (the probes' CPU meter), and
 prints on rank 0, for the last step, the largest live MiB in each window: forward, the loss's
 backward (until the gradient reaches the logits), each block's backward, the rest of backward,
 and the optimizer step. ``--foreach`` makes AdamW use its foreach implementation (the CUDA default);
@@ -44,9 +44,9 @@ def main() -> None:
     import torch.distributed as dist
 
     import gpt_task
-    from zeroplan.runtime.backends.common import apply_checkpointing
-    from zeroplan.runtime.backends.fsdp import wrap_model
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.rank.backends.common import apply_checkpointing
+    from zeroplan.runtime.rank.backends.fsdp import wrap_model
+    from zeroplan.runtime.measure.memory import StorageTracker
     from zeroplan.spec import Plan
 
     dist.init_process_group("gloo")

@@ -24,7 +24,7 @@ def main() -> int:
     import torch.distributed as dist
 
     import lora_task
-    from zeroplan.runtime.backends.fsdp import wrap_model
+    from zeroplan.runtime.rank.backends.fsdp import wrap_model
     from zeroplan.spec import Plan
 
     dist.init_process_group("gloo")

@@ -49,7 +49,7 @@ def zeroplan_task():
     import torch
     from transformers import LlamaForCausalLM
 
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.rank.task import Task
 
     args = parse()
     reserved_file = os.environ.get("ZEROPLAN_RESERVED_FILE")

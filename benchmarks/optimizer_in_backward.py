@@ -36,7 +36,7 @@ def measure(in_backward: bool) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG, attn_implementation="sdpa")).to(torch.bfloat16)

@@ -44,8 +44,8 @@ def run_one(stage: int, impl: str, steps: int) -> dict:
     import torch.distributed as dist
 
     import gpt_task
-    from zeroplan.runtime.dsops import skip_shm_comm_op
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.rank.dsops import skip_shm_comm_op
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     skip_shm_comm_op()
 

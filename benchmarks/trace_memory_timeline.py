@@ -3,7 +3,7 @@
     PYTHONPATH=. DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 \
         benchmarks/trace_memory_timeline.py --stage 2 [--offload cpu] [--gas 2] [--steps 3]
 
-Wraps the whole run in zeroplan.runtime.memory.StorageTracker (the probes' CPU meter) and prints,
+Wraps the whole run in zeroplan.runtime.measure.memory.StorageTracker (the probes' CPU meter) and prints,
 on rank 0, the live MiB (and bytes) at labelled points of each micro-step (forward, the gradient
 reaching the fp32 and the 16-bit logits, each block's backward, DeepSpeed's first gradient hook,
 first bucket flush and backward epilogue, before and after the optimizer step), the largest live
@@ -30,7 +30,7 @@ def _optimizer_tensor_mib(optimizer) -> dict[str, float]:
     """MiB of tensor storage held by each attribute of ``optimizer`` (tensors, lists, dicts; one level deep)."""
     import torch
 
-    from zeroplan.runtime.memory import storages_of
+    from zeroplan.runtime.measure.memory import storages_of
 
     def leaves(value):
         if isinstance(value, torch.Tensor):
@@ -151,7 +151,7 @@ def main() -> int:
 
     import torch
 
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     import traceback
 
@@ -292,7 +292,7 @@ def main() -> int:
                 dist.barrier()
         dist.barrier()
     sys.stdout.flush()
-    os._exit(0)  # skip engine teardown (gloo threads), as zeroplan.runtime.worker does
+    os._exit(0)  # skip engine teardown (gloo threads), as zeroplan.runtime.rank.worker does
 
 
 if __name__ == "__main__":

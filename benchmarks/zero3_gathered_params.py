@@ -70,7 +70,7 @@ def main() -> int:
         engine.step()
     dist.barrier()
     sys.stdout.flush()
-    os._exit(0)  # skip engine teardown (gloo threads), as zeroplan.runtime.worker does
+    os._exit(0)  # skip engine teardown (gloo threads), as zeroplan.runtime.rank.worker does
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def model_spec(cfg: GPTConfig):
 
 
 def zeroplan_task():
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.rank.task import Task
 
     cfg = parse_config()
     return Task(

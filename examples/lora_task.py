@@ -140,7 +140,7 @@ def blocks(model) -> list:
 
 
 def zeroplan_task():
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.rank.task import Task
 
     args = parse_args()
     return Task(

@@ -118,7 +118,7 @@ def model_spec(args: argparse.Namespace):
 
 
 def zeroplan_task():
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.rank.task import Task
 
     args = parse_args()
     vocab = _config(args.config)["vocab_size"]

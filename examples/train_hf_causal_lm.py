@@ -5,7 +5,7 @@ weights (no hub access): ``engine(input_ids=..., labels=...).loss``, as people w
     zeroplan probe examples/train_hf_causal_lm.py --config ds.json --gpus 2 --sp 2
 
 The script knows nothing of sequence or tensor parallelism: ``zeroplan probe --sp/--tp`` runs it
-with that layout (zeroplan.runtime.layout). Sizes: --model-config DIR (a folder with
+with that layout (zeroplan.runtime.rank.layout). Sizes: --model-config DIR (a folder with
 config.json, default examples/tiny_llama), --seq-len, --attn (sdpa; eager is what Ulysses rejects).
 """
 

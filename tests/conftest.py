@@ -30,10 +30,10 @@ if _no_cuda():
 
 # Every engine the tests start — a probe's ranks, a plain torchrun child, an engine built in this
 # process — loads DeepSpeed's JIT ops from the one folder zeroplan's probes use
-# (zeroplan.runtime.dsops.private_extensions_dir), so a fresh machine compiles each op once (about
+# (zeroplan.runtime.rank.dsops.private_extensions_dir), so a fresh machine compiles each op once (about
 # four minutes of CPU for the two), not once for that folder and again for the default cache.
 if "TORCH_EXTENSIONS_DIR" not in os.environ:
-    from zeroplan.runtime.dsops import private_extensions_dir
+    from zeroplan.runtime.rank.dsops import private_extensions_dir
 
     os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())
 

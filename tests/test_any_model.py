@@ -17,7 +17,7 @@ import pytest
 from helpers import ROOT, example
 
 from zeroplan.profiles.resolve import model_from_params
-from zeroplan.runtime.discover import DiscoveredModel, activation_source
+from zeroplan.runtime.discovery.discover import DiscoveredModel, activation_source
 from zeroplan.spec import ModelSpec
 
 
@@ -69,7 +69,7 @@ def test_activation_source_is_traced_only_for_models_that_are_not_transformers()
     gpt_task = example("gpt_task")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from zeroplan.runtime.discover_worker import describe_model
+    from zeroplan.runtime.discovery.discover_worker import describe_model
 
     assert activation_source(describe_model(_mlp())) == "traced"
     assert activation_source(describe_model(gpt_task.GPT(gpt_task.GPTConfig()))) == "module-tree"
@@ -79,7 +79,7 @@ def test_activation_source_is_traced_only_for_models_that_are_not_transformers()
 
 
 def test_discovered_mlp_estimate_uses_its_trace_and_its_real_parameter_sizes():
-    from zeroplan.runtime.discover_worker import describe_model
+    from zeroplan.runtime.discovery.discover_worker import describe_model
     from zeroplan.trace.module import trace_module
     from zeroplan.estimator.embedding_backward import _matrices_over
 
@@ -96,7 +96,7 @@ def test_discovered_mlp_estimate_uses_its_trace_and_its_real_parameter_sizes():
 
 
 def _mlp_summary(activations: dict | None, error: str | None = None) -> dict:
-    from zeroplan.runtime.discover_worker import describe_model
+    from zeroplan.runtime.discovery.discover_worker import describe_model
 
     data = {"entry_point": "deepspeed.initialize", "model": describe_model(_mlp(8, 1024)), "micro_batch": 1, "seq_len": 1024,
             "activations": activations, "activations_error": error}
@@ -106,7 +106,7 @@ def _mlp_summary(activations: dict | None, error: str | None = None) -> dict:
 
 def test_probe_estimate_of_a_model_that_is_not_a_transformer():
     from zeroplan.runtime.api import ProbeRequest
-    from zeroplan.runtime.prediction import _estimate
+    from zeroplan.runtime.measure.prediction import _estimate
     from zeroplan.spec import Plan
 
     request = ProbeRequest(script=ROOT / "examples" / "train_deepspeed_mlp.py", nproc=2)
@@ -147,7 +147,7 @@ def test_shape_from_params_keeps_the_gpt3_rule_where_it_holds():
 
 
 def test_keep_on_device_sets_host_data_aside():
-    from zeroplan.runtime.memory import PeakMemory, device_roots
+    from zeroplan.runtime.measure.memory import PeakMemory, device_roots
 
     with PeakMemory(torch.device("cpu")) as memory:
         corpus = torch.zeros(1000, 1000)  # 4,000,000 bytes built before the model: host memory on a GPU
@@ -202,7 +202,7 @@ def test_trainer_script_with_a_host_corpus_probes_within_15_percent(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_discovery_run_traces_a_model_that_is_not_a_transformer(tmp_path):
-    from zeroplan.runtime.discover import discover_model, discovery_config
+    from zeroplan.runtime.discovery.discover import discover_model, discovery_config
     from zeroplan.spec import TrainingSpec
 
     found = discover_model(ROOT / "examples" / "train_deepspeed_mlp.py", script_args=("--steps", "2"),
@@ -219,8 +219,8 @@ def test_tune_space_of_a_discovered_mlp_uses_what_probe_predicts():
     — not with a GPT derived from its parameter count."""
     from zeroplan.estimator import estimate_plan
     from zeroplan.profiles import resolve_cluster
-    from zeroplan.runtime.discover_worker import describe_model
-    from zeroplan.runtime.prediction import comparable_estimate
+    from zeroplan.runtime.discovery.discover_worker import describe_model
+    from zeroplan.runtime.measure.prediction import comparable_estimate
     from zeroplan.spec import TrainingSpec
     from zeroplan.trace.module import trace_module
     from zeroplan.tuner import build_space

@@ -44,7 +44,7 @@ def test_plain_loss_matches_cross_entropy_backward():
     import torch
     import torch.nn.functional as F
 
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     n, v = 256, 1024
     model = ModelSpec(name="t", params=10**6, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=256, vocab_size=v)

@@ -43,8 +43,8 @@ def _saved_bytes_per_block(mode: str) -> int:
     import torch
 
     gpt_task = example("gpt_task")
-    from zeroplan.runtime.backends.common import apply_checkpointing
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.rank.backends.common import apply_checkpointing
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     cfg = gpt_task.GPTConfig(layers=1, hidden=64, heads=4, vocab=512, seq_len=64)
     torch.manual_seed(0)

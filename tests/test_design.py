@@ -102,3 +102,50 @@ def test_probe_json_and_trials_csv_are_documented():
     listed = re.findall(r"`([a-z_]+)`", csv.split("\n\n")[1])
     assert [c for c in listed if c in CSV_COLUMNS] == CSV_COLUMNS
     assert all(f"`{s}`" in csv for s in STATUSES)
+
+
+# --- runtime's parts (docs/design.md "Layers": runtime/ launch, rank, discovery, measure) ------
+
+RUNTIME = ROOT / "zeroplan" / "runtime"
+
+
+def _runtime_targets(path: Path) -> set[str]:
+    """runtime's parts and top modules that ``path`` imports anywhere (lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        found |= {n.split(".")[2] for n in names if n.startswith("zeroplan.runtime.")}
+    return found
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_runtime_parts_design_lists_are_the_folders():
+    listed = set(re.findall(r"^ {4}(\w+)/ ", DESIGN, re.M))
+    folders = {p.name for p in RUNTIME.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert listed == folders == {"launch", "rank", "discovery", "measure"}
+
+
+def test_a_rank_never_imports_what_starts_it():
+    wrong = {str(p.relative_to(ROOT)): sorted(hit) for p in sorted((RUNTIME / "rank").rglob("*.py"))
+             if (hit := _runtime_targets(p) & {"launch", "probe"})}
+    assert wrong == {}
+
+
+def test_the_driving_side_of_the_runtime_imports_no_torch_at_module_level():
+    driving = [*sorted((RUNTIME / "launch").glob("*.py")), RUNTIME / "api.py", RUNTIME / "probe.py", RUNTIME / "__init__.py"]
+    wrong = {str(p.relative_to(ROOT)): sorted(hit) for p in driving if (hit := _top_level_imports(p) & {"torch", "deepspeed"})}
+    assert wrong == {}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.runtime.discover import DISCOVERY_FILE, DiscoveredModel, discover_model, discovered_or_cached
+from zeroplan.runtime.discovery.discover import DISCOVERY_FILE, DiscoveredModel, discover_model, discovered_or_cached
 from zeroplan.spec import SpecError
 
 from helpers import ROOT, example
@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 
 def _discovered(model, **extra) -> DiscoveredModel:
-    from zeroplan.runtime.discover_worker import describe_model
+    from zeroplan.runtime.discovery.discover_worker import describe_model
 
     return DiscoveredModel.from_worker({"entry_point": "deepspeed.initialize", "model": describe_model(model), **extra}, script="train.py")
 
@@ -75,7 +75,7 @@ def test_hugging_face_model_shape_comes_from_its_config():
 
 
 def test_batch_shape_reads_input_ids_or_the_first_tensor():
-    from zeroplan.runtime.discover_worker import batch_shape
+    from zeroplan.runtime.discovery.discover_worker import batch_shape
 
     assert batch_shape((), {"input_ids": torch.zeros(3, 17, dtype=torch.long), "labels": torch.zeros(3, 17)}) == (3, 17)
     assert batch_shape(((torch.zeros(5, 9), torch.zeros(5, 9)),), {}) == (5, 9)

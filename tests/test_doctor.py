@@ -250,7 +250,7 @@ def test_trainer_state_and_deepspeed_line_beside_the_estimate(tmp_path):
 
 
 def test_stale_lock_in_the_users_cache_is_found_and_named(tmp_path, monkeypatch):
-    from zeroplan.runtime import dsops
+    from zeroplan.runtime.rank import dsops
 
     root = tmp_path / "torch_extensions" / "py311_cpu"
     (root / "cpu_adam").mkdir(parents=True)
@@ -272,7 +272,7 @@ def test_stale_lock_in_the_users_cache_is_found_and_named(tmp_path, monkeypatch)
 
 
 def test_op_without_ninja_log_is_found_and_repaired_in_zeroplans_folder(tmp_path, monkeypatch):
-    from zeroplan.runtime import dsops
+    from zeroplan.runtime.rank import dsops
 
     for name in ("fused_adam", "cpu_adam"):
         (tmp_path / name).mkdir()
@@ -288,9 +288,9 @@ def test_op_without_ninja_log_is_found_and_repaired_in_zeroplans_folder(tmp_path
 
 
 def test_probes_use_zeroplans_own_extensions_folder(tmp_path, monkeypatch):
-    from zeroplan.runtime import dsops
+    from zeroplan.runtime.rank import dsops
     from zeroplan.runtime.api import ProbeRequest
-    from zeroplan.runtime.launcher import probe_environment
+    from zeroplan.runtime.probe import probe_environment
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     env = probe_environment(ProbeRequest(script=tmp_path / "s.py"))
@@ -300,7 +300,7 @@ def test_probes_use_zeroplans_own_extensions_folder(tmp_path, monkeypatch):
 
 
 def test_a_rank_waiting_on_an_op_lock_says_so(tmp_path, monkeypatch):
-    from zeroplan.runtime import dsops
+    from zeroplan.runtime.rank import dsops
 
     (tmp_path / "fused_adam").mkdir()
     (tmp_path / "fused_adam" / "lock").write_text("")

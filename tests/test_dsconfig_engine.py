@@ -26,7 +26,7 @@ BLOG = Path(__file__).resolve().parent / "data" / "configs" / "blog_zero2_offloa
 _WORKER = r"""
 import json, os, sys, traceback
 import torch, deepspeed
-from zeroplan.runtime.dsops import skip_shm_comm_op
+from zeroplan.runtime.rank.dsops import skip_shm_comm_op
 
 skip_shm_comm_op()  # inference-only op: a minute of compiling on a fresh machine
 deepspeed.init_distributed(dist_backend="gloo")

@@ -27,7 +27,7 @@ def test_tied_embedding_backward_holds_three_embedding_sized_gradients_in_torch(
     adds a dense gradient and their out-of-place sum: measured with the probes' own tracker, the
     backward's peak holds 3·4·V·h bytes of them (a few tokens: activations negligible)."""
     torch = pytest.importorskip("torch")
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     vocab, hidden = 4096, 64
     torch.manual_seed(0)
@@ -52,7 +52,7 @@ def test_four_rank_fp32_peaks_at_the_token_embeddings_backward(stage):
     b = 1. The loss's arrays are small there and the peak is the embedding's backward; without that
     moment the estimate was 24–43 % low on every rank. The spread left (±8.3 %) is where each
     rank's gradient partition lies (docs/notes/memory-gaps.md)."""
-    from zeroplan.runtime.launcher import comparable_estimate
+    from zeroplan.runtime.probe import comparable_estimate
 
     doc = json.loads((RESULTS / "probe_memory_4ranks_fp32_z1_z2.json").read_text())
     row = next(r for r in doc["plans"] if r["plan"] == f"z{stage}")
@@ -89,7 +89,7 @@ def test_four_rank_fp32_stage3_holds_the_tied_head_gradient_beside_the_gathered_
     parameter gathered and the tied head's weight gradient held by autograd, and nearly as high at
     the embedding's backward (the gathered tied weight and three V·h gradients); the fp32 master
     copy stage3.py clones is in the states."""
-    from zeroplan.runtime.launcher import comparable_estimate
+    from zeroplan.runtime.probe import comparable_estimate
 
     doc = json.loads((RESULTS / "probe_memory_4ranks_fp32_z3.json").read_text())
     row = next(r for r in doc["plans"] if r["plan"] == "z3")

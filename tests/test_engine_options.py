@@ -56,7 +56,7 @@ def _gpt(doc: dict) -> ModelSpec:
 def test_four_rank_stage_1_and_2_peaks_with_the_tasks_loss_and_dropout(stage):
     """The +7.9 % of the 4-rank probe was the returned logits (the task drops them) and GPT-2
     dropout masks (the task has none): with both from the task, within 0.1 % on every rank."""
-    from zeroplan.runtime.launcher import comparable_estimate
+    from zeroplan.runtime.probe import comparable_estimate
 
     doc = json.loads((RESULTS / "probe_memory_4ranks_z1_z2.json").read_text())
     row = next(r for r in doc["plans"] if r["plan"] == f"z{stage}")
@@ -136,8 +136,8 @@ def test_bad_engine_options_exit_2_with_one_line(tmp_path):
 
 def test_task_loss_and_probe_request_are_checked():
     from zeroplan.runtime.api import ProbeRequest
-    from zeroplan.runtime.classify import summarize_ranks
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.measure.classify import summarize_ranks
+    from zeroplan.runtime.rank.task import Task
     from zeroplan.spec import SpecError
 
     noop = lambda *a: None  # noqa: E731

@@ -34,7 +34,7 @@ def _step_temporary_bytes(**adamw_kwargs) -> tuple[int, int, int]:
     """(measured step temporary, parameters, largest parameter) of torch AdamW on a small MLP, steady state."""
     import torch
 
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 64))
@@ -172,7 +172,7 @@ def test_export_fsdp_settings_match_what_the_runtime_wraps(tmp_path):
     import torch.distributed as dist
 
     from zeroplan.fsdpconfig import fsdp_settings
-    from zeroplan.runtime.backends.fsdp import wrap_model
+    from zeroplan.runtime.rank.backends.fsdp import wrap_model
 
     gpt_task = example("gpt_task")
 

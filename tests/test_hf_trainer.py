@@ -14,7 +14,7 @@ import pytest
 
 from zeroplan.dsconfig import build_config
 from zeroplan.dsconfig.trial import HF_TEMPLATE, apply_plan_config
-from zeroplan.runtime.trainer import is_trainer_script, trainer_batch_args, trainer_precision
+from zeroplan.runtime.rank.trainer import is_trainer_script, trainer_batch_args, trainer_precision
 from zeroplan.spec import Plan, TrainingSpec
 
 from helpers import ROOT, example

@@ -27,7 +27,7 @@ import torch, deepspeed
 def status_kib(key):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":"))
 after_imports = {"rss": status_kib("VmRSS") * 1024}
-from zeroplan.runtime.dsops import skip_shm_comm_op
+from zeroplan.runtime.rank.dsops import skip_shm_comm_op
 skip_shm_comm_op()  # inference-only op, as zeroplan's probe workers skip it
 deepspeed.init_distributed(dist_backend="gloo")
 before_initialize = status_kib("RssAnon") * 1024

@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from zeroplan.runtime.hostmem import NodeRssSampler, PhaseRss, memory_limit, node_rss, summarize_host
+from zeroplan.runtime.measure.hostmem import NodeRssSampler, PhaseRss, memory_limit, node_rss, summarize_host
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
 from zeroplan import profiles
 from zeroplan.tuner.hostrule import host_fit_reason, host_oom_rule
@@ -144,8 +144,8 @@ def test_tuner_host_rules():
 def test_memory_tracking_ends_with_warmup_and_keeps_its_peak():
     """Timed steps run without the tracker; the peak of the warm-up (a known 8 MiB tensor) stays."""
     torch = pytest.importorskip("torch")
-    from zeroplan.runtime.memory import PeakMemory
-    from zeroplan.runtime.worker import ProbeDone, StepMeter
+    from zeroplan.runtime.measure.memory import PeakMemory
+    from zeroplan.runtime.rank.worker import ProbeDone, StepMeter
 
     memory = PeakMemory(torch.device("cpu"))
     calls = []

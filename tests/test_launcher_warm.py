@@ -18,7 +18,7 @@ import pytest
 
 from zeroplan.cli.nodes import resolve_nodes
 from zeroplan.runtime import ProbeRequest, run_probe, uses_warm_launcher
-from zeroplan.runtime.multinode import NodeLaunch
+from zeroplan.runtime.launch.multinode import NodeLaunch
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
 from helpers import ROOT
@@ -43,8 +43,8 @@ def test_which_probes_use_the_warm_launcher():
 
 
 def test_cpu_ranks_compute_with_one_thread_unless_the_user_says(monkeypatch):
-    from zeroplan.runtime.launcher import probe_environment
-    from zeroplan.runtime.threads import rank_threads
+    from zeroplan.runtime.probe import probe_environment
+    from zeroplan.runtime.rank.threads import rank_threads
 
     assert rank_threads(2, on_cuda=False, env={}) == 1
     assert rank_threads(1, on_cuda=False, env={"OMP_NUM_THREADS": "8"}) == 8
@@ -89,7 +89,7 @@ def test_warm_measures_what_torchrun_measures(tmp_path):
     for r in (torchrun, warm):
         assert {"launch", "imports", "script", "engine", "warmup", "measure", "teardown"} <= set(r.phases_s), r.phases_s
     # Each rank computes with the same intra-op pool under both, as torch in the rank reports it:
-    # one thread per CPU rank (zeroplan.runtime.threads), also in ranks forked from the server.
+    # one thread per CPU rank (zeroplan.runtime.rank.threads), also in ranks forked from the server.
     for launcher in ("torchrun", "warm"):
         for rank in (0, 1):
             threads = json.loads((tmp_path / launcher / f"rank-{rank}.json").read_text())["threads"]
@@ -120,7 +120,7 @@ def test_a_server_that_does_not_answer_is_stopped_and_replaced(tmp_path):
     import signal
     import time
 
-    from zeroplan.runtime import warm
+    from zeroplan.runtime.launch import warm
 
     env = {**os.environ, "ZEROPLAN_TEST": "stuck"}
     server = warm.begin(env, log_path=tmp_path / "server.log", ready_timeout_s=120)

@@ -1,4 +1,4 @@
-"""Probing sequence- and tensor-parallel layouts (zeroplan.runtime.layout) on the real engine.
+"""Probing sequence- and tensor-parallel layouts (zeroplan.runtime.rank.layout) on the real engine.
 
 The reference for the slow tests is the plain run: a tiny Llama from examples/tiny_llama/config.json
 (and a tiny Qwen3, examples/tiny_qwen3; random weights, seed 0) gives the same step-0 loss under
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import EXAMPLES, run_main, run_zeroplan
-from zeroplan.runtime.layout import Layout, apply_probe_layout, layout_of_config, with_layout
+from zeroplan.runtime.rank.layout import Layout, apply_probe_layout, layout_of_config, with_layout
 from zeroplan.spec import Plan, SpecError
 
 SCRIPT = EXAMPLES / "train_hf_causal_lm.py"
@@ -64,7 +64,7 @@ def test_sp2_and_tp2_give_the_plain_step0_loss(tmp_path):
     """A plain DeepSpeed loop (examples/train_hf_causal_lm.py) that knows nothing of layouts."""
     (plain,) = _losses(tmp_path, "plain", 1)
     # sp 2 × dp 2 on 4 ranks: the first sp group runs rank 0's sample, the second rank 2's (its
-    # loss backward crossed torch's gloo all_gather bug before runtime/layout.fix_gloo_all_gather).
+    # loss backward crossed torch's gloo all_gather bug before runtime/rank/layout.fix_gloo_all_gather).
     sp2 = _losses(tmp_path, "sp2", 4, "--sp", "2")
     tp2 = _losses(tmp_path, "tp2", 2, "--tp", "2")
     for rank_losses in sp2[:2] + tp2:

@@ -233,7 +233,7 @@ class _ListMoe(torch.nn.Module):
 
 
 def test_moe_blocks_finds_modulelist_experts_and_deepspeed_defaults():
-    from zeroplan.runtime.moe_leaf import moe_blocks
+    from zeroplan.runtime.rank.moe_leaf import moe_blocks
 
     model = torch.nn.Sequential(_ListMoe(), _ListMoe())
     (block,) = moe_blocks(model)
@@ -256,8 +256,8 @@ def test_default_leaf_classes_are_deepspeeds():
 
 
 def _discovered_list_moe():
-    from zeroplan.runtime.discover import DiscoveredModel
-    from zeroplan.runtime.discover_worker import describe_model
+    from zeroplan.runtime.discovery.discover import DiscoveredModel
+    from zeroplan.runtime.discovery.discover_worker import describe_model
 
     data = dict(MOE_CONFIGS["mixtral-tiny"])
     hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
@@ -355,8 +355,8 @@ def test_saved_activations_of_a_qwen3_moe_layer_match_the_formula():
 
 
 def test_hang_reason_names_the_leaf_module_fix():
-    from zeroplan.runtime.classify import classify
-    from zeroplan.runtime.moe_leaf import leaf_module_warning
+    from zeroplan.runtime.measure.classify import classify
+    from zeroplan.runtime.rank.moe_leaf import leaf_module_warning
 
     model = torch.nn.Sequential(_ListMoe())
     warning = leaf_module_warning(model)
@@ -392,7 +392,7 @@ def test_stage1_unreduced_gradients_are_the_fused_expert_tensors():
 
 
 def test_discovered_model_without_a_config_gets_its_experts_from_the_blocks():
-    from zeroplan.runtime.discover import DiscoveredModel
+    from zeroplan.runtime.discovery.discover import DiscoveredModel
 
     block = {"class": "mymodels.moe.ListMoeBlock", "count": 2, "num_experts": 4, "expert_params": 3 * 64 * 48,
              "expert_ffn_size": 48, "top_k": 2, "default_leaf": False, "is_leaf": False}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.runtime.multinode import NodeLaunch, check_node_layout, expand_hostlist
+from zeroplan.runtime.launch.multinode import NodeLaunch, check_node_layout, expand_hostlist
 from zeroplan.spec import SpecError
 
 from helpers import ROOT
@@ -148,7 +148,7 @@ def _beat(workdir: Path, node: int, beat: int, *, step=None, ended=False) -> Non
 
 
 def _two_node_folder(tmp_path: Path):
-    from zeroplan.runtime.multinode import NodeWatch, ProgressTracker
+    from zeroplan.runtime.launch.multinode import NodeWatch, ProgressTracker
 
     for k in (0, 1):
         (tmp_path / f"node-{k}.json").write_text(json.dumps({"node_rank": k, "started_unix": time.time()}))
@@ -161,7 +161,7 @@ def _two_node_folder(tmp_path: Path):
 
 
 def _reason(launch, tmp_path, watch, progress, log_tail, ranks=()):
-    from zeroplan.runtime.launcher import _nodes_reason
+    from zeroplan.runtime.probe import _nodes_reason
 
     error = "torchrun failed; 2 of 2 ranks wrote no result (exit code 1)"
     return _nodes_reason(launch, {"endpoint": "localhost:29500"}, tmp_path, list(ranks), log_tail, "error", error, time.time(),
@@ -171,7 +171,7 @@ def _reason(launch, tmp_path, watch, progress, log_tail, ranks=()):
 def test_store_lost_after_training_names_the_silent_node_and_its_last_step(tmp_path):
     """Rank 0 ran on node 1 (its heartbeat carries the step); node 0's own log shows only the lost
     c10d store. Before the fix this read as 'not all reached the rendezvous'."""
-    from zeroplan.runtime.multinode import last_step_seen, rendezvous_failure
+    from zeroplan.runtime.launch.multinode import last_step_seen, rendezvous_failure
 
     launch, clock, progress, watch = _two_node_folder(tmp_path)
     clock.now = 2.2
@@ -319,7 +319,7 @@ def test_killing_one_agent_fails_the_probe_and_leaves_nothing(tmp_path, request)
     env = _env(ZEROPLAN_NODE_STALE_S="6")
     agents = [_agent(k, port, tmp_path / "w", "--steps", "100000", "--timeout", "300", env=env) for k in (0, 1)]
     # A failed assertion must not leave the agents training until --timeout (their torchruns and
-    # workers die with them: zeroplan.runtime.job._die_with_parent).
+    # workers die with them: zeroplan.runtime.launch.job._die_with_parent).
     request.addfinalizer(lambda: [a.kill() for a in agents if a.poll() is None])
     seen: set[int] = set()
     deadline = time.monotonic() + 180  # start-up (imports, engine) passed 120 s at load ~20 on 2 cores
@@ -331,10 +331,10 @@ def test_killing_one_agent_fails_the_probe_and_leaves_nothing(tmp_path, request)
                     seen.add(c.pid)
             except psutil.Error:
                 pass
-        workers = [p for p in seen if _alive(p) and "zeroplan.runtime.worker" in " ".join(psutil.Process(p).cmdline())]
+        workers = [p for p in seen if _alive(p) and "zeroplan.runtime.rank.worker" in " ".join(psutil.Process(p).cmdline())]
         time.sleep(0.2)
     assert len(workers) == 2, "both nodes' workers should be running"
-    # Into the training steps: rank 0's progress lines (runtime.meter.PROGRESS_PREFIX) reach the
+    # Into the training steps: rank 0's progress lines (runtime.measure.meter.PROGRESS_PREFIX) reach the
     # job logs under the workdir; a kill before the rendezvous completes is another test's case.
     def stepping() -> bool:
         return any("zeroplan-progress step=" in f.read_text(errors="replace") for f in (tmp_path / "w").rglob("*.log"))

@@ -51,7 +51,7 @@ print("loaded", round(time.monotonic() - start, 1), flush=True)
 
 
 def test_probe_killed_mid_build_leaves_no_lock_for_a_plain_deepspeed_run(tmp_path):
-    from zeroplan.runtime.dsops import private_extensions_dir
+    from zeroplan.runtime.rank.dsops import private_extensions_dir
 
     cache = tmp_path / "cache"  # a fresh user cache: nothing built yet, so the probe must build
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}

@@ -12,7 +12,7 @@ import pytest
 from zeroplan.profiles import load_model_preset
 from zeroplan.profiles.hf_config import model_from_hf_dict
 from zeroplan.profiles.lora import base_modules, lora_spec
-from zeroplan.runtime.peft_source import PeftFlags, model_for_estimate
+from zeroplan.runtime.measure.peft_source import PeftFlags, model_for_estimate
 from zeroplan.spec import SpecError
 
 from helpers import ROOT

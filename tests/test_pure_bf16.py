@@ -66,7 +66,7 @@ def test_one_process_has_no_ddp_buckets_and_the_runtime_does_not_wrap(tmp_path):
 
     gpt_task = example("gpt_task")
     from zeroplan.fsdpconfig import fsdp_settings
-    from zeroplan.runtime.backends.fsdp import wrap_model
+    from zeroplan.runtime.rank.backends.fsdp import wrap_model
 
     spec = _gpt_spec()
     training = TrainingSpec(precision="bf16-pure", seq_len=128, loss="plain")

@@ -114,7 +114,7 @@ def test_fused_head_terms_match_trls_function_on_cpu(n, h, v):
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
     from zeroplan.estimator.recipe_terms import cpu_fold_bytes, trl_logprob_head_bytes
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     hidden = torch.randn(n, h).to(torch.bfloat16).requires_grad_()
     weight = (torch.randn(v, h) / h**0.5).to(torch.bfloat16).requires_grad_()
@@ -255,7 +255,7 @@ def test_reference_forward_matches_a_no_grad_llama_under_trls_head(b, s):
 
     from zeroplan.estimator.recipe_terms import no_grad_forward_bytes
     from zeroplan.profiles.hf_config import model_from_hf_dict
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     shape = dict(vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2)

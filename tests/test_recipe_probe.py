@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from helpers import EXAMPLES, ROOT, zeroplan_env
-from zeroplan.runtime.recipe_discovery import RECIPE_KEYS, recipe_from_trainer, trl_values
-from zeroplan.runtime.recipe_watch import MemoryPhases, frozen_engine_call
+from zeroplan.runtime.discovery.recipe_discovery import RECIPE_KEYS, recipe_from_trainer, trl_values
+from zeroplan.runtime.rank.recipe_watch import MemoryPhases, frozen_engine_call
 
 DPO_MRO = ["DPOTrainer", "BaseTrainer", "Trainer"]
 GRPO_MRO = ["GRPOTrainer", "BaseTrainer", "Trainer"]
@@ -85,7 +85,7 @@ def test_frozen_engine_call_matches_trl_and_accelerate():
 def test_memory_phases_measure_a_window_and_keep_the_run_peak():
     """A window's peak is what was live inside it; the run's peak before it is kept."""
     torch = pytest.importorskip("torch")
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     class Trainer:
         def compute_loss(self):
@@ -128,7 +128,7 @@ def test_discovery_reads_the_recipe_of_both_examples(tmp_path):
     """One-process discovery stops at the policy's engine (not the reference's, built first) and
     reports the trainer's recipe."""
     pytest.importorskip("trl")
-    from zeroplan.runtime.discover import discover_model, discovery_config
+    from zeroplan.runtime.discovery.discover import discover_model, discovery_config
 
     found = {}
     for name, extra in (("dpo", ["--prompt_len", "8", "--completion_len", "8"]), ("grpo", GRPO_ARGS)):
@@ -180,7 +180,7 @@ def test_phase_clock_reads_a_progress_event_after_a_progress_bar():
     launcher's line with the bar; the warm-up still ends at it (the ``warmup`` phase is reported)."""
     import time
 
-    from zeroplan.runtime.phases import PhaseClock
+    from zeroplan.runtime.measure.phases import PhaseClock
 
     clock = PhaseClock(time.monotonic(), None)
     for line in ("zeroplan-progress worker-start t=0.1", "zeroplan-progress imported t=0.2", "zeroplan-progress initialize t=0.3",
@@ -197,7 +197,7 @@ def test_fused_lm_head_is_seen_on_the_model_trl_patched(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    from zeroplan.runtime.recipe_watch import fused_lm_head
+    from zeroplan.runtime.rank.recipe_watch import fused_lm_head
 
     config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
     model = LlamaForCausalLM(config)
@@ -210,7 +210,7 @@ def test_a_model_set_aside_by_an_earlier_engine_counts_from_its_own():
     """TRL builds the reference's engine first: at that deepspeed.initialize the policy is host
     memory (set aside); at the policy's own it moves to the device and counts again."""
     torch = pytest.importorskip("torch")
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     with StorageTracker() as tracker:
         policy = torch.nn.Linear(256, 256)  # 257 KiB of parameters
@@ -261,14 +261,14 @@ def test_probe_table_labels_the_plan_the_trainer_ran():
 
     from zeroplan.cli.probe import _render_table
     from zeroplan.runtime.api import ProbeResult
-    from zeroplan.runtime.recipe_estimate import plan_as_trained
+    from zeroplan.runtime.measure.recipe_estimate import plan_as_trained
     from zeroplan.spec import Plan
 
     plan = Plan(2, micro_batch=2)
     assert plan_as_trained({"gradient_checkpointing": True}, plan).checkpointing == "full"
     assert plan_as_trained({"gradient_checkpointing": False}, plan) is plan and plan_as_trained(None, plan) is plan
     assert plan_as_trained({"gradient_checkpointing": True}, Plan(2, checkpointing="attention")).checkpointing == "attention"
-    from zeroplan.runtime.recipe_estimate import training_as_trained
+    from zeroplan.runtime.measure.recipe_estimate import training_as_trained
     from zeroplan.spec import TrainingSpec
 
     fp32 = TrainingSpec(precision="fp32")

@@ -47,7 +47,7 @@ def _row(plan: str, bucket: int | None, overlap: bool = True) -> dict:
 
 
 def _estimate(plan: str, bucket: int | None, overlap: bool = True):
-    from zeroplan.runtime.prediction import comparable_estimate
+    from zeroplan.runtime.measure.prediction import comparable_estimate
 
     p = Plan(micro_batch=2, reduce_bucket_size=bucket, overlap_comm=overlap, **PLANS[plan])
     est = estimate_plan(_model(), _cluster(), _training(), p, device="cpu")
@@ -128,7 +128,7 @@ def test_overlap_comm_is_read_as_deepspeed_reads_it():
         for value in (True, False):
             cfg = {**base, "zero_optimization": {"stage": stage, "overlap_comm": value}}
             assert plan_from_config(cfg, 2).overlap_comm is value
-    from zeroplan.runtime.prediction import with_config_buckets
+    from zeroplan.runtime.measure.prediction import with_config_buckets
 
     # A probe of a plain script with its own config estimates with the config's overlap_comm.
     assert with_config_buckets(Plan(stage=2), {"zero_optimization": {"stage": 2}}).overlap_comm is False
@@ -201,7 +201,7 @@ def test_empty_buffer_pages_are_resident_only_once_written():
 
 def _host_step(bucket: int, overlap: bool, stage: int = 2) -> tuple[int, int]:
     """(host bytes per rank at the step phase on a CPU probe, the device peak) for the L4 h256 GPT."""
-    from zeroplan.runtime.hostmem import device_bytes_on_host
+    from zeroplan.runtime.measure.hostmem import device_bytes_on_host
 
     p = Plan(stage=stage, micro_batch=2, reduce_bucket_size=bucket, overlap_comm=overlap)
     est = estimate_plan(_model(), _cluster(), _training(), p, device="cpu")
@@ -336,7 +336,7 @@ def test_traced_estimate_counts_the_buffers_beside_what_outlives_the_loss(traced
     projection's backward fires the hook): every measured peak of the bucket benchmark within 4 %
     (buffers on the traced total: up to +22.5 %; the loss's arrays missing from a task's trace:
     −16.7 %)."""
-    from zeroplan.runtime.prediction import comparable_estimate
+    from zeroplan.runtime.measure.prediction import comparable_estimate
 
     r = DOC["rows"][row]
     plan = Plan(micro_batch=2, reduce_bucket_size=r["reduce_bucket_size"], overlap_comm=r["overlap_comm"], **PLANS[r["plan"]])

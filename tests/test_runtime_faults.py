@@ -103,8 +103,8 @@ def test_hang_times_out_and_leaves_no_process(tmp_path):
     # times it, at least 10 s, leaves room without waiting a fixed 25 s on a fast machine.
     # The pid folder travels in a ZEROPLAN_ variable, read at run time, so one warm server serves
     # every probe of these tests; it is started (if no earlier test did) before the clock runs.
-    from zeroplan.runtime import warm
-    from zeroplan.runtime.launcher import probe_environment
+    from zeroplan.runtime.launch import warm
+    from zeroplan.runtime.probe import probe_environment
 
     timeout_s = max(10, round(4 * startup_floor_s()))
     pid_dir = tmp_path / "pids"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from zeroplan.runtime import ProbeRequest, ProbeResult, run_probe
-from zeroplan.runtime.classify import classify, summarize_ranks
-from zeroplan.runtime.launcher import build_command, script_kind
+from zeroplan.runtime.measure.classify import classify, summarize_ranks
+from zeroplan.runtime.probe import build_command, script_kind
 from zeroplan.spec import Plan, SpecError
 
 from helpers import example, run_zeroplan
@@ -74,7 +74,7 @@ def test_script_kind_and_command(tmp_path):
     cmd = build_command(ProbeRequest(script=plain, nproc=3), tmp_path / "probe.json")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "3"
-    assert cmd[-3:] == ["-m", "zeroplan.runtime.worker", str(tmp_path / "probe.json")]
+    assert cmd[-3:] == ["-m", "zeroplan.runtime.rank.worker", str(tmp_path / "probe.json")]
     multi = build_command(ProbeRequest(script=plain, torchrun_args=("--nnodes=2", "--rdzv-endpoint=h:29500")), tmp_path / "p.json")
     assert "--standalone" not in multi and "--nnodes=2" in multi
 
@@ -123,7 +123,7 @@ def test_classify_timeout_wins():
 
 def test_storage_tracker_counts_known_allocations_exactly():
     torch = pytest.importorskip("torch")
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     pre_existing = torch.zeros(100, dtype=torch.float64)  # 800 bytes, made before tracking
     with StorageTracker() as m:
@@ -148,7 +148,7 @@ def test_storage_tracker_counts_known_allocations_exactly():
 
 def test_storage_tracker_sees_a_training_step():
     torch = pytest.importorskip("torch")
-    from zeroplan.runtime.memory import StorageTracker
+    from zeroplan.runtime.measure.memory import StorageTracker
 
     with StorageTracker() as m:
         lin = torch.nn.Linear(256, 256)  # 65536 + 256 fp32 parameters
@@ -166,7 +166,7 @@ def test_storage_tracker_sees_a_training_step():
 
 
 def test_step_meter_times_only_measured_steps_and_stops():
-    from zeroplan.runtime.worker import ProbeDone, StepMeter
+    from zeroplan.runtime.rank.worker import ProbeDone, StepMeter
 
     meter = StepMeter(warmup=2, steps=3)
     meter.start()
@@ -179,7 +179,7 @@ def test_step_meter_times_only_measured_steps_and_stops():
 
 
 def test_task_validation():
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.rank.task import Task
 
     with pytest.raises(SpecError, match="build_model"):
         Task(build_model=None, make_batch=lambda *a: None, loss_fn=lambda *a: None)
@@ -233,7 +233,7 @@ def test_cli_bad_json_config(tmp_path):
 def test_probe_estimate_uses_the_bucket_sizes_the_config_ran_with():
     """A config built before the model was known keeps DeepSpeed's 5e8 buckets: the estimate
     beside the probe must count those, not the Hugging Face rule or a fine-tuning cap."""
-    from zeroplan.runtime.prediction import with_config_buckets
+    from zeroplan.runtime.measure.prediction import with_config_buckets
     from zeroplan.spec import Plan
 
     config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "allgather_bucket_size": 500000000,
@@ -265,7 +265,7 @@ def test_cpu_workers_keep_deepspeed_from_building_its_inference_only_shm_op(monk
     from deepspeed.accelerator import get_accelerator
     from deepspeed.comm.torch import build_shm_op
 
-    from zeroplan.runtime.dsops import skip_shm_comm_op
+    from zeroplan.runtime.rank.dsops import skip_shm_comm_op
 
     if get_accelerator()._name != "cpu":
         pytest.skip("the shm op exists on DeepSpeed's CPU accelerator only")
@@ -282,7 +282,7 @@ def test_tune_compiles_the_optimizer_ops_its_plans_load_once_and_drops_a_killed_
     """A fresh machine: the ops a plan loads are compiled before the first probe (a probe would
     spend minutes in the JIT build, past its timeout); a lock a killed build left behind is removed
     when nothing is building, else torch's FileBaton waits on it for ever."""
-    from zeroplan.runtime import dsops
+    from zeroplan.runtime.rank import dsops
     from zeroplan.spec import Plan
 
     plans = [Plan(stage=2), Plan(stage=2, offload_optimizer="cpu")]
@@ -325,7 +325,7 @@ def test_meter_times_the_cpu_a_step_uses_apart_from_its_wall_time():
     (time.sleep uses no CPU), whatever else runs on the machine."""
     import time
 
-    from zeroplan.runtime.meter import ProbeDone, StepMeter
+    from zeroplan.runtime.measure.meter import ProbeDone, StepMeter
 
     def run(work) -> StepMeter:
         meter = StepMeter(warmup=1, steps=4, target_ci=1e-9)

@@ -155,7 +155,7 @@ def test_task_script_is_traced_at_its_own_seq_len():
     "body, needle",
     [
         ("x = 1\n", "has no top-level function zeroplan_task()"),
-        ("def zeroplan_task():\n    return {'build_model': None}\n", "returned dict, not zeroplan.runtime.task.Task"),
+        ("def zeroplan_task():\n    return {'build_model': None}\n", "returned dict, not zeroplan.runtime.rank.task.Task"),
         ("raise ValueError('bad flag --foo')\n", "fails to load: ValueError: bad flag --foo"),
     ],
 )

@@ -26,7 +26,7 @@ CRASHING_TASK = textwrap.dedent(
     import sys
     sys.path.insert(0, {examples!r})
     import gpt_task
-    from zeroplan.runtime.task import Task
+    from zeroplan.runtime.rank.task import Task
 
 
     def broken_loss(model, batch):

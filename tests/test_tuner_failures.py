@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zeroplan.runtime.classify import classify
-from zeroplan.runtime.worker import ProbeDone, StepMeter
+from zeroplan.runtime.measure.classify import classify
+from zeroplan.runtime.rank.worker import ProbeDone, StepMeter
 from zeroplan.tuner import ProbeOutcome, TuneSettings, Tuner, make_sampler, open_study, plan_key, storage_url
 from zeroplan.tuner.failures import classify_failure, learned_regions, normalise_error, progress_from_lines
 
@@ -23,7 +23,7 @@ def _torch_error(a: tuple[int, int], b: tuple[int, int]) -> str:
 
 
 def _rank_error(rank: int, text: str) -> str:
-    """The error line the runtime reports for a rank that failed (zeroplan.runtime.classify)."""
+    """The error line the runtime reports for a rank that failed (zeroplan.runtime.measure.classify)."""
     status, reason = classify(returncode=1, timed_out=False, timeout_s=60, ranks=[{"rank": rank, "status": "error", "error": text}], expected_ranks=2, log_text="")
     assert status == "error"
     return reason

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from zeroplan.runtime.steptime import estimate_step_time, t_quantile_975
-from zeroplan.runtime.worker import ProbeDone, StepMeter
+from zeroplan.runtime.measure.steptime import estimate_step_time, t_quantile_975
+from zeroplan.runtime.rank.worker import ProbeDone, StepMeter
 from zeroplan.tuner.probetime import TIMEOUT_MARGIN, TIMEOUT_SLACK_S, ProbeTiming, probe_timeout
 from helpers import ROOT
 
@@ -194,7 +194,7 @@ def test_a_wait_that_is_not_the_jobs_moves_its_deadline(tmp_path):
     job with every second charged times out."""
     import sys
 
-    from zeroplan.runtime.job import Job
+    from zeroplan.runtime.launch.job import Job
 
     built = tmp_path / "built"
     code = f"import pathlib, time; time.sleep(4); pathlib.Path({str(built)!r}).touch(); time.sleep(0.2)"

@@ -426,7 +426,7 @@ def test_workers_sharing_a_study_keep_each_others_remeasurements(tmp_path):
 
 def test_trust_line_says_when_the_plans_work_repeats_but_the_wall_time_does_not():
     """At load the same plan's wall time may differ by 90% while the CPU its rank used per step
-    differs by 10% (runtime.threads: one thread per CPU rank): the line says both."""
+    differs by 10% (runtime.rank.threads: one thread per CPU rank): the line says both."""
     from zeroplan.tuner.settings import Trust
 
     loaded = Trust(best_key="a", runner_up_key="b", gap=0.12, repeat_spread=0.93, load_1m=(15.0, 17.0), cores=2, cpu_repeat_spread=0.1)

@@ -7,7 +7,7 @@ import pytest
 
 from zeroplan.profiles import resolve_cluster
 from zeroplan.estimator import enumerate_plans, estimate_plan
-from zeroplan.runtime.prediction import comparable_estimate
+from zeroplan.runtime.measure.prediction import comparable_estimate
 from zeroplan.spec import GiB, SpecError, TrainingSpec
 from zeroplan.tuner import build_space, initial_candidates, plan_key, zero_choice
 from zeroplan.tuner.space import micro_batch_choices, parse_zero_choice
@@ -56,7 +56,7 @@ def test_fit_and_prediction_are_the_estimators():
         assert c.predicted_gpu_total_bytes == est.gpu.total
         # Pruning and the order of probes use the verdict's figure and verdict.
         assert c.predicted_gpu_bytes == est.gpu.required and c.verdict == est.verdict
-        # Beside a probe's peak: the figure the probe itself compares it with (runtime.prediction).
+        # Beside a probe's peak: the figure the probe itself compares it with (runtime.measure.prediction).
         assert c.predicted_peak_memory_bytes == comparable_estimate(est, on_cpu=True, ranks_per_node=2)
         assert c.predicted_samples_per_second == pytest.approx(est.tokens_per_second / 64)
         if not c.fits:

@@ -1,6 +1,6 @@
 """FSDP2 settings for a plan: what ``fully_shard`` and the training loop need, as JSON. Stdlib only.
 
-The mapping is the one the probe runtime runs (zeroplan/runtime/backends/fsdp.py) and
+The mapping is the one the probe runtime runs (zeroplan/runtime/rank/backends/fsdp.py) and
 ``estimate --engine fsdp`` models: stage 0 → DDP, 1 → DDP + ZeroRedundancyOptimizer, 2 →
 ``fully_shard(reshard_after_forward=False)``, 3 → ``fully_shard(reshard_after_forward=True)``,
 each transformer block then the root; ``MixedPrecisionPolicy(param_dtype=bf16|fp16,

@@ -39,7 +39,7 @@ def main() -> None:
     import deepspeed.runtime.sequence_parallel.parallel_state_sp as sp_state
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
 
-    from zeroplan.runtime.dsops import skip_shm_comm_op
+    from zeroplan.runtime.rank.dsops import skip_shm_comm_op
 
     skip_shm_comm_op()
     deepspeed.init_distributed(dist_backend="gloo")

@@ -263,7 +263,7 @@ def _engine(config: dict, rank: int, world: int, events_step: Any) -> dict[str, 
         ds_logger.setLevel(logging.ERROR)
         if get_accelerator()._name == "cpu":
             # Training never calls the inference-only shm all-reduce op: no JIT build of it
-            # (zeroplan.runtime.dsops.skip_shm_comm_op says why; calibrate sits beside runtime
+            # (zeroplan.runtime.rank.dsops.skip_shm_comm_op says why; calibrate sits beside runtime
             # in docs/design.md's layers, so it does the same here instead of importing it).
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     except Exception as exc:  # not installed, or its import fails on this machine: same on every rank

@@ -1,4 +1,4 @@
-"""Options shared by ``probe`` and ``tune`` for jobs across nodes (zeroplan.runtime.multinode), and
+"""Options shared by ``probe`` and ``tune`` for jobs across nodes (zeroplan.runtime.launch.multinode), and
 ``tune``'s multi-node steps: a follower node's agent and the ``--emit-sbatch`` batch script."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from zeroplan.runtime.launch.registry import DEFAULT_NODES, DEFAULT_ONE_NODE, LAUNCHERS, node_launchers, one_node_launcher
 from zeroplan.spec import SpecError
 
 __all__ = [
@@ -18,7 +19,6 @@ __all__ = [
     "NodeRankOpt",
     "RdzvEndpointOpt",
     "RdzvTimeoutOpt",
-    "CLI_LAUNCHERS",
     "LauncherOpt",
     "local_launcher",
     "resolve_nodes",
@@ -33,14 +33,11 @@ LauncherOpt = Annotated[
     Optional[str],
     typer.Option(
         "--launcher",
-        help="warm (one node: ranks forked from a process that imported torch and DeepSpeed once) | torchrun (torchrun --standalone; "
-        "several nodes: one zeroplan agent per node, c10d rendezvous) | slurm (one srun step per probe, inside salloc/sbatch) "
-        "[default: warm on one node, torchrun on several].",
+        help=" | ".join(f"{name} ({kind.help})" for name, kind in LAUNCHERS.items())
+        + f" [default: {DEFAULT_ONE_NODE} on one node, {DEFAULT_NODES} on several].",
         rich_help_panel=_NODES,
     ),
 ]
-#: Values of --launcher.
-CLI_LAUNCHERS = ("warm", "torchrun", "slurm")
 NodeRankOpt = Annotated[
     Optional[int], typer.Option("--node-rank", help="torchrun launcher, --nnodes > 1: this node's rank, 0..nnodes-1.", rich_help_panel=_NODES)
 ]
@@ -65,17 +62,18 @@ def resolve_nodes(
 ):
     """(processes per node, NodeLaunch or None for a plain one-node job); SpecError on bad input.
 
-    ``launcher`` None or ``warm`` on one node is a one-node job (:func:`local_launcher` says which
-    launcher starts it); ``warm`` across nodes is refused.
+    ``launcher`` None or a one-node kind (``warm``) on one node is a one-node job (:func:`local_launcher`
+    says which launcher starts it); a one-node kind across nodes is refused.
     """
-    from zeroplan.runtime.multinode import NodeLaunch, check_node_layout
+    from zeroplan.runtime.launch.multinode import NodeLaunch, check_node_layout
 
-    if launcher is not None and launcher not in CLI_LAUNCHERS:
-        raise SpecError(f"--launcher {launcher} is not valid; choose one of {', '.join(CLI_LAUNCHERS)}")
-    if launcher == "warm" and nnodes > 1:
-        raise SpecError(f"--launcher warm starts the ranks of one node; with --nnodes {nnodes} use --launcher torchrun or --launcher slurm")
-    if launcher in (None, "warm"):
-        launcher = "torchrun"
+    if launcher is not None and launcher not in LAUNCHERS:
+        raise SpecError(f"--launcher {launcher} is not valid; choose one of {', '.join(LAUNCHERS)}")
+    if launcher is not None and not LAUNCHERS[launcher].spans_nodes and nnodes > 1:
+        use = " or ".join(f"--launcher {name}" for name in node_launchers())
+        raise SpecError(f"--launcher {launcher} starts the ranks of one node; with --nnodes {nnodes} use {use}")
+    if launcher is None or not LAUNCHERS[launcher].spans_nodes:
+        launcher = DEFAULT_NODES
 
     if nnodes == 1 and gpus_per_node is not None and gpus > gpus_per_node >= 1 and not any(a.startswith("--nnodes") for a in legacy_torchrun_args):
         raise SpecError(
@@ -88,9 +86,10 @@ def resolve_nodes(
 
 
 def local_launcher(launcher: Optional[str]) -> str:
-    """How a one-node probe starts its ranks (``ProbeRequest.launcher``): ``torchrun`` when asked
-    for, else ``warm`` (a multi-node probe ignores it)."""
-    return "torchrun" if launcher in ("torchrun", "slurm") else "warm"
+    """How a one-node probe starts its ranks (``ProbeRequest.launcher``): the kind asked for where it
+    starts one node's ranks (``torchrun`` for ``slurm``), else the default, ``warm`` (a multi-node
+    probe ignores it)."""
+    return one_node_launcher(launcher)
 
 
 def follow_node0(probes: Path, nodes: Any) -> None:
@@ -113,8 +112,8 @@ def follow_node0(probes: Path, nodes: Any) -> None:
 
 
 def write_sbatch(path: Path, *, nnodes: int, gpus_per_node: int, output: Path, time_budget: Optional[float]) -> None:
-    """Write the batch script (zeroplan.runtime.multinode.sbatch_script) for this command line."""
-    from zeroplan.runtime.multinode import sbatch_script, tune_command_for_sbatch
+    """Write the batch script (zeroplan.runtime.launch.multinode.sbatch_script) for this command line."""
+    from zeroplan.runtime.launch.multinode import sbatch_script, tune_command_for_sbatch
 
     argv = sys.argv[sys.argv.index("tune") + 1 :] if "tune" in sys.argv else []
     out_dir = output.resolve()

@@ -64,7 +64,7 @@ def _mib(n: Optional[int]) -> str:
 def _render_table(result, plan, console) -> None:
     from rich.table import Table
 
-    from zeroplan.runtime.recipe_estimate import plan_as_trained
+    from zeroplan.runtime.measure.recipe_estimate import plan_as_trained
 
     plan = plan_as_trained(result.trl, plan)  # a Trainer's gradient_checkpointing, which the config does not carry
 
@@ -100,17 +100,17 @@ def _render_table(result, plan, console) -> None:
     table.add_row("tokens / s", "—" if result.tokens_per_second is None else f"{result.tokens_per_second:,.0f}", "", "")
     console.print(table)
     if result.discovered_model:
-        from zeroplan.runtime.discover import DiscoveredModel
+        from zeroplan.runtime.discovery.discover import DiscoveredModel
 
         console.print(f"model {DiscoveredModel.from_dict(result.discovered_model).describe()}", markup=False, highlight=False)
     if result.recipe:
-        from zeroplan.runtime.recipe_discovery import recipe_lines
+        from zeroplan.runtime.discovery.recipe_discovery import recipe_lines
 
         phases = result.memory_phases_per_rank[0] if result.memory_phases_per_rank else None
         for line in recipe_lines(result.trainer, result.recipe, result.frozen_engines, phases):
             console.print(line, markup=False, highlight=False)
     if result.activations_source:
-        from zeroplan.runtime.discover import ACTIVATION_SOURCE_WORDS
+        from zeroplan.runtime.discovery.discover import ACTIVATION_SOURCE_WORDS
 
         console.print(f"activations: {ACTIVATION_SOURCE_WORDS.get(result.activations_source, result.activations_source)}",
                       markup=False, highlight=False)
@@ -140,7 +140,7 @@ def _model(model_opts, peft_opts, precision: str):
 
     What needs no model is checked now; a layout that does not fit the model is an error now
     with --model/--params, and a note beside the measurement for a task's or discovered model."""
-    from zeroplan.runtime.peft_source import PeftFlags
+    from zeroplan.runtime.measure.peft_source import PeftFlags
 
     peft_flags = PeftFlags(**{f.name: getattr(peft_opts, f.name) for f in dataclasses.fields(peft_opts)},
                            model_arg=model_opts.model, precision=precision)
@@ -154,7 +154,7 @@ def _run(request, *, verbose: bool):
     from rich.console import Console
 
     from zeroplan.runtime import run_probe
-    from zeroplan.runtime.dsops import lock_report
+    from zeroplan.runtime.rank.dsops import lock_report
 
     for note in lock_report():  # probes build in their own folder; the user's own runs would wait on these
         print(f"zeroplan: note: {note}", file=sys.stderr)
@@ -219,10 +219,8 @@ def probe(
                                  node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout, legacy_torchrun_args=torchrun_args)
     if nodes is not None and workdir is None:
         raise SpecError("a multi-node probe needs --workdir DIR: a folder every node sees at the same path (a shared file system)")
-    if nodes is not None and nodes.launcher == "slurm":
-        from zeroplan.runtime.multinode import slurm_allocation
-
-        slurm_allocation(nodes.nnodes)
+    if nodes is not None:
+        nodes.kind.preflight(nodes)  # outside a Slurm allocation / too few nodes: before anything is written
     if not script.is_file():
         raise SpecError(f"script {script} does not exist or is not a file")
     model_spec, peft_flags = _model(model_opts, peft_opts, training_opts.precision)

@@ -177,15 +177,13 @@ def _nodes(gpus: int, f: dict) -> tuple[Any, Any]:
         write_sbatch(f["emit_sbatch"], nnodes=f["nnodes"], gpus_per_node=nproc, output=f["output"], time_budget=f["time_budget"])
         return None, None
     require_runtime("tune")
-    if nodes is not None and nodes.launcher == "torchrun" and nodes.node_rank:
+    if nodes is not None and nodes.kind.agent_per_node and nodes.node_rank:
         # Node K > 0: no study, no search; join every probe node 0's tuner starts in the shared
-        # --output folder until it is done (zeroplan.runtime.follow.follow_probes).
+        # --output folder until it is done (zeroplan.runtime.launch.follow.follow_probes).
         follow_node0(f["output"] / "probes", nodes)
         return None, None
-    if nodes is not None and nodes.launcher == "slurm":
-        from zeroplan.runtime.multinode import slurm_allocation
-
-        slurm_allocation(nodes.nnodes)  # outside an allocation / too few nodes: before the study opens
+    if nodes is not None:
+        nodes.kind.preflight(nodes)  # outside a Slurm allocation / too few nodes: before the study opens
     return nproc, nodes
 
 

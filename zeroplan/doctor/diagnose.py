@@ -239,7 +239,7 @@ def _moe_fix(found: Match, inputs: DoctorInputs) -> tuple[str, dict]:
 
 
 def _lock_fix(found: Match, inputs: DoctorInputs) -> tuple[str, dict]:
-    from zeroplan.runtime.dsops import find_locks
+    from zeroplan.runtime.rank.dsops import find_locks
 
     locks = find_locks()
     stale = [lk for lk in locks if lk.stale]
@@ -281,7 +281,7 @@ _FIXES = {
 
 def _lock_notes() -> list[str]:
     """Locks and half-built ops in this machine's torch extensions cache now (a stale lock hangs
-    every DeepSpeed run): :func:`zeroplan.runtime.dsops.lock_report`."""
-    from zeroplan.runtime.dsops import lock_report
+    every DeepSpeed run): :func:`zeroplan.runtime.rank.dsops.lock_report`."""
+    from zeroplan.runtime.rank.dsops import lock_report
 
     return lock_report()

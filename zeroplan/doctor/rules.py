@@ -3,7 +3,7 @@
 Each rule is a pure function of the log returning a :class:`Match` (the class, the evidence line,
 a one-line cause, details) or None; :data:`RULES` lists them, most specific first. A log no rule
 claims is ``unknown``: the rules name what they recognise and never guess. The OOM and SIGKILL
-patterns are the ones zeroplan's own probe classifier uses (:mod:`zeroplan.runtime.classify`).
+patterns are the ones zeroplan's own probe classifier uses (:mod:`zeroplan.runtime.measure.classify`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from zeroplan.doctor.logs import LogLine, RunLog
-from zeroplan.runtime.classify import OOM_PATTERN, SIGKILL_PATTERN
+from zeroplan.runtime.measure.classify import OOM_PATTERN, SIGKILL_PATTERN
 
 __all__ = ["FAILURE_CLASSES", "PHASES", "Match", "FailureRule", "RULES", "classify_log", "memory_phase"]
 

@@ -1,7 +1,7 @@
 """PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) memory per GPU for one plan. Stdlib only.
 
 The plan's stage maps onto PyTorch's engines as zeroplan's runtime runs them
-(``zeroplan/runtime/backends/fsdp.py``):
+(``zeroplan/runtime/rank/backends/fsdp.py``):
 
 * stage 0: ``DistributedDataParallel`` with ``torch.autocast`` (fp32 parameters, 16-bit compute)
 * stage 1: DDP + ``ZeroRedundancyOptimizer`` (optimizer states sharded)

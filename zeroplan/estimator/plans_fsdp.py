@@ -193,7 +193,7 @@ def _fsdp_state_tensors(model: ModelSpec) -> int:
     return 3 * (per_block * model.num_layers + (1 if model.tied_embeddings else 2))
 
 
-#: What each stage runs as under ``engine="fsdp"`` (zeroplan/runtime/backends/fsdp.py).
+#: What each stage runs as under ``engine="fsdp"`` (zeroplan/runtime/rank/backends/fsdp.py).
 _FSDP_KIND = {
     0: "DDP",
     1: "DDP + ZeroRedundancyOptimizer",

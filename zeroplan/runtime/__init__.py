@@ -1,5 +1,5 @@
 """Runtime: short probe jobs on a real engine (DeepSpeed or FSDP2), their ranks forked from a warm
-process that imported torch once (zeroplan.runtime.warm) or started by ``torchrun``.
+process that imported torch once (zeroplan.runtime.launch.warm) or started by ``torchrun``.
 
 Public API (stable; the tuner builds on it)::
 
@@ -14,8 +14,8 @@ torch and deepspeed are imported only inside the worker processes and the warm s
 from __future__ import annotations
 
 from zeroplan.runtime.api import BACKENDS, LOCAL_LAUNCHERS, STATUSES, ProbeRequest, ProbeResult
-from zeroplan.runtime.follow import FOLLOW_DONE, follow_probes
-from zeroplan.runtime.launcher import PHASES, probe_environment, run_probe, script_kind, uses_warm_launcher
+from zeroplan.runtime.launch.follow import FOLLOW_DONE, follow_probes
+from zeroplan.runtime.probe import PHASES, probe_environment, run_probe, script_kind, uses_warm_launcher
 
 __all__ = [
     "BACKENDS",

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zeroplan.runtime.multinode import NodeLaunch
+from zeroplan.runtime.launch.registry import DEFAULT_ONE_NODE, local_launchers
+from zeroplan.runtime.launch.multinode import NodeLaunch
 from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, resolve_optimizer_impl
 from zeroplan.estimator.plans import check_engine_precision
-from zeroplan.runtime.peft_source import PeftFlags
+from zeroplan.runtime.measure.peft_source import PeftFlags
 from zeroplan.spec import LOSSES, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.spec.recipe import Recipe
 from zeroplan.spec.errors import check_choice
@@ -17,10 +18,11 @@ from zeroplan.spec.errors import check_choice
 __all__ = ["BACKENDS", "LOCAL_LAUNCHERS", "STATUSES", "ProbeRequest", "ProbeResult"]
 
 BACKENDS = ("deepspeed", "fsdp")
-#: How a one-node probe starts its ranks: ``warm`` forks them from a server that imported torch and
-#: DeepSpeed once (zeroplan.runtime.warm), ``torchrun`` starts ``torchrun --standalone``.
-LOCAL_LAUNCHERS = ("warm", "torchrun")
 STATUSES = ("ok", "oom", "error", "timeout")
+#: How a one-node probe starts its ranks: ``warm`` forks them from a server that imported torch and
+#: DeepSpeed once (zeroplan.runtime.launch.warm), ``torchrun`` starts ``torchrun --standalone``
+#: (the registry's one-node kinds, zeroplan.runtime.launch.registry).
+LOCAL_LAUNCHERS = local_launchers()
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class ProbeRequest:
     seq_len: int | None = None
     """Tokens per sample for tokens/s; None: the task's ``seq_len``, else ``training.seq_len`` if given."""
     nodes: NodeLaunch | None = None
-    """Several nodes (torchrun rendezvous or a Slurm step; zeroplan.runtime.multinode); None: one node."""
+    """Several nodes (torchrun rendezvous or a Slurm step; zeroplan.runtime.launch.multinode); None: one node."""
     optimizer_impl: str | None = None
     """Whose optimizer step the estimate assumes (``zeroplan.estimator.OPTIMIZER_IMPLS``); None:
     discovered — torch's AdamW for a DeepSpeed config without an ``optimizer`` block, else the engine's own."""
@@ -72,10 +74,11 @@ class ProbeRequest:
     recipe discovery found in the run (its summary's ``recipe``), else plain SFT."""
     peft_flags: PeftFlags | None = None
     """LoRA/QLoRA options for the estimate when the run's own model does not carry a layout
-    (zeroplan.runtime.peft_source)."""
-    launcher: str = "warm"
-    """One node: ``warm`` (ranks forked from a pre-imported server; torchrun where it cannot start,
-    and whenever ``torchrun_args`` are given) or ``torchrun``. Several nodes: ``nodes.launcher``."""
+    (zeroplan.runtime.measure.peft_source)."""
+    launcher: str = DEFAULT_ONE_NODE
+    """How a one-node probe starts its ranks (``LOCAL_LAUNCHERS``, zeroplan.runtime.launch): ``warm``
+    (ranks forked from a pre-imported server; torchrun where it cannot start, and whenever
+    ``torchrun_args`` are given) or ``torchrun``. Several nodes: ``nodes.launcher``."""
 
     @property
     def world_size(self) -> int:
@@ -102,8 +105,8 @@ class ProbeRequest:
             raise SpecError(f"config_arg={self.config_arg!r} is not valid; give an option such as --deepspeed_config")
         if self.loss is not None:
             check_choice("loss", self.loss, LOSSES)
-        if self.launcher not in LOCAL_LAUNCHERS:
-            raise SpecError(f"launcher={self.launcher!r} is not valid; choose one of {', '.join(LOCAL_LAUNCHERS)}")
+        if self.launcher not in local_launchers():
+            raise SpecError(f"launcher={self.launcher!r} is not valid; choose one of {', '.join(local_launchers())}")
         if self.optimizer_impl is not None:
             valid = ENGINE_OPTIMIZER_IMPLS[self.backend]
             if self.optimizer_impl not in valid:
@@ -165,14 +168,14 @@ class ProbeResult:
     """Parameters without requires_grad in the engine's module (DeepSpeed runs), else None."""
     discovered_model: dict | None = None
     """What a plain script's model is, read at ``deepspeed.initialize`` when no model was given
-    (``zeroplan.runtime.discover.DiscoveredModel.as_dict``); None otherwise."""
+    (``zeroplan.runtime.discovery.discover.DiscoveredModel.as_dict``); None otherwise."""
     activations_source: str | None = None
-    """Where the estimate's activation bytes came from (``zeroplan.runtime.discover.ACTIVATION_SOURCES``:
+    """Where the estimate's activation bytes came from (``zeroplan.runtime.discovery.discover.ACTIVATION_SOURCES``:
     traced, config, module-tree, params, model, task, not-modelled); None without an estimate."""
     trainer: str | None = None
     """The Hugging Face Trainer class that trained (``DPOTrainer``, ``GRPOTrainer``, ...), else None."""
     recipe: dict | None = None
-    """Its post-training recipe (``zeroplan.runtime.recipe_discovery.RECIPE_KEYS``: kind, generations,
+    """Its post-training recipe (``zeroplan.runtime.discovery.recipe_discovery.RECIPE_KEYS``: kind, generations,
     completion_len, vllm_gpu_memory, reference, reward_model, critic_model), else None."""
     trl: dict | None = None
     """The trainer config's values that shape the recipe and batch, by TRL's field names."""
@@ -208,7 +211,7 @@ class ProbeResult:
     """Why the warm launcher was not used although asked for (it could not start here), else None."""
     phases_s: dict[str, float] = field(default_factory=dict)
     """Wall seconds of each phase the probe reached, as the launcher saw them
-    (zeroplan.runtime.phases.PHASES: server, launch, imports, script, engine, warmup, measure,
+    (zeroplan.runtime.measure.phases.PHASES: server, launch, imports, script, engine, warmup, measure,
     teardown, report)."""
     waits_s: dict[str, float] = field(default_factory=dict)
     """Seconds the probe waited on something that is not its plan, not charged to its timeout:
@@ -216,7 +219,7 @@ class ProbeResult:
     compiled while the ranks waited to load it)."""
     cpu_step_time: float | None = None
     """CPU seconds per measured optimizer step (median) of the rank that used most: the work of its
-    own threads. With one thread per CPU rank (zeroplan.runtime.threads) other jobs on the machine
+    own threads. With one thread per CPU rank (zeroplan.runtime.rank.threads) other jobs on the machine
     change it little, where they change step_time by their share of the cores; it leaves out time
     spent blocked (waiting on a collective)."""
     load_average: tuple[float, float] | None = None

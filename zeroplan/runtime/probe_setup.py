@@ -99,7 +99,7 @@ def probe_setup(c: ProbeChoices) -> ProbeSetup:
     """Read ``--config`` (the reader ``zeroplan validate`` uses: commented hjson configs DeepSpeed
     accepts too), apply the layout, check it all and build the plan; notes go to stderr."""
     from zeroplan.dsconfig import load_config
-    from zeroplan.runtime.layout import apply_probe_layout
+    from zeroplan.runtime.rank.layout import apply_probe_layout
 
     ds_config = load_config(c.config).config if c.config is not None else None
     if ds_config is not None and (c.sp > 1 or c.tp > 1):
@@ -114,7 +114,7 @@ def probe_setup(c: ProbeChoices) -> ProbeSetup:
             raise SpecError(f"--sp and --tp run on {flag} deepspeed (Ulysses and AutoTP are DeepSpeed features)")
         ds_config, plan = apply_probe_layout(ds_config, plan, sp=c.sp, tp=c.tp, world_size=c.gpus)
         if plan is not None and (plan.sp > 1 or plan.tp > 1):
-            from zeroplan.runtime.layout import check_probe_layout
+            from zeroplan.runtime.rank.layout import check_probe_layout
 
             check_probe_layout(plan, world_size=c.gpus, model=c.model, seq_len=c.seq_len)
     if c.engine == "fsdp" and plan is not None and (plan.zero_hpz_partition_size > 1 or plan.zero_quantized_weights or plan.zero_quantized_gradients):

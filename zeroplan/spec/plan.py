@@ -236,7 +236,7 @@ class Plan:
         return d
 
 
-#: What each stage is under ``--engine fsdp`` (zeroplan/fsdpconfig.py, runtime/backends/fsdp.py):
+#: What each stage is under ``--engine fsdp`` (zeroplan/fsdpconfig.py, runtime/rank/backends/fsdp.py):
 #: DistributedDataParallel; DDP with torch.distributed.optim.ZeroRedundancyOptimizer; FSDP2
 #: ``fully_shard(reshard_after_forward=False)`` and ``=True``, which FSDP1 calls the
 #: SHARD_GRAD_OP and FULL_SHARD sharding strategies (torch.distributed.fsdp.ShardingStrategy).

@@ -86,5 +86,5 @@ def load_task(script: str | Path, args: tuple[str, ...] = (), *, restore_argv: b
         if restore_argv:
             sys.argv = saved
     if not isinstance(task, Task):
-        raise NotATask(f"zeroplan_task() in {script} returned {type(task).__name__}, not zeroplan.runtime.task.Task")
+        raise NotATask(f"zeroplan_task() in {script} returned {type(task).__name__}, not zeroplan.runtime.rank.task.Task")
     return task

@@ -80,7 +80,7 @@ def task_declaration(script: Path, script_args: tuple[str, ...] = (), *, timeout
     """
     code = (
         "import json, sys\n"
-        "from zeroplan.runtime.task import load_task\n"
+        "from zeroplan.runtime.rank.task import load_task\n"
         "task = load_task(sys.argv[1], tuple(sys.argv[2:]))\n"
         "spec = task.model_spec.as_dict() if task.model_spec is not None else None\n"
         "print('ZEROPLAN_TASK ' + json.dumps({'model_spec': spec, 'seq_len': task.seq_len, 'loss': task.loss}))\n"

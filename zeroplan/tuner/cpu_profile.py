@@ -142,7 +142,7 @@ def quick_cpu_profile(base: GpuSpec, *, ranks: int, budget_s: float = 2.0, befor
     """``base`` with this CPU's speeds as one of ``ranks`` probe processes sees them, and a note.
     ``before_measuring`` is called once torch is imported, before anything is timed (to let other
     work of the caller's finish: it would share the cores being measured)."""
-    from zeroplan.runtime.threads import rank_threads
+    from zeroplan.runtime.rank.threads import rank_threads
 
     cores = os.cpu_count() or 1
     threads = rank_threads(ranks, on_cuda=False)  # what each probe rank computes with

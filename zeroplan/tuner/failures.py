@@ -3,7 +3,7 @@
 Each failed probe gets a :class:`Failure`: a *kind* (crash, engine assertion, OOM on the device
 or on the host, hang), the *phase* it happened in (``start-up``: before the engine existed;
 ``first step``: engine built, no optimizer step done; ``steps``: between optimizer steps; the
-phase comes from the progress lines the probe worker prints, ``zeroplan.runtime.worker``), and a
+phase comes from the progress lines the probe worker prints, ``zeroplan.runtime.rank.worker``), and a
 *signature*: the error line with what varies between runs of the same bug removed (numbers,
 paths, ranks, addresses), so the same bug in two plans has one signature.
 

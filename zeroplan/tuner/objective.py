@@ -80,7 +80,7 @@ class ProbeOutcome:
     launcher: str = ""
     """What started the ranks (``warm``, ``torchrun``; empty for several nodes or when unknown)."""
     phases_s: dict = field(default_factory=dict)
-    """Wall seconds per phase of the probe (``zeroplan.runtime.phases.PHASES``)."""
+    """Wall seconds per phase of the probe (``zeroplan.runtime.measure.phases.PHASES``)."""
     waits_s: dict = field(default_factory=dict)
     """Seconds of waits that are not the plan's, not charged to its timeout (``launcher``, ``op build``)."""
     retried: str = ""
@@ -145,7 +145,7 @@ class ProbeRunner:
     base_config: Optional[dict] = None
     """The user's DeepSpeed config (or the Trainer template): each trial is it with the tuned keys
     replaced (zeroplan.dsconfig.trial.apply_plan_config); None: zeroplan's complete config."""
-    """``zeroplan.runtime.multinode.NodeLaunch`` for probes across nodes (``nproc`` is then per node)."""
+    """``zeroplan.runtime.launch.multinode.NodeLaunch`` for probes across nodes (``nproc`` is then per node)."""
 
     def __post_init__(self) -> None:
         check_tune_precision(self.training.precision)
@@ -184,13 +184,13 @@ class ProbeRunner:
     def begin_warm_server(self) -> Callable[[], Optional[float]]:
         """Start the warm launcher's server now, without waiting (one node, ``launcher`` warm), so
         its imports overlap the caller's work. Returns ``ready()``: it waits for those imports, asks
-        the server to load the rest of what ranks need (:mod:`zeroplan.runtime.warm_server`
+        the server to load the rest of what ranks need (:mod:`zeroplan.runtime.launch.warm_server`
         ``later_work``) — call it when nothing of yours runs that this would disturb — and returns
         the seconds the start took (torch and DeepSpeed imported: a measured lower bound on a
         probe's start-up here); None where probes use torchrun or the server cannot start (the
         first probe then says why)."""
         from zeroplan.runtime import probe_environment, uses_warm_launcher
-        from zeroplan.runtime.warm import WarmUnavailable, begin
+        from zeroplan.runtime.launch.warm import WarmUnavailable, begin
 
         request = self._request()
         if not uses_warm_launcher(request):
@@ -318,7 +318,7 @@ class ProbeRunner:
 def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Optional[list[str]] = None) -> ProbeOutcome:
     """Convert the runtime's ProbeResult into a ProbeOutcome (missing numbers become 0).
 
-    ``progress``: the worker's progress lines (``zeroplan.runtime.worker.PROGRESS_PREFIX``); None
+    ``progress``: the worker's progress lines (``zeroplan.runtime.rank.worker.PROGRESS_PREFIX``); None
     when they were not collected, so the failure phase stays unknown.
     """
     from zeroplan.tuner.failures import measurement_from_lines, progress_from_lines

@@ -35,7 +35,7 @@ class TuneRequest:
     script_args: tuple[str, ...] = ()
     """Arguments passed on to the script."""
     nodes: Any = None
-    """The multi-node layout (:func:`zeroplan.runtime.multinode` ``NodeLayout``), None on one node."""
+    """The multi-node layout (:func:`zeroplan.runtime.launch.multinode` ``NodeLayout``), None on one node."""
     launcher: str = "warm"
     """How a one-node probe starts its ranks: ``warm`` or ``torchrun``."""
     # -- cluster ----------------------------------------------------------------------------------

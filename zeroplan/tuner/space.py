@@ -133,7 +133,7 @@ class Candidate:
     """Estimated peak bytes per GPU as a probe measures them, for comparison with its peak: the
     estimator's ``gpu.peak_allocated`` (``max_memory_allocated`` on CUDA; live tensor storage on
     CPU, where an offload plan's host states are the rank's storage too:
-    :func:`zeroplan.runtime.prediction.comparable_estimate`)."""
+    :func:`zeroplan.runtime.measure.prediction.comparable_estimate`)."""
     predicted_gpu_total_bytes: int
     """The reserved peak with the CUDA context (``gpu.total``: allocated, allocator reserve and
     context on CUDA), bytes: itemised beside the verdict's figure, not judged on."""
@@ -304,13 +304,13 @@ def build_space(
     ``buckets`` fixed plan bucket fields (``zeroplan.estimator.plans.bucket_sizes``);
     ``overlap_comm_of`` the stage's ``overlap_comm`` where a base config decides it;
     ``activation_bytes`` a plan's activations where they are not the transformer formula's (a
-    discovered model's trace: ``zeroplan.runtime.discover.DiscoveredModel.activation_bytes``);
+    discovered model's trace: ``zeroplan.runtime.discovery.discover.DiscoveredModel.activation_bytes``);
     ``sp``/``tp`` the parallel degrees searched (tuples or ``"auto"``: :func:`~zeroplan.estimator.enumerate_plans`).
     ``recipe`` (DPO/GRPO/PPO, zeroplan.spec.recipe) estimates each plan under it and leaves out
     batches TRL refuses (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
-    from zeroplan.runtime.prediction import comparable_estimate
+    from zeroplan.runtime.measure.prediction import comparable_estimate
 
     for where in (*offload_optimizer, *offload_param):
         if where not in ("none", "cpu", "nvme"):

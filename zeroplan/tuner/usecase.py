@@ -36,7 +36,7 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
     nodes = request.nodes
     # Open the study first: a corrupt, locked or refused storage fails before any slow work.
     output.mkdir(parents=True, exist_ok=True)
-    if nodes is not None and nodes.launcher == "torchrun":
+    if nodes is not None and nodes.kind.agent_per_node:
         from zeroplan.runtime import FOLLOW_DONE
 
         (output / "probes" / FOLLOW_DONE).unlink(missing_ok=True)  # followers wait for this run's end
@@ -46,14 +46,14 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
     base_config, config_arg, trainer, user_base = _base_config(request, listener)
     precision = request.precision
     if trainer:
-        from zeroplan.runtime.trainer import trainer_precision
+        from zeroplan.runtime.rank.trainer import trainer_precision
 
         # What "auto" resolves to: the script's --bf16/--fp16, unless the config says.
         precision = trainer_precision(request.script_args, base_config)
     known = _model(request, listener, precision=precision, config_arg=config_arg, user_base=user_base, trainer=trainer)
     training, cluster, seq_origin, loss_origin = _training_and_cluster(request, known, precision=precision)
     if known.get("trl"):
-        from zeroplan.runtime.recipe_estimate import training_as_trained
+        from zeroplan.runtime.measure.recipe_estimate import training_as_trained
 
         # A Trainer's own precision, as discovery saw it run (TRL's configs default bf16=True).
         training = training_as_trained(known["trl"], training)
@@ -131,7 +131,7 @@ def _base_config(request: TuneRequest, listener: TuneListener) -> tuple[Any, str
     trial starts from the user's config, else (Trainer) from the "auto" template, else from
     zeroplan's complete config."""
     from zeroplan.dsconfig.trial import base_for_script, with_overlap_comm
-    from zeroplan.runtime.trainer import TRAINER_CONFIG_ARG, is_trainer_script
+    from zeroplan.runtime.rank.trainer import TRAINER_CONFIG_ARG, is_trainer_script
 
     config_arg = request.config_arg
     trainer = request.script_kind == "script" and is_trainer_script(request.script)
@@ -173,7 +173,7 @@ def _model(request: TuneRequest, listener: TuneListener, *, precision: str, conf
                 raise SpecError(f"the task in {script} declares no model_spec; give --params or --model")
             found["origin"] = "declared by the task"
         else:
-            from zeroplan.runtime.discover import discovered_or_cached, discovery_config
+            from zeroplan.runtime.discovery.discover import discovered_or_cached, discovery_config
 
             draft = resolve_training(precision=precision, optimizer=request.optimizer, seq_len=request.seq_len or 2048, micro_batch=None,
                                      global_batch=None, grad_accum=None)
@@ -186,7 +186,7 @@ def _model(request: TuneRequest, listener: TuneListener, *, precision: str, conf
                          activation_bytes=discovered.activation_bytes(), origin="discovered" + (" (cached)" if cached else ""))
             listener.event("model_discovered", description=discovered.describe(), cached=cached)
             if discovered.recipe:
-                from zeroplan.runtime.recipe_discovery import recipe_lines
+                from zeroplan.runtime.discovery.recipe_discovery import recipe_lines
 
                 # A TRL DPO/GRPO script: its recipe prunes and ranks the plans unless --recipe says otherwise.
                 found["recipe"] = discovered.recipe
@@ -218,7 +218,7 @@ def _training_and_cluster(request: TuneRequest, known: dict, *, precision: str) 
         micro_batch=request.micro_batch, global_batch=request.global_batch, grad_accum=request.grad_accum,
     )
     # What the loss keeps over the logits: --loss, else the task's Task(loss=...), as a probe's
-    # estimate reads it (runtime.prediction); else the estimator's default.
+    # estimate reads it (runtime.measure.prediction); else the estimator's default.
     loss_origin = "given" if request.loss else "declared by the task" if known["task_loss"] else "default"
     training = replace(training, loss=request.loss or known["task_loss"] or training.loss)
     cluster = resolve_cluster(
@@ -280,7 +280,7 @@ def _search(request, listener, study, space, runner, meta, *, url: str, time_mod
         listener.event("interrupted", storage=url)
         raise
     finally:
-        if nodes is not None and nodes.launcher == "torchrun":
+        if nodes is not None and nodes.kind.agent_per_node:
             from zeroplan.runtime import FOLLOW_DONE
 
             (output / "probes").mkdir(parents=True, exist_ok=True)
@@ -290,10 +290,10 @@ def _search(request, listener, study, space, runner, meta, *, url: str, time_mod
 
 def _build_optimizer_ops(listener: TuneListener, space, training, *, base_config, optimizer_impl) -> None:
     """Compile the DeepSpeed optimizer ops the fitting plans load, once, before the first probe
-    (zeroplan.runtime.dsops.build_ops), and say how long it took: apart from every probe."""
+    (zeroplan.runtime.rank.dsops.build_ops), and say how long it took: apart from every probe."""
     import subprocess
 
-    from zeroplan.runtime.dsops import build_ops, optimizer_ops_for, unbuilt_ops
+    from zeroplan.runtime.rank.dsops import build_ops, optimizer_ops_for, unbuilt_ops
 
     block = (base_config is None or "optimizer" in base_config) and optimizer_impl not in ("torch", "torch-fused") \
         and training.optimizer in ("adam", "adamw")

@@ -295,7 +295,7 @@ def estimated_host(est, model, cluster, training, *, on_cpu: bool, baseline_node
     DeepSpeed and torchrun imported) — a property of the software stack, not of the plan, so it is
     measured and added, not estimated. Returns :class:`zeroplan.estimator.HostPhases` built with
     baseline 0; callers add ``baseline_node`` per node. ``tracker_on``: the CPU memory tracker ran,
-    and imported torch._dynamo before the baseline (:class:`zeroplan.runtime.memory.StorageTracker`).
+    and imported torch._dynamo before the baseline (:class:`zeroplan.runtime.measure.memory.StorageTracker`).
     """
     from zeroplan.estimator import host_phases
 

@@ -43,7 +43,7 @@ class Job:
 
     def __init__(self, cmd: list[str] | None, env: dict[str, str], cwd: Path, log_path: Path, on_line: Callable[[str], None] | None, *, proc=None):
         """Start ``cmd``; or, with ``proc`` (a started process with ``pid``, ``stdout``, ``wait`` and
-        ``poll``: the warm launcher's probe leader, zeroplan.runtime.warm), watch that one."""
+        ``poll``: the warm launcher's probe leader, zeroplan.runtime.launch.warm), watch that one."""
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self.full_log = log_path.open("w", buffering=1)  # line by line: `tail -f probe.log` follows the probe
         self.on_line = on_line

@@ -1,11 +1,11 @@
 """The warm launcher (``--launcher warm``, one node): probes' ranks forked from a process that has
-already imported torch, DeepSpeed and the worker (:mod:`zeroplan.runtime.warm_server`).
+already imported torch, DeepSpeed and the worker (:mod:`zeroplan.runtime.launch.warm_server`).
 
 A probe under ``torchrun`` pays two interpreter start-ups before the user's script runs: torchrun's
 own (it imports torch) and then each worker's (torch and DeepSpeed again). The warm server pays
 them once per session; each probe then costs a fork. The probe itself is unchanged: the same
 worker code, the same environment variables a torchrun worker gets, its output streamed into the
-same log, the same :class:`zeroplan.runtime.job.Job` watching it (timeout, kill of every process
+same log, the same :class:`zeroplan.runtime.launch.job.Job` watching it (timeout, kill of every process
 group, Ctrl-C), the same classification. Where the server cannot start (an import fails, the CUDA
 driver got loaded at import) :class:`WarmUnavailable` says why and the caller uses torchrun.
 """
@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from zeroplan.runtime.job import Job, _die_with_parent
+from zeroplan.runtime.launch.job import Job, _die_with_parent
+from zeroplan.runtime.launch.base import LauncherUnavailable
 
 __all__ = ["WarmUnavailable", "WarmServer", "begin", "start_warm_job", "shutdown", "server_env_key"]
 
@@ -40,7 +41,7 @@ _lock = threading.Lock()
 _server: Optional["WarmServer"] = None
 
 
-class WarmUnavailable(RuntimeError):
+class WarmUnavailable(LauncherUnavailable):
     """The warm server could not start here (the reason is the message); use torchrun."""
 
 
@@ -50,7 +51,7 @@ def server_env_key(env: dict[str, str]) -> tuple:
 
 
 class WarmServer:
-    """One running :mod:`zeroplan.runtime.warm_server` and its socket."""
+    """One running :mod:`zeroplan.runtime.launch.warm_server` and its socket."""
 
     def __init__(self, env: dict[str, str], *, log_path: Path, ready_timeout_s: float, wait: bool = True) -> None:
         self.key = (sys.executable, server_env_key(env))
@@ -60,7 +61,7 @@ class WarmServer:
         self.log = log_path.open("a")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "zeroplan.runtime.warm_server", str(theirs.fileno())],
+            [sys.executable, "-m", "zeroplan.runtime.launch.warm_server", str(theirs.fileno())],
             env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             pass_fds=(theirs.fileno(),), start_new_session=True,
             # Dies with the thread that started it (even killed by SIGKILL); its socket's EOF is the

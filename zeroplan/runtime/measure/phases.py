@@ -1,6 +1,6 @@
 """Where a probe's wall time goes: the phases the launcher sees, from the worker's progress lines.
 
-The worker (rank 0) prints ``zeroplan-progress EVENT t=S`` lines (zeroplan.runtime.meter); the
+The worker (rank 0) prints ``zeroplan-progress EVENT t=S`` lines (zeroplan.runtime.measure.meter); the
 launcher notes when each reached it, on its own clock, so the time before the worker ran (the
 launcher's start, torchrun's or a fork) is counted too.
 """
@@ -33,8 +33,9 @@ class PhaseClock:
         self.last_step: float | None = None
         self._on_line = on_line
 
-    def mark(self, name: str) -> None:
-        self.marks.setdefault(name, time.monotonic())
+    def mark(self, name: str, *, at: float | None = None) -> None:
+        """Note that ``name`` happened (now, or at ``at`` on the monotonic clock); the first note stays."""
+        self.marks.setdefault(name, time.monotonic() if at is None else at)
 
     def on_line(self, line: str) -> None:
         # A progress line can follow a progress bar's carriage-return line (Trainer's tqdm) on one line.

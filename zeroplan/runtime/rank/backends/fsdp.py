@@ -26,7 +26,7 @@ import contextlib
 
 import torch
 
-from zeroplan.runtime.backends.common import apply_checkpointing, device_for_rank, task_blocks, to_device
+from zeroplan.runtime.rank.backends.common import apply_checkpointing, device_for_rank, task_blocks, to_device
 from zeroplan.spec import SpecError
 
 __all__ = ["run_fsdp", "wrap_model"]

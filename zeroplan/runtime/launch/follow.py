@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from zeroplan.runtime import multinode
+from zeroplan.runtime.launch import multinode
 from zeroplan.runtime.api import ProbeRequest
-from zeroplan.runtime.job import Job
-from zeroplan.runtime.launcher import probe_environment
+from zeroplan.runtime.launch import LaunchJob
+from zeroplan.runtime.probe import probe_environment
 
 __all__ = ["FOLLOW_DONE", "follow_probes", "join_probe"]
 
@@ -27,17 +27,19 @@ def join_probe(workdir: Path, *, node_rank: int, on_line: Callable[[str], None] 
     launch = dataclasses.replace(multinode.NodeLaunch(**spec["nodes"]), node_rank=node_rank)
     script = json.loads((workdir / "probe.json").read_text())["script"]
     request = ProbeRequest(script=Path(script), nproc=int(spec["nproc"]), env=tuple(spec.get("env", {}).items()), timeout_s=float(spec["timeout_s"]))
-    cmd, _ = multinode.node_command(launch, nproc=request.nproc, spec_path=workdir / "probe.json", workdir=workdir)
-    (workdir / f"command-node{node_rank}.txt").write_text(" ".join(cmd) + "\n")
     progress = multinode.ProgressTracker(on_line)
-    job = Job(cmd, probe_environment(request), Path.cwd(), workdir / multinode.job_log_name(node_rank), progress)
-    watch = multinode.NodeWatch(workdir, launch, progress=progress)
+    launcher = launch.kind
+    handle = launcher.start(LaunchJob(spec_path=workdir / "probe.json", nproc=request.nproc, env=probe_environment(request),
+                                      workdir=workdir, on_line=progress, nodes=launch, cwd=Path.cwd()))
     try:
-        returncode, _ = job.wait(request.timeout_s, watch)
+        returncode, _ = launcher.wait(handle, request.timeout_s)  # marks this node ended once its job is over
+    except BaseException:
+        if handle.watch is not None:
+            handle.watch.beat(ended=True)  # before the clean-up, which beats no heartbeat (see run_probe)
+        raise
     finally:
-        watch.beat(ended=True)  # before the clean-up, which beats no heartbeat (see run_probe)
-        job.kill_all()
-        job.close()
+        handle.process.kill_all()
+        handle.process.close()
     return returncode
 
 

@@ -1,7 +1,7 @@
-"""Per-node wrapper of a multi-node probe (zeroplan.runtime.multinode): write this node's marker
+"""Per-node wrapper of a multi-node probe (zeroplan.runtime.launch.multinode): write this node's marker
 ``node-<K>.json`` into the shared probe folder, then exec the command (torchrun) in this process.
 
-    python -m zeroplan.runtime.node_start WORKDIR NODE_RANK|slurm -- COMMAND ...
+    python -m zeroplan.runtime.launch.node_start WORKDIR NODE_RANK|slurm -- COMMAND ...
 
 ``slurm`` takes the node rank from ``SLURM_NODEID`` (set by srun on every node).
 """
@@ -21,7 +21,7 @@ __all__ = ["main"]
 def main(argv: list[str]) -> int:
     """``WORKDIR RANK|slurm -- torchrun ...``: write this node's marker, then exec torchrun."""
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m zeroplan.runtime.node_start WORKDIR NODE_RANK|slurm -- COMMAND ...", file=sys.stderr)
+        print("usage: python -m zeroplan.runtime.launch.node_start WORKDIR NODE_RANK|slurm -- COMMAND ...", file=sys.stderr)
         return 2
     workdir, rank_text = Path(argv[0]), argv[1]
     command = argv[argv.index("--") + 1 :]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zeroplan.runtime.backends.common import apply_checkpointing, device_for_rank, task_blocks, to_device
+from zeroplan.runtime.rank.backends.common import apply_checkpointing, device_for_rank, task_blocks, to_device
 
 __all__ = ["run_deepspeed"]
 
@@ -10,7 +10,7 @@ __all__ = ["run_deepspeed"]
 def run_deepspeed(task, *, config_path: str, plan, meter) -> None:
     """Build the model, hand it to DeepSpeed, train until ``meter`` stops the loop.
 
-    ``deepspeed.initialize`` is the wrapped one (see zeroplan.runtime.worker), so the engine's
+    ``deepspeed.initialize`` is the wrapped one (see zeroplan.runtime.rank.worker), so the engine's
     optimizer steps feed ``meter`` exactly as in a user's own DeepSpeed script.
     """
     import deepspeed

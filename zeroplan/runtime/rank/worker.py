@@ -1,4 +1,4 @@
-"""What torchrun runs on every rank: ``python -m zeroplan.runtime.worker PROBE_JSON``.
+"""What torchrun runs on every rank: ``python -m zeroplan.runtime.rank.worker PROBE_JSON``.
 
 Runs the user's script in this process (``runpy``), measures optimizer steps and peak memory,
 stops after warm-up + N measured steps and writes ``rank-<RANK>.json`` into the probe folder.
@@ -7,7 +7,7 @@ stops after warm-up + N measured steps and writes ``rank-<RANK>.json`` into the 
   optimizer steps (``engine.step()`` at a gradient-accumulation boundary); after the last one a
   private ``BaseException`` unwinds the user's loop (so ``except Exception`` in the script does not
   swallow it). Every data-parallel rank reaches the same step, so all stop together.
-* zeroplan task: the chosen backend (``zeroplan.runtime.backends``) builds the engine and runs
+* zeroplan task: the chosen backend (``zeroplan.runtime.rank.backends``) builds the engine and runs
   the loop with the same meter.
 
 A rank that fails writes its status and reason, then exits non-zero; torchrun then stops the
@@ -23,8 +23,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from zeroplan.runtime.recipe_watch import attach_recipe, frozen_engine_call, frozen_initialize, recipe_result
-from zeroplan.runtime.meter import CPU_MEMORY_STEPS, PROGRESS_PREFIX, ProbeDone, StepMeter, _agreement, _progress_printer
+from zeroplan.runtime.rank.recipe_watch import attach_recipe, frozen_engine_call, frozen_initialize, recipe_result
+from zeroplan.runtime.measure.meter import CPU_MEMORY_STEPS, PROGRESS_PREFIX, ProbeDone, StepMeter, _agreement, _progress_printer
 
 __all__ = ["PROGRESS_PREFIX", "ProbeDone", "StepMeter", "main"]
 
@@ -45,7 +45,7 @@ def _set_parent_death_signal() -> None:
 def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
     import deepspeed
 
-    from zeroplan.runtime.dsops import drop_stale_locks, skip_shm_comm_op
+    from zeroplan.runtime.rank.dsops import drop_stale_locks, skip_shm_comm_op
 
     skip_shm_comm_op()  # before the script's own init_distributed
     try:
@@ -63,8 +63,8 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             return frozen_initialize(original, args, kwargs, state)
         state["model_build"] = _build_kind(kwargs.get("model", args[1] if len(args) > 1 else None))
         if state.get("discover") and "discovered" not in state:
-            # A plain script's model, read where DeepSpeed receives it (zeroplan.runtime.discover).
-            from zeroplan.runtime.discover_worker import describe_model
+            # A plain script's model, read where DeepSpeed receives it (zeroplan.runtime.discovery.discover).
+            from zeroplan.runtime.discovery.discover_worker import describe_model
 
             model = kwargs.get("model", args[1] if len(args) > 1 else None)
             if model is not None:
@@ -74,20 +74,20 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
             # From the first engine on, count what a GPU run would hold on the device: the model
             # (and a client optimizer's states) as DeepSpeed moves them, and what is allocated
             # from here; the script's host data built before (datasets, corpora) is set aside.
-            from zeroplan.runtime.memory import device_roots
+            from zeroplan.runtime.measure.memory import device_roots
 
             model = kwargs.get("model", args[1] if len(args) > 1 else None)
             optimizer = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
             state["host_set_aside"] = memory.keep_on_device(device_roots(model, optimizer))
         elif memory is not None:  # a frozen engine came first: this model moves to the device now
-            from zeroplan.runtime.memory import device_roots
+            from zeroplan.runtime.measure.memory import device_roots
 
             memory.move_to_device(device_roots(kwargs.get("model", args[1] if len(args) > 1 else None),
                                                kwargs.get("optimizer", args[2] if len(args) > 2 else None)))
         if host is not None:
             host.enter("engine_init")
-        from zeroplan.runtime.dsops import watch_op_waits
-        from zeroplan.runtime.layout import Layout, adapt_engine, prepare_initialize
+        from zeroplan.runtime.rank.dsops import watch_op_waits
+        from zeroplan.runtime.rank.layout import Layout, adapt_engine, prepare_initialize
 
         layout = state.get("layout") or Layout()
         sp_state = prepare_initialize(args, kwargs, layout, state.get("config"))
@@ -102,7 +102,7 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         engine = outputs[0]
         adapt_engine(engine, layout, sp_state)
         if state.get("discover") and "first_batch" not in state:
-            from zeroplan.runtime.discover_worker import batch_shape
+            from zeroplan.runtime.discovery.discover_worker import batch_shape
 
             def first_batch(module, hook_args, hook_kwargs):
                 if "first_batch" in state:
@@ -116,7 +116,7 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         attach_recipe(state)  # a Trainer's recipe (TRL DPO/GRPO) and its memory phases
         if engine.zero_optimization_stage() == 3:
             # Said before the first step, so a run that then hangs has it in its log (classify.py).
-            from zeroplan.runtime.moe_leaf import leaf_module_warning
+            from zeroplan.runtime.rank.moe_leaf import leaf_module_warning
 
             warning = leaf_module_warning(engine.module)
             if warning:
@@ -189,7 +189,7 @@ def _trace_if_not_transformer(state: dict, module, args: tuple, kwargs: dict) ->
     """A discovered model that is not a transformer zeroplan recognises gets its activations traced
     here, from its own forward + backward on the first batch's shapes under FakeTensorMode
     (:func:`zeroplan.trace.module.trace_module`; no memory allocated, the rank's tracker set aside)."""
-    from zeroplan.runtime.discover import activation_source
+    from zeroplan.runtime.discovery.discover import activation_source
 
     if activation_source(state.get("discovered") or {}) != "traced":
         return
@@ -251,11 +251,11 @@ def _wrap_saves(engine, host) -> None:
 
 
 def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
-    from zeroplan.runtime.layout import environment_for
+    from zeroplan.runtime.rank.layout import environment_for
 
     state["layout"], state["config"] = environment_for(spec)
     _wrap_deepspeed(meter, state)
-    from zeroplan.runtime.layout import fix_gloo_all_gather, init_comm_before_ulysses
+    from zeroplan.runtime.rank.layout import fix_gloo_all_gather, init_comm_before_ulysses
 
     init_comm_before_ulysses(state["layout"])
     fix_gloo_all_gather(state["layout"])
@@ -271,7 +271,7 @@ def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
 
 
 def _load_task(spec: dict):
-    from zeroplan.runtime.task import load_task
+    from zeroplan.runtime.rank.task import load_task
 
     return load_task(spec["script"], tuple(spec["script_args"]), restore_argv=False)
 
@@ -289,25 +289,25 @@ def _run_task(spec: dict, meter: StepMeter, state: dict) -> None:
     training = TrainingSpec(**spec["training"]) if spec.get("training") else TrainingSpec()
     plan = Plan(**spec["plan"]) if spec.get("plan") else None
     if spec["backend"] == "deepspeed":
-        from zeroplan.runtime.backends.deepspeed import run_deepspeed
+        from zeroplan.runtime.rank.backends.deepspeed import run_deepspeed
 
         if not spec.get("config_given"):
             _write_plan_config(spec, plan, training, task)
-        from zeroplan.runtime.layout import environment_for, fix_gloo_all_gather
+        from zeroplan.runtime.rank.layout import environment_for, fix_gloo_all_gather
 
         state["layout"], state["config"] = environment_for(spec)
         fix_gloo_all_gather(state["layout"])
         _wrap_deepspeed(meter, state)
         run_deepspeed(task, config_path=spec["config_path"], plan=plan, meter=meter)
     else:
-        from zeroplan.runtime.backends.fsdp import run_fsdp
+        from zeroplan.runtime.rank.backends.fsdp import run_fsdp
 
         run_fsdp(task, plan=plan, training=training, meter=meter, fused=spec.get("optimizer_impl") == "torch-fused")
 
 
 def _write_plan_config(spec: dict, plan, training, task) -> None:
     """The config ``zeroplan export`` gives for ``plan`` and this task's model (bucket sizes from h)."""
-    from zeroplan.runtime.prediction import config_for_plan
+    from zeroplan.runtime.measure.prediction import config_for_plan
     from zeroplan.spec import ModelSpec
 
     model = ModelSpec.from_dict(spec["model"]) if spec.get("model") else task.model_spec
@@ -315,7 +315,7 @@ def _write_plan_config(spec: dict, plan, training, task) -> None:
     config = config_for_plan(plan, training, world_size=world_size, model=model, workdir=Path(spec["result_dir"]),
                              optimizer_impl=spec.get("optimizer_impl"))
     if plan is not None and (plan.sp > 1 or plan.tp > 1):
-        from zeroplan.runtime.layout import with_layout
+        from zeroplan.runtime.rank.layout import with_layout
 
         config = with_layout(config, sp=plan.sp, tp=plan.tp, world_size=world_size)
     path = Path(spec["config_path"])
@@ -333,7 +333,7 @@ def _finish_reason(spec: dict, meter: StepMeter, state: dict) -> str:
 
 def _record_discovery(result: dict, state: dict, spec: dict) -> None:
     """The model a plain script handed to deepspeed.initialize, as the estimate's ModelSpec."""
-    from zeroplan.runtime.discover import DiscoveredModel
+    from zeroplan.runtime.discovery.discover import DiscoveredModel
     from zeroplan.spec import SpecError
 
     micro, seq = state.get("first_batch") or (None, None)
@@ -376,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from zeroplan.runtime.classify import OOM_PATTERN
-    from zeroplan.runtime.hostmem import PhaseRss
-    from zeroplan.runtime.memory import PeakMemory
+    from zeroplan.runtime.measure.classify import OOM_PATTERN
+    from zeroplan.runtime.measure.hostmem import PhaseRss
+    from zeroplan.runtime.measure.memory import PeakMemory
 
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover")), "memory": memory}
     _phase_at_engine_ready(meter, state)
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
-    if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.multinode)
+    if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.launch.multinode)
         import socket
 
         result["node_rank"] = int(os.environ["ZEROPLAN_NODE_RANK"])

@@ -1,5 +1,5 @@
 """The warm launcher's server: one process that imported torch, DeepSpeed and the probe worker once,
-and forks each probe's ranks from that state (``python -m zeroplan.runtime.warm_server FD``).
+and forks each probe's ranks from that state (``python -m zeroplan.runtime.launch.warm_server FD``).
 
 Why it is safe to fork here: nothing in this process has run a parallel torch op (no OpenMP pool)
 or touched a GPU. On a machine with NVIDIA devices the check is NVML's (``torch.cuda.device_count``
@@ -74,11 +74,11 @@ def _cuda_driver_loaded() -> bool:
 BASE_MODULES = (
     "deepspeed",
     "deepspeed.comm",
-    "zeroplan.runtime.classify",
-    "zeroplan.runtime.hostmem",
-    "zeroplan.runtime.memory",
-    "zeroplan.runtime.steptime",
-    "zeroplan.runtime.worker",
+    "zeroplan.runtime.measure.classify",
+    "zeroplan.runtime.measure.hostmem",
+    "zeroplan.runtime.measure.memory",
+    "zeroplan.runtime.measure.steptime",
+    "zeroplan.runtime.rank.worker",
 )
 #: What a DeepSpeed rank imports later, on its way to the first step (measured with cProfile in a
 #: rank: torch._dynamo ~2 s here — the worker's memory tracker imports it — and DeepSpeed's
@@ -91,8 +91,8 @@ LATER_MODULES = (
     "deepspeed.runtime.zero.stage3",
     "deepspeed.runtime.zero.muon.muon_optimizer",
     "deepspeed.ops.adam",
-    "zeroplan.runtime.backends.deepspeed",
-    "zeroplan.runtime.backends.fsdp",
+    "zeroplan.runtime.rank.backends.deepspeed",
+    "zeroplan.runtime.rank.backends.fsdp",
 )
 #: DeepSpeed's CPU ops its engine loads (communication, the fused and the offloaded Adam): loading
 #: one runs py-cpuinfo in a subprocess and ninja's up-to-date check, ~1.5 s each; DeepSpeed keeps a
@@ -180,7 +180,7 @@ def _run_rank(spec: str, env: dict[str, str]) -> None:
     random.seed()  # a forked child inherits the server's state; a fresh interpreter draws its own
     code = 1
     try:
-        from zeroplan.runtime.worker import main
+        from zeroplan.runtime.rank.worker import main
 
         sys.argv = [sys.argv[0], spec]
         code = main([spec])  # the worker ends with os._exit; this is for a worker that returns

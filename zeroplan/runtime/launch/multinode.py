@@ -14,8 +14,8 @@ Every node's ranks write their results into the probe folder, so on a real clust
 launcher first writes ``node-<K>.json`` there; a rendezvous that times out names the node ranks
 with no such file.
 
-Slurm itself (allocation, step cancel, batch script) lives in :mod:`zeroplan.runtime.slurm`.
-No torch here; ``python -m zeroplan.runtime.node_start`` is the small per-node wrapper that
+Slurm itself (allocation, step cancel, batch script) lives in :mod:`zeroplan.runtime.launch.slurm`.
+No torch here; ``python -m zeroplan.runtime.launch.node_start`` is the small per-node wrapper that
 writes the marker and then *execs* torchrun (same pid, so signals that reach it reach torchrun).
 """
 
@@ -25,16 +25,14 @@ import dataclasses
 import hashlib
 import json
 import os
-import random
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from zeroplan.runtime.meter import progress_step
-from zeroplan.runtime.slurm import (
+from zeroplan.runtime.measure.meter import progress_step
+from zeroplan.runtime.launch.slurm import (
     SlurmAllocation,
     cancel_slurm_step,
     expand_hostlist,
@@ -45,9 +43,9 @@ from zeroplan.runtime.slurm import (
 from zeroplan.spec import SpecError
 
 __all__ = [
-    "LAUNCHERS",
     "NodeLaunch",
     "SlurmAllocation",
+    "check_endpoint",
     "check_node_layout",
     "expand_hostlist",
     "slurm_allocation",
@@ -66,8 +64,6 @@ __all__ = [
     "tune_command_for_sbatch",
 ]
 
-#: How a probe is launched.
-LAUNCHERS = ("torchrun", "slurm")
 #: Seconds torchrun waits for all nodes at the rendezvous (c10d ``join_timeout``) by default.
 DEFAULT_RDZV_TIMEOUT_S = 120.0
 #: Seconds between heartbeats of a torchrun node agent in the shared probe folder.
@@ -77,8 +73,6 @@ HEARTBEAT_INTERVAL_S = 2.0
 DEFAULT_NODE_STALE_S = 30.0
 #: Bytes read from the end of each node's job log when looking for rank 0's last progress line.
 LOG_TAIL_BYTES = 256 * 1024
-#: Ports tried for the Slurm rendezvous on the first node (one drawn per probe).
-SLURM_RDZV_PORTS = range(29500, 29999)
 
 _ENDPOINT_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
@@ -90,7 +84,8 @@ class NodeLaunch:
     nnodes: int = 1
     """Nodes in the job (``torchrun --nnodes``, ``srun --nodes``)."""
     launcher: str = "torchrun"
-    """``torchrun`` (one zeroplan agent per node, c10d rendezvous) or ``slurm`` (one srun step)."""
+    """How the nodes start (``zeroplan.runtime.launch.node_launchers()``): ``torchrun`` (one zeroplan
+    agent per node, c10d rendezvous) or ``slurm`` (one srun step)."""
     node_rank: int | None = None
     """torchrun launcher: the node this agent runs on, 0..nnodes-1 (names it in messages)."""
     rdzv_endpoint: str | None = None
@@ -101,40 +96,27 @@ class NodeLaunch:
     """Rendezvous id shared by all agents of one probe (default: derived from the probe folder)."""
 
     def __post_init__(self) -> None:
-        if self.launcher not in LAUNCHERS:
-            raise SpecError(f"--launcher {self.launcher} is not valid; choose one of {', '.join(LAUNCHERS)}")
+        from zeroplan.runtime.launch.registry import node_launchers  # the registry's kinds import this module
+
+        if self.launcher not in node_launchers():
+            raise SpecError(f"--launcher {self.launcher} is not valid; choose one of {', '.join(node_launchers())}")
         if isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or self.nnodes < 1:
             raise SpecError(f"--nnodes {self.nnodes!r} is not valid; give a whole number >= 1")
         if not self.rdzv_timeout_s > 0:
             raise SpecError(f"--rdzv-timeout {self.rdzv_timeout_s!r} is not valid; give seconds > 0")
-        if self.launcher == "slurm":
-            if self.node_rank is not None or self.rdzv_endpoint is not None:
-                raise SpecError("--launcher slurm picks node ranks and the rendezvous itself; drop --node-rank/--rdzv-endpoint")
-            return
-        if self.nnodes == 1:
-            if self.node_rank not in (None, 0) or self.rdzv_endpoint is not None:
-                raise SpecError("--node-rank/--rdzv-endpoint are for --nnodes > 1 (one node runs torchrun --standalone)")
-            return
-        if self.node_rank is None:
-            raise SpecError(
-                f"--nnodes {self.nnodes} with --launcher torchrun needs --node-rank K (0..{self.nnodes - 1}): "
-                "start one agent per node, each with its own --node-rank"
-            )
-        if isinstance(self.node_rank, bool) or not 0 <= self.node_rank < self.nnodes:
-            raise SpecError(
-                f"--node-rank {self.node_rank} is not valid for --nnodes {self.nnodes}; give 0..{self.nnodes - 1} "
-                "(start one agent per node, each with its own --node-rank)"
-            )
-        if self.rdzv_endpoint is None:
-            raise SpecError(f"--nnodes {self.nnodes} with --launcher torchrun needs --rdzv-endpoint HOST:PORT (a free port on node 0)")
-        m = _ENDPOINT_RE.match(self.rdzv_endpoint)
-        if not m or not 0 < int(m.group(2)) < 65536:
-            raise SpecError(f"--rdzv-endpoint {self.rdzv_endpoint!r} is not valid; give HOST:PORT, e.g. node001:29500")
+        self.kind.check_nodes(self)
+
+    @property
+    def kind(self):
+        """The :class:`~zeroplan.runtime.launch.base.Launcher` that runs this layout."""
+        from zeroplan.runtime.launch.registry import launcher
+
+        return launcher(self.launcher)
 
     @property
     def multinode(self) -> bool:
-        """More than one node, or a Slurm step (which runs through srun even on one node)."""
-        return self.nnodes > 1 or self.launcher == "slurm"
+        """More than one node, or a scheduler's job step (a Slurm step runs through srun even on one node)."""
+        return self.nnodes > 1 or self.kind.scheduled
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -165,6 +147,13 @@ def check_node_layout(*, gpus: int, nnodes: int, gpus_per_node: int | None) -> i
     return gpus_per_node
 
 
+def check_endpoint(endpoint: str) -> None:
+    """SpecError unless ``endpoint`` is ``HOST:PORT`` with a port in 1..65535."""
+    m = _ENDPOINT_RE.match(endpoint)
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise SpecError(f"--rdzv-endpoint {endpoint!r} is not valid; give HOST:PORT, e.g. node001:29500")
+
+
 # --- commands ---------------------------------------------------------------------------------
 
 
@@ -192,41 +181,11 @@ def torchrun_node_args(launch: NodeLaunch, *, endpoint: str, rdzv_id: str) -> li
 def node_command(
     launch: NodeLaunch, *, nproc: int, spec_path: Path, workdir: Path, env: dict[str, str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """(command, extra info) for a multi-node probe.
-
-    torchrun launcher: this node's wrapper + torchrun. Slurm: ``srun`` of the wrapper on every
-    node, the rendezvous on the allocation's first host. The info dict records the endpoint and,
-    for Slurm, the step name (for ``scancel``).
-    """
-    rdzv_id = launch.rdzv_id or rendezvous_id(workdir)
-    info: dict[str, str] = {"rdzv_id": rdzv_id}
-    if launch.launcher == "slurm":
-        alloc = slurm_allocation(launch.nnodes, env)
-        endpoint = f"{alloc.hosts[0]}:{random.choice(SLURM_RDZV_PORTS)}"
-        step_name = f"zeroplan-{rdzv_id[-12:]}-{os.getpid()}-{int(time.time() * 1000) % 10**6}"
-        info.update(endpoint=endpoint, step_name=step_name, job_id=alloc.job_id, hosts=",".join(alloc.hosts[: launch.nnodes]))
-        srun = [
-            "srun",
-            "--nodes",
-            str(launch.nnodes),
-            "--ntasks",
-            str(launch.nnodes),
-            "--ntasks-per-node",
-            "1",
-            "--kill-on-bad-exit=1",
-            f"--job-name={step_name}",
-            "--export=ALL",
-        ]
-        wrapper = [sys.executable, "-m", "zeroplan.runtime.node_start", str(workdir), "slurm"]
-    else:
-        endpoint = str(launch.rdzv_endpoint)
-        info["endpoint"] = endpoint
-        srun = []
-        wrapper = [sys.executable, "-m", "zeroplan.runtime.node_start", str(workdir), str(launch.node_rank)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts", "0"]
-    torchrun += torchrun_node_args(launch, endpoint=endpoint, rdzv_id=rdzv_id)
-    torchrun += ["-m", "zeroplan.runtime.worker", str(spec_path)]
-    return srun + wrapper + ["--"] + torchrun, info
+    """(command, extra info) for a multi-node probe, from its launcher (zeroplan.runtime.launch):
+    torchrun, this node's wrapper + torchrun; Slurm, ``srun`` of the wrapper on every node, the
+    rendezvous on the allocation's first host. The info records the endpoint and, for Slurm, the
+    step name (for ``scancel``)."""
+    return launch.kind.node_command(launch, nproc=nproc, spec_path=spec_path, workdir=workdir, env=env)
 
 
 # --- what came back ---------------------------------------------------------------------------

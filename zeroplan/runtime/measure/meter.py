@@ -1,5 +1,5 @@
 """Measuring a probe's steps on one rank: the step meter that counts optimizer steps, times the
-measured ones and ends the user's loop after the last (:mod:`zeroplan.runtime.worker` runs it)."""
+measured ones and ends the user's loop after the last (:mod:`zeroplan.runtime.rank.worker` runs it)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class StepMeter:
     """Counts optimizer steps; times the ones after warm-up; ends the run after the last.
 
     With ``target_ci`` (a relative 95% half-width, e.g. 0.05) the meter times micro-steps instead
-    (:mod:`zeroplan.runtime.steptime`) and ends the run at the first accumulation boundary where
+    (:mod:`zeroplan.runtime.measure.steptime`) and ends the run at the first accumulation boundary where
     the step time's interval is that tight on every rank (``agree`` all-reduces the decision, so
     all ranks stop at the same step), or after ``steps`` optimizer steps' worth of micro-steps.
     Warm-up is then one optimizer step when accumulation is 4 or more (its micro-steps already
@@ -145,7 +145,7 @@ class StepMeter:
 
     def micro_step_done(self, boundary: bool) -> None:
         """Micro-step mode: called after every micro-step (``boundary``: it ran the optimizer)."""
-        from zeroplan.runtime.steptime import estimate_step_time
+        from zeroplan.runtime.measure.steptime import estimate_step_time
 
         if self.count >= self._warmup_steps and self._last is not None:
             self._synchronize()

@@ -5,7 +5,7 @@ The DeepSpeed config does not say everything a Trainer does: ``gradient_checkpoi
 ``bf16``/``fp16`` are TrainingArguments (TRL's configs default both to True: trl/trainer/
 dpo_config.py, grpo_config.py, sft_config.py), and ``"auto"`` in the config resolves to them
 (transformers/integrations/deepspeed.py ``trainer_config_process``). The rank reports the
-trainer's values (``trl`` in its result, :mod:`zeroplan.runtime.recipe_watch`); they override
+trainer's values (``trl`` in its result, :mod:`zeroplan.runtime.rank.recipe_watch`); they override
 what the config alone would give.
 """
 
@@ -31,7 +31,7 @@ def apply_trainer_values(trl: Optional[dict], plan: Any, training: Any, *, fused
     """``plan`` with ``checkpointing="full"`` when the trainer checkpointed every block
     (``gradient_checkpointing=True``: transformers' per-layer checkpoint) and ``training`` with the
     trainer's ``bf16``/``fp16``; unchanged without trainer values. ``fused_lm_head``: the run's
-    model had TRL's fused log-prob head (:func:`zeroplan.runtime.recipe_watch.fused_lm_head`), so
+    model had TRL's fused log-prob head (:func:`zeroplan.runtime.rank.recipe_watch.fused_lm_head`), so
     the default loss ``hf`` becomes ``trl`` where the estimator knows that loss."""
     return plan_as_trained(trl, plan), training_as_trained(trl, training, fused_lm_head=fused_lm_head)
 

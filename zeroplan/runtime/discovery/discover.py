@@ -1,8 +1,8 @@
 """Model discovery: learn the model from the user's script instead of asking for ``--params``.
 
 One short run of the script under a one-process ``torchrun``
-(:mod:`zeroplan.runtime.discover_worker`) stops at the first of
-:data:`~zeroplan.runtime.discover_worker.WATCHED_ENTRY_POINTS` — ``deepspeed.initialize``
+(:mod:`zeroplan.runtime.discovery.discover_worker`) stops at the first of
+:data:`~zeroplan.runtime.discovery.discover_worker.WATCHED_ENTRY_POINTS` — ``deepspeed.initialize``
 (which Hugging Face Trainer, TRL and accelerate call too) or FSDP2's ``fully_shard`` — and reads
 the model there: total and trainable parameters, the largest layer, the dtype, the Hugging Face
 config when the model has one, and micro-batch and sequence length from the first batch. The
@@ -103,7 +103,7 @@ class DiscoveredModel:
     seq_len: Optional[int] = None
     """Tokens per sample of that batch (its second dimension)."""
     moe_blocks: list = field(default_factory=list)
-    """MoE block classes whose experts are an ``nn.ModuleList`` (:func:`zeroplan.runtime.moe_leaf.moe_blocks`)."""
+    """MoE block classes whose experts are an ``nn.ModuleList`` (:func:`zeroplan.runtime.rank.moe_leaf.moe_blocks`)."""
     script: str = ""
     """The script it was discovered from."""
     activations: Optional[dict] = None
@@ -117,7 +117,7 @@ class DiscoveredModel:
     """The Hugging Face Trainer class that built the engine (``DPOTrainer``, ``GRPOTrainer``, ...), else None."""
     recipe: Optional[dict] = None
     """Its post-training recipe, the keys of ``zeroplan.spec.recipe.Recipe``
-    (:func:`zeroplan.runtime.recipe_discovery.recipe_from_trainer`), else None."""
+    (:func:`zeroplan.runtime.discovery.recipe_discovery.recipe_from_trainer`), else None."""
     trl: Optional[dict] = None
     """The trainer config's values that shape the recipe and batch, by TRL's field names."""
     frozen_engines: list = field(default_factory=list)
@@ -358,8 +358,8 @@ def discover_model(
     ``timeout_s``; the log stays in ``workdir``.
     """
     from zeroplan.runtime.api import ProbeRequest
-    from zeroplan.runtime.job import Job
-    from zeroplan.runtime.launcher import probe_environment
+    from zeroplan.runtime.launch.job import Job
+    from zeroplan.runtime.probe import probe_environment
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -374,7 +374,7 @@ def discover_model(
     spec_path = workdir / "discovery.json"
     spec_path.write_text(json.dumps({"script": str(script.resolve()), "script_args": args, "result_path": str(result_path)}, indent=2))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "--max-restarts", "0",
-           "-m", "zeroplan.runtime.discover_worker", str(spec_path)]
+           "-m", "zeroplan.runtime.discovery.discover_worker", str(spec_path)]
     (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
     env = probe_environment(ProbeRequest(script=script, nproc=1))
     log = workdir / "discovery.log"

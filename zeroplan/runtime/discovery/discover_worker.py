@@ -1,10 +1,10 @@
 """The torch side of model discovery: watch where a script creates its engine and describe the model.
 
-``python -m zeroplan.runtime.discover_worker SPEC_JSON`` (under a one-process ``torchrun``) runs
+``python -m zeroplan.runtime.discovery.discover_worker SPEC_JSON`` (under a one-process ``torchrun``) runs
 the user's script with :data:`WATCHED_ENTRY_POINTS` wrapped. At the first call it writes what the
 model is (:func:`describe_model`) to the spec's ``result_path``, lets the engine be built, writes
 the shape of the first batch the engine's forward sees, and stops the script. The probe worker
-(``zeroplan.runtime.worker``) uses the same :func:`describe_model` and :func:`batch_shape` so a
+(``zeroplan.runtime.rank.worker``) uses the same :func:`describe_model` and :func:`batch_shape` so a
 probe of a plain script learns its model in the same run.
 
 Hugging Face ``Trainer`` (and TRL's trainers, which subclass it) and ``accelerate`` build their
@@ -33,7 +33,7 @@ _HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "heads")
 _KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head")
 
 
-from zeroplan.runtime.moe_leaf import moe_blocks
+from zeroplan.runtime.rank.moe_leaf import moe_blocks
 
 def _numel(p: Any) -> int:
     # ZeRO-3's zero.Init leaves an empty local tensor and keeps the full size in ds_numel;
@@ -186,12 +186,12 @@ def watch_entry_points(
     """Wrap :data:`WATCHED_ENTRY_POINTS`: ``on_model(entry_point, module)`` before the engine is
     built, ``on_engine(entry_point, engine_module)`` after (the module whose forward sees batches).
     An engine built without an optimizer (a TRL reference model:
-    :func:`zeroplan.runtime.recipe_watch.frozen_engine_call`) is not the trained model: it goes to
+    :func:`zeroplan.runtime.rank.recipe_watch.frozen_engine_call`) is not the trained model: it goes to
     ``on_frozen(engine)`` only."""
     import deepspeed
 
-    from zeroplan.runtime.dsops import skip_shm_comm_op
-    from zeroplan.runtime.recipe_watch import frozen_engine_call
+    from zeroplan.runtime.rank.dsops import skip_shm_comm_op
+    from zeroplan.runtime.rank.recipe_watch import frozen_engine_call
 
     skip_shm_comm_op()
     original_initialize = deepspeed.initialize
@@ -240,9 +240,9 @@ def watch_entry_points(
 
 def _trace_if_not_transformer(result: dict, module: Any, args: tuple, kwargs: dict) -> None:
     """Trace the activations of a model that is not a transformer zeroplan recognises
-    (:func:`zeroplan.runtime.discover.activation_source`) on this first batch; a failed trace is
+    (:func:`zeroplan.runtime.discovery.discover.activation_source`) on this first batch; a failed trace is
     recorded as ``activations_error`` (the model's activations are then not modelled)."""
-    from zeroplan.runtime.discover import activation_source
+    from zeroplan.runtime.discovery.discover import activation_source
     from zeroplan.spec import SpecError
     from zeroplan.trace.module import trace_module
 
@@ -278,13 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     frozen: list[dict] = []
 
     def on_frozen(engine: Any) -> None:
-        from zeroplan.runtime.recipe_watch import frozen_engine_info
+        from zeroplan.runtime.rank.recipe_watch import frozen_engine_info
 
         frozen.append(frozen_engine_info(engine))
 
     def on_model(entry_point: str, model: Any) -> None:
         if result.get("model") is None:
-            from zeroplan.runtime.recipe_watch import describe_trainer, find_trainer
+            from zeroplan.runtime.rank.recipe_watch import describe_trainer, find_trainer
 
             result.update(status="model", entry_point=entry_point, model=describe_model(model))
             trainer = find_trainer()  # a Trainer script: its recipe (TRL DPO/GRPO) from the trainer and its config

@@ -1,7 +1,7 @@
 """The post-training recipe of a Trainer script, read from its trainer and its config.
 
 A probe or a discovery run finds the ``transformers.Trainer`` (TRL's trainers subclass it) that
-builds the engine (:mod:`zeroplan.runtime.recipe_watch`) and hands its class names and its
+builds the engine (:mod:`zeroplan.runtime.rank.recipe_watch`) and hands its class names and its
 ``args`` here. The answer is a plain dict with the keys of ``zeroplan.spec.recipe.Recipe``
 (:data:`RECIPE_KEYS`), so the estimator reads it as it reads ``--recipe`` and its flags, and the
 TRL config values that go with it (:func:`trl_values`, TRL's field names), which ``tune``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from zeroplan.runtime.moe_leaf import LEAF_WARNING_PREFIX
+from zeroplan.runtime.rank.moe_leaf import LEAF_WARNING_PREFIX
 
 __all__ = ["OOM_PATTERN", "SIGKILL_PATTERN", "classify", "summarize_ranks", "last_error_line"]
 
@@ -45,7 +45,7 @@ def classify(
     kernel's OOM killer, which leaves no message).
     """
     # A rank said before its first step why ZeRO-3 would hang — or, over gloo, abort on mismatched
-    # collective sizes (zeroplan.runtime.moe_leaf); a run that then fails without a result says so.
+    # collective sizes (zeroplan.runtime.rank.moe_leaf); a run that then fails without a result says so.
     hint = next((ln.strip().split("zeroplan: ", 1)[-1] for ln in log_text.splitlines() if LEAF_WARNING_PREFIX in ln), None)
     cause = f"; likely cause: {hint}" if hint else ""
     if timed_out:

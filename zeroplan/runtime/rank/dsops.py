@@ -45,7 +45,7 @@ import os, sys, time
 import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the probe worker sets it without CUDA
-from zeroplan.runtime.dsops import skip_shm_comm_op
+from zeroplan.runtime.rank.dsops import skip_shm_comm_op
 skip_shm_comm_op()
 from deepspeed.accelerator import get_accelerator
 from deepspeed.git_version_info import installed_ops
@@ -165,7 +165,7 @@ def _build_tools_running() -> bool:
     """Whether a compiler or ninja runs on this machine now (another build may hold a lock)."""
     import psutil
 
-    from zeroplan.runtime.hostmem import is_build_tool
+    from zeroplan.runtime.measure.hostmem import is_build_tool
 
     return any(is_build_tool(p.info.get("name") or "") and p.info.get("name") != "sh" for p in psutil.process_iter(["name"]))
 

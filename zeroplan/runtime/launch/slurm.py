@@ -1,6 +1,6 @@
 """Slurm for multi-node probes: the allocation (``SLURM_JOB_NODELIST`` as host names), cancelling
 a probe's job step everywhere, and the ``sbatch`` script ``tune --emit-sbatch`` writes
-(:mod:`zeroplan.runtime.multinode` launches the steps)."""
+(:mod:`zeroplan.runtime.launch.multinode` launches the steps)."""
 
 from __future__ import annotations
 

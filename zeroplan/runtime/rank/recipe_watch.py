@@ -9,7 +9,7 @@ its recipe, and itemise the memory of a recipe's phases.
 * **Recipe.** At the policy's ``deepspeed.initialize`` (from ``Trainer.train`` through
   accelerate) the ``Trainer`` object is on the call stack; :func:`find_trainer` takes it from
   there and :func:`describe_trainer` gives its recipe dict and TRL values
-  (:mod:`zeroplan.runtime.recipe_discovery`).
+  (:mod:`zeroplan.runtime.discovery.recipe_discovery`).
 * **Phases.** :class:`MemoryPhases` wraps the trainer's methods that bound a recipe's memory
   moments — GRPO's ``_generate`` (generation: KV cache, ZeRO-3's whole-model gather),
   ``_get_per_token_logps_and_entropies`` under ``no_grad`` (scoring: old-policy and reference
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from zeroplan.runtime.recipe_discovery import recipe_from_trainer, recipe_kind, trl_values
+from zeroplan.runtime.discovery.recipe_discovery import recipe_from_trainer, recipe_kind, trl_values
 
 __all__ = ["MemoryPhases", "describe_trainer", "find_trainer", "frozen_engine_call", "frozen_engine_info"]
 
@@ -99,7 +99,7 @@ def fused_lm_head(model: Any) -> bool:
 
 def describe_trainer(trainer: Any, frozen: list[dict]) -> Optional[dict]:
     """``{"trainer": class name, "recipe": dict, "trl": dict, "frozen_engines": frozen,
-    "fused_lm_head": bool}`` for a trainer of :data:`~zeroplan.runtime.recipe_discovery.TRAINER_RECIPES`,
+    "fused_lm_head": bool}`` for a trainer of :data:`~zeroplan.runtime.discovery.recipe_discovery.TRAINER_RECIPES`,
     else None."""
     names = [c.__name__ for c in type(trainer).__mro__]
     kind = recipe_kind(names)
@@ -178,7 +178,7 @@ def frozen_initialize(original: Callable, args: tuple, kwargs: dict, state: dict
     """Run a frozen engine's ``deepspeed.initialize`` for the probe worker: its model counts as
     device memory from here (``module.to(device)``), the engine is noted in
     ``state["frozen_engines"]``, and nothing else (steps, batch, model description) is taken from it."""
-    from zeroplan.runtime.memory import device_roots
+    from zeroplan.runtime.measure.memory import device_roots
 
     model = kwargs.get("model", args[1] if len(args) > 1 else None)
     memory = state.get("memory")

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from zeroplan.runtime.api import ProbeRequest
-from zeroplan.runtime.hostmem import PHASES, estimated_host
+from zeroplan.runtime.measure.hostmem import PHASES, estimated_host
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 from zeroplan.spec.recipe import Recipe
 
@@ -80,7 +80,7 @@ def _estimate(
     """
     from zeroplan.spec import ModelSpec
 
-    from zeroplan.runtime.peft_source import model_for_estimate
+    from zeroplan.runtime.measure.peft_source import model_for_estimate
 
     model, origin = request.model, "--model"
     traced = None
@@ -93,7 +93,7 @@ def _estimate(
             return None, f"no estimate: task model_spec invalid ({exc})"
         origin = "the discovered model" if summary.get("discovered") else "the task's model_spec"
         if summary.get("discovered"):
-            from zeroplan.runtime.discover import DiscoveredModel
+            from zeroplan.runtime.discovery.discover import DiscoveredModel
 
             found = DiscoveredModel.from_dict(summary["discovered"])
             traced = found.activation_bytes()
@@ -149,7 +149,7 @@ def _estimate(
         # A discovered model that is not a transformer: its traced forward + backward replaces
         # the transformer formula (zeroplan.trace.module).
         from zeroplan.estimator.plans_recipe import estimate_recipe_plan
-        from zeroplan.runtime.recipe_estimate import apply_trainer_values
+        from zeroplan.runtime.measure.recipe_estimate import apply_trainer_values
 
         # A Trainer's own checkpointing and precision (TRL's configs default both on).
         plan, training = apply_trainer_values(summary.get("trl"), plan, training, fused_lm_head=bool(summary.get("fused_lm_head")))

@@ -1,8 +1,10 @@
-"""Launch one probe as ``torchrun`` in its own session, watch it, kill it whole, classify it.
+"""Run one probe: write the worker's instructions, start its ranks with the request's launcher
+(zeroplan.runtime.launch: warm, torchrun or a Slurm step), watch them, stop them whole on a timeout,
+classify what came back and put the estimate beside it.
 
 torchrun starts each worker with ``start_new_session=True`` (torch/distributed/elastic/
 multiprocessing/subprocess_handler), so killing torchrun's process group alone would orphan
-the workers: :class:`zeroplan.runtime.job.Job` remembers every descendant and signals each group.
+the workers: :class:`zeroplan.runtime.launch.job.Job` remembers every descendant and signals each group.
 """
 
 from __future__ import annotations
@@ -11,19 +13,19 @@ import dataclasses
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 from zeroplan.runtime.api import ProbeRequest, ProbeResult
-from zeroplan.runtime import multinode
-from zeroplan.runtime.classify import classify, summarize_ranks
-from zeroplan.runtime.job import Job
-from zeroplan.runtime.phases import PHASES, PhaseClock
-from zeroplan.runtime.prediction import _estimate, _host_estimate, comparable_estimate, config_for_plan
-from zeroplan.runtime.hostmem import NodeRssSampler, memory_limit, summarize_host
+from zeroplan.runtime.launch import multinode
+from zeroplan.runtime.measure.classify import classify, summarize_ranks
+from zeroplan.runtime.launch import LaunchHandle, LaunchJob, Launcher, LauncherUnavailable, launcher_for
+from zeroplan.runtime.launch.torchrun import TorchrunLauncher
+from zeroplan.runtime.measure.phases import PHASES, PhaseClock
+from zeroplan.runtime.measure.prediction import _estimate, _host_estimate, comparable_estimate, config_for_plan
+from zeroplan.runtime.measure.hostmem import NodeRssSampler, memory_limit, summarize_host
 from zeroplan.spec import SpecError, TrainingSpec
 
 __all__ = [
@@ -55,16 +57,12 @@ def script_kind(script: Path) -> str:
     return "task" if _TASK_RE.search(text) else "script"
 
 
-def _local_torchrun(torchrun_args: tuple[str, ...]) -> bool:
-    return not any(a.split("=")[0] in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr") for a in torchrun_args)
-
-
 def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = None) -> list[str]:
-    """``python -m torch.distributed.run ... -m zeroplan.runtime.worker SPEC``.
+    """``python -m torch.distributed.run ... -m zeroplan.runtime.rank.worker SPEC``.
 
     A single-node probe uses ``--standalone`` (a c10d store on a free localhost port), so
     concurrent probes never fight over MASTER_PORT; extra torchrun arguments pass through
-    unchanged. A multi-node request (``request.nodes``) is zeroplan.runtime.multinode's command
+    unchanged. A multi-node request (``request.nodes``) is zeroplan.runtime.launch.multinode's command
     (this node's torchrun agent, or one ``srun`` step); ``info`` receives its endpoint and step.
     """
     if request.nodes is not None and request.nodes.multinode:
@@ -72,30 +70,25 @@ def build_command(request: ProbeRequest, spec_path: Path, info: dict | None = No
         if info is not None:
             info.update(extra)
         return cmd
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(request.nproc), "--max-restarts", "0"]
-    if _local_torchrun(request.torchrun_args):
-        cmd.append("--standalone")
-    cmd += list(request.torchrun_args)
-    cmd += ["-m", "zeroplan.runtime.worker", str(spec_path)]
-    return cmd
+    return TorchrunLauncher.local_command(request.nproc, spec_path, request.torchrun_args)
 
 
 def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the job: zeroplan importable, unbuffered output, intra-op threads per rank
-    (:func:`zeroplan.runtime.threads.rank_threads`: one on CPU, the cores split between ranks on CUDA).
+    (:func:`zeroplan.runtime.rank.threads.rank_threads`: one on CPU, the cores split between ranks on CUDA).
 
     ``DS_ACCELERATOR=cpu`` (DeepSpeed 0.19 on CPU over gloo) is set by the worker itself when
     torch sees no CUDA device, so it is right on every node of a multi-node job.
-    ``TORCH_EXTENSIONS_DIR`` is zeroplan's own (:func:`zeroplan.runtime.dsops.private_extensions_dir`).
+    ``TORCH_EXTENSIONS_DIR`` is zeroplan's own (:func:`zeroplan.runtime.rank.dsops.private_extensions_dir`).
     """
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     if "OMP_NUM_THREADS" not in env:
         # One intra-op thread per CPU rank: a pool as wide as the cores measures the machine's
-        # other work, not the plan (zeroplan.runtime.threads has the measurement).
+        # other work, not the plan (zeroplan.runtime.rank.threads has the measurement).
         from zeroplan.profiles.detect import local_gpu_count
-        from zeroplan.runtime.threads import rank_threads
+        from zeroplan.runtime.rank.threads import rank_threads
 
         env["OMP_NUM_THREADS"] = str(rank_threads(request.nproc, on_cuda=bool(local_gpu_count()), env=env))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -104,7 +97,7 @@ def probe_environment(request: ProbeRequest, base: dict[str, str] | None = None)
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     # DeepSpeed's JIT ops build and load in zeroplan's own folder: a rank killed mid-build leaves
     # its lock there, never where the user's own runs would wait on it (dsops.private_extensions_dir).
-    from zeroplan.runtime.dsops import private_extensions_dir
+    from zeroplan.runtime.rank.dsops import private_extensions_dir
 
     env["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir(env))
     env.update(dict(request.env))
@@ -164,13 +157,12 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             "a multi-node probe needs --workdir: a folder on a file system every node shares, at the same path "
             "(each node's ranks write their results there)"
         )
-    if launch is not None and launch.launcher == "slurm":
-        multinode.slurm_allocation(launch.nnodes)  # outside an allocation / too few nodes: fail before writing
+    launcher = launcher_for(request)
+    if launch is not None:
+        launcher.preflight(launch)  # outside an allocation / too few nodes: fail before writing
     started_unix = time.time()
     workdir = Path(request.workdir).resolve() if request.workdir else Path(tempfile.mkdtemp(prefix="zeroplan-probe-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    # One file set per node launcher in a shared folder (node 0 and a Slurm step keep the plain names).
-    tag = f"-node{launch.node_rank}" if launch is not None and launch.launcher == "torchrun" and launch.node_rank else ""
     for stale in workdir.glob("rank-*.json"):
         stale.unlink()
 
@@ -200,8 +192,8 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             raise SpecError(f"{script} is a DeepSpeed script: give it a DeepSpeed config (--config ds.json) or a plan")
         config = config_for_plan(request.plan, request.training or TrainingSpec(), world_size=request.world_size, model=request.model,
                                  workdir=workdir, optimizer_impl=request.optimizer_impl)
-        if request.plan.sp > 1 or request.plan.tp > 1:  # the layout's DeepSpeed keys (zeroplan.runtime.layout)
-            from zeroplan.runtime.layout import with_layout
+        if request.plan.sp > 1 or request.plan.tp > 1:  # the layout's DeepSpeed keys (zeroplan.runtime.rank.layout)
+            from zeroplan.runtime.rank.layout import with_layout
 
             config = with_layout(config, sp=request.plan.sp, tp=request.plan.tp, world_size=request.world_size)
     if config is not None:
@@ -212,9 +204,9 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             raise SpecError("backend deepspeed needs a DeepSpeed config or a plan (--stage ...)")
         config_path = workdir / "ds_config.json"
     # A Hugging Face Trainer script takes --deepspeed, and its batch flags must agree with the
-    # config's numbers (zeroplan.runtime.trainer); "auto" batch keys leave the flags to the user
+    # config's numbers (zeroplan.runtime.rank.trainer); "auto" batch keys leave the flags to the user
     # and the plan's batch shape to what the engine reports after the run.
-    from zeroplan.runtime.trainer import TRAINER_CONFIG_ARG, batch_is_auto, is_trainer_script, trainer_batch_args
+    from zeroplan.runtime.rank.trainer import TRAINER_CONFIG_ARG, batch_is_auto, is_trainer_script, trainer_batch_args
 
     plan, plan_note = request.plan, None
     if plan is None and config is not None:
@@ -229,83 +221,23 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
     config_arg = TRAINER_CONFIG_ARG if trainer and request.config_arg == "--deepspeed_config" else request.config_arg
     extra_args = trainer_batch_args(plan) if trainer and plan is not None and not batch_is_auto(config) else ()
     spec_path = _write_spec(request, workdir, kind, config_path, config is not None, config_arg=config_arg, extra_args=extra_args)
-    if launch is not None and launch.launcher == "torchrun" and not launch.node_rank:
+    if launch is not None and launcher.agent_per_node and not launch.node_rank:
         # What the other nodes' followers (zeroplan tune --node-rank K) need to join this probe.
         _write_json(workdir / "launch.json", {"nodes": launch.as_dict(), "nproc": request.nproc, "timeout_s": request.timeout_s,
                                               "env": dict(request.env), "started_unix": started_unix})
 
-    info: dict = {}
-    cmd = build_command(request, spec_path, info)
     env = probe_environment(request)
     load_start = os.getloadavg()[0]
     started = time.monotonic()
     clock = PhaseClock(started, on_line)
+    progress = multinode.ProgressTracker(clock.on_line)
     # The user's working directory, as under a plain torchrun: relative paths in script arguments
     # keep their meaning (the worker puts the script's folder on sys.path for its imports).
-    progress = multinode.ProgressTracker(clock.on_line)
-    job, launcher, launcher_note = None, (launch.launcher if launch is not None else "torchrun"), None
-    if uses_warm_launcher(request):
-        from zeroplan.runtime.warm import WarmUnavailable, start_warm_job
-
-        try:
-            job = start_warm_job(spec_path=spec_path, nproc=request.nproc, env=env, cwd=Path.cwd(), log_path=workdir / f"probe{tag}.log",
-                                 on_line=progress, ready_timeout_s=max(request.timeout_s, WARM_READY_WAIT_S))
-            launcher = "warm"
-            (workdir / f"command{tag}.txt").write_text(f"zeroplan warm launcher: {request.nproc} ranks forked from a server that imported torch; "
-                                                       f"each runs zeroplan.runtime.worker {spec_path}\n")
-        except WarmUnavailable as exc:
-            launcher_note = str(exc)
-    clock.mark("launch")
-    # The plan's clock starts once something runs its ranks: waiting for the warm server (its
-    # imports, its answer) is not the plan's, whichever launcher ends up running it.
-    waits_s: dict[str, float] = {}
-    launcher_wait_s = time.monotonic() - started
-    if launcher_wait_s >= 0.05:
-        waits_s["launcher"] = round(launcher_wait_s, 3)
-    plan_started = time.monotonic()
-    if job is None:
-        (workdir / f"command{tag}.txt").write_text(" ".join(cmd) + "\n")
-        log_name = multinode.job_log_name(launch.node_rank if launch is not None and launch.launcher == "torchrun" else None)
-        job = Job(cmd, env, Path.cwd(), workdir / log_name, progress)
-
-    def stop() -> None:
-        job.kill_all()
-        # A Slurm step's remote tasks are not our processes: srun forwarded the SIGTERM; scancel
-        # makes Slurm kill whatever is left of the step on every node.
-        if launch is not None and launch.launcher == "slurm" and info.get("step_name"):
-            multinode.cancel_slurm_step(info["step_name"], env)
-
-    watch = multinode.NodeWatch(workdir, launch, progress=progress) if launch is not None and launch.launcher == "torchrun" else None
-    sampler = NodeRssSampler(job.pids).start()
-    try:
-        # The timeout covers the job from its launch (torchrun's and the workers' imports
-        # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
-        # ranks wait to load it: a timeout must never kill that build half-way (the next probe
-        # would start it over).
-        from zeroplan.runtime.dsops import op_build_in_progress
-
-        returncode, timed_out = job.wait(max(request.timeout_s - (time.monotonic() - plan_started), 0.1), watch,
-                                         not_charged=lambda: op_build_in_progress(env=env))
-        if getattr(job, "not_charged_s", 0.0) > 0:
-            waits_s["op build"] = round(job.not_charged_s, 3)
-        sampler.stop()
-        if watch is not None:
-            # This node's job is over: its peers must not read it as lost. Said before the clean-up
-            # below, which beats no heartbeat while it runs (Job.kill_all up to 9 s, Job.close 5 s).
-            watch.beat(ended=True)
-        if timed_out or returncode != 0:
-            stop()
-            _drop_locks_left(env, started_unix)
-        else:
-            # torchrun has exited; make sure no worker outlived it.
-            job.kill_all()
-    except BaseException:
-        sampler.stop()
-        stop()
-        _drop_locks_left(env, started_unix)
-        job.close()
-        raise
-    job.close()
+    job = LaunchJob(spec_path=spec_path, nproc=request.nproc, env=env, workdir=workdir, on_line=progress, nodes=launch,
+                    torchrun_args=request.torchrun_args, ready_timeout_s=max(request.timeout_s, WARM_READY_WAIT_S), cwd=Path.cwd())
+    ran = _run_job(launcher, job, timeout_s=request.timeout_s, started=started, started_unix=started_unix, clock=clock)
+    handle, returncode, timed_out = ran.handle, ran.returncode, ran.timed_out
+    process, launcher = handle.process, handle.launcher  # the launcher that ran it (a fallback's, if need be)
     clock.mark("exit")
     wall_s = time.monotonic() - started
 
@@ -316,7 +248,7 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         while len(ranks) < request.world_size and time.monotonic() < deadline:
             time.sleep(0.25)
             ranks = _read_ranks(workdir)
-    log_tail = "\n".join(job.tail)
+    log_tail = "\n".join(process.tail)
     status, error = classify(
         returncode=returncode,
         timed_out=timed_out,
@@ -325,10 +257,11 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         expected_ranks=request.world_size,
         log_text=log_tail,
     )
-    if job.aborted:
-        status, error = "error", job.aborted
+    if process.aborted:
+        status, error = "error", process.aborted
     elif launch is not None and status != "ok":
-        error, lost = _nodes_reason(launch, info, workdir, ranks, log_tail, status, error, started_unix, watch=watch, progress=progress)
+        error, lost = _nodes_reason(launch, handle.info, workdir, ranks, log_tail, status, error, started_unix, watch=handle.watch,
+                                    progress=progress)
         if lost or (error and error.startswith("the rendezvous")):
             status = "error"
     summary = summarize_ranks(ranks)
@@ -339,12 +272,12 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         plan = dataclasses.replace(plan, micro_batch=int(micro), gradient_accumulation_steps=int(accumulation))
     precision = None
     if trainer and config is not None:
-        from zeroplan.runtime.trainer import trainer_precision
+        from zeroplan.runtime.rank.trainer import trainer_precision
 
         precision = trainer_precision(request.script_args, config)
     context: dict = {}
     estimated, why_not = (None, plan_note) if plan_note else _estimate(request, plan, config, summary, world_size, context, precision=precision)
-    host = summarize_host(ranks, sampler)
+    host = summarize_host(ranks, ran.sampler)
     host.update(_host_estimate(context, summary, host))
     host.pop("model_build", None)
     limit = memory_limit(status, error, summary.get("memory_kind"))
@@ -378,19 +311,88 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
         **host,
     )
     clock.mark("report")
-    result = dataclasses.replace(result, launcher=launcher, launcher_note=launcher_note, phases_s=clock.phases(), waits_s=waits_s,
+    result = dataclasses.replace(result, launcher=launcher.name, launcher_note=ran.launcher_note, phases_s=clock.phases(), waits_s=ran.waits_s,
                                  cpu_step_time=summary.get("cpu_step_time"), load_average=(load_start, os.getloadavg()[0]))
     record = result.as_dict() | {"wall_s": wall_s, "plan": plan.as_dict() if plan else None}
     if launch is not None:
-        record["nodes"] = launch.as_dict() | {k: v for k, v in info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
-    (workdir / f"result{tag}.json").write_text(json.dumps(record, indent=2))
+        record["nodes"] = launch.as_dict() | {k: v for k, v in handle.info.items() if k in ("endpoint", "step_name", "job_id", "hosts")}
+    launcher.files(workdir, job.node_rank).result.write_text(json.dumps(record, indent=2))
     return result
+
+
+@dataclasses.dataclass
+class _Ran:
+    """A launched job once it has ended and been cleaned up."""
+
+    handle: LaunchHandle
+    """What started it (the launcher that ran it, its process tree, rendezvous facts, heartbeats)."""
+    returncode: int | None
+    """Its exit code; None when it was stopped."""
+    timed_out: bool
+    """It ran past the probe's timeout (and was cancelled)."""
+    waits_s: dict[str, float]
+    """Seconds waited on what is not the plan's (``ProbeResult.waits_s``)."""
+    launcher_note: str | None
+    """Why the launcher asked for did not run it (its fallback did), else None."""
+    sampler: NodeRssSampler
+    """The node's RSS, sampled while the job ran."""
+
+
+def _run_job(launcher: Launcher, job: LaunchJob, *, timeout_s: float, started: float, started_unix: float, clock: PhaseClock) -> _Ran:
+    """Start ``job``, wait for it within ``timeout_s`` of the plan's clock, and stop whatever is left
+    of it (all of it, through its launcher, when it failed or timed out, or on Ctrl-C)."""
+    handle, launcher_note = _start(launcher, job)
+    launcher, process = handle.launcher, handle.process
+    # The plan's clock starts once something runs its ranks: waiting for the warm server (its
+    # imports, its answer) is not the plan's, whichever launcher ends up running it.
+    clock.mark("launch", at=handle.started_at)
+    waits_s: dict[str, float] = {}
+    launcher_wait_s = handle.started_at - started
+    if launcher_wait_s >= 0.05:
+        waits_s["launcher"] = round(launcher_wait_s, 3)
+    sampler = NodeRssSampler(process.pids).start()
+    try:
+        # The timeout covers the job from its launch (torchrun's and the workers' imports
+        # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
+        # ranks wait to load it: a timeout must never kill that build half-way (the next probe
+        # would start it over).
+        from zeroplan.runtime.rank.dsops import op_build_in_progress
+
+        returncode, timed_out = launcher.wait(handle, max(timeout_s - (time.monotonic() - handle.started_at), 0.1),
+                                              not_charged=lambda: op_build_in_progress(env=job.env))
+        if getattr(process, "not_charged_s", 0.0) > 0:
+            waits_s["op build"] = round(process.not_charged_s, 3)
+        sampler.stop()
+        if timed_out or returncode != 0:
+            launcher.cancel(handle)
+            _drop_locks_left(job.env, started_unix)
+        else:
+            # torchrun has exited; make sure no worker outlived it.
+            process.kill_all()
+    except BaseException:
+        sampler.stop()
+        launcher.cancel(handle)
+        _drop_locks_left(job.env, started_unix)
+        process.close()
+        raise
+    process.close()
+    return _Ran(handle=handle, returncode=returncode, timed_out=timed_out, waits_s=waits_s, launcher_note=launcher_note, sampler=sampler)
+
+
+def _start(launcher: Launcher, job: LaunchJob) -> tuple[LaunchHandle, str | None]:
+    """Start ``job`` with ``launcher``; where it cannot run here, with its fallback (the note says why)."""
+    try:
+        return launcher.start(job), None
+    except LauncherUnavailable as exc:
+        if launcher.fallback is None:
+            raise
+        return launcher.fallback().start(job), str(exc)
 
 
 def _drop_locks_left(env: dict[str, str], started_unix: float) -> None:
     """A rank killed while loading a DeepSpeed op leaves torch's build lock behind, on which every
-    later load of the op would wait for ever (zeroplan.runtime.dsops.drop_stale_locks)."""
-    from zeroplan.runtime.dsops import drop_stale_locks
+    later load of the op would wait for ever (zeroplan.runtime.rank.dsops.drop_stale_locks)."""
+    from zeroplan.runtime.rank.dsops import drop_stale_locks
 
     try:
         drop_stale_locks(env=env, since=started_unix)
@@ -400,8 +402,7 @@ def _drop_locks_left(env: dict[str, str], started_unix: float) -> None:
 
 def uses_warm_launcher(request: ProbeRequest) -> bool:
     """The probe runs under the warm launcher: asked for, one node, no torchrun arguments to honour."""
-    multi = request.nodes is not None and request.nodes.multinode
-    return request.launcher == "warm" and not multi and not request.torchrun_args
+    return launcher_for(request).warm
 
 
 def _read_ranks(workdir: Path) -> list[dict]:
@@ -422,7 +423,7 @@ def _nodes_reason(
     stopped; mid-training, with the last step seen), the nodes that never joined, or the nodes
     that sent no result."""
     # Another node's launcher may have started up to one rendezvous timeout before this one.
-    since = started_unix - (launch.rdzv_timeout_s if launch.launcher == "torchrun" else 0.0) - 1.0
+    since = started_unix - launch.kind.peer_start_skew_s(launch) - 1.0
     missing = multinode.missing_nodes(workdir, launch.nnodes, since_unix=since)
     endpoint = info.get("endpoint", "?")
     # How far training got, wherever c10d put rank 0: its progress lines in this node's log, a
