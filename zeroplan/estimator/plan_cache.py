@@ -39,7 +39,9 @@ class PlanCache:
         self._entries: dict[tuple, tuple[Any, Any, Any, Any]] = {}
 
     def __call__(self, model: Any, cluster: Any, training: Any, plan: Plan, **options: Any) -> Any:
-        key = (id(model), id(cluster), id(training), self._plan_key(plan), tuple(sorted(options.items())) if options else ())
+        # Options in the caller's keyword order: one call site always gives the same order (another
+        # order only misses the cache).
+        key = (id(model), id(cluster), id(training), self._plan_key(plan), tuple(options.items()))
         found = self._entries.get(key)
         if found is not None and found[0] is model and found[1] is cluster and found[2] is training:
             return found[3]

@@ -135,7 +135,7 @@ def estimate_plan(
         notes.append("activations from the formula for this sp/tp layout, not the trace")
         activation_bytes = None
     if activation_bytes is None:
-        acts: Optional[ActivationMemory] = activation_memory(full_model, training, plan)
+        acts: Optional[ActivationMemory] = _ACTIVATIONS(full_model, cluster, training, plan)
         act_total = acts.total
         act_on_cpu = acts.on_cpu
     else:
@@ -301,6 +301,20 @@ def _embedding_backward(model: ModelSpec, cluster: ClusterSpec, training: Traini
 
 
 _HOST_MEMORY = PlanCache(_host_memory, ignores=frozenset({"micro_batch"}))
+
+
+def _activation_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> ActivationMemory:
+    return activation_memory(model, training, plan)
+
+
+#: Activations read the micro-batch, the recomputation and the layout (activations.py,
+#: sequence_parallel.py), not the ZeRO stage, offloads, accumulation or buckets: the plans of an
+#: estimate that differ only in those share one computation.
+_ACTIVATIONS = PlanCache(_activation_memory, ignores=frozenset({
+    "stage", "offload_optimizer", "offload_param", "gradient_accumulation_steps", "reduce_bucket_size", "allgather_bucket_size",
+    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "overlap_comm",
+}))
 _EMBEDDING_BACKWARD = PlanCache(_embedding_backward, ignores=frozenset({"micro_batch"}))
 
 #: Large model-state tensors DeepSpeed keeps alive: its flat 16-bit, fp32 and moment buffers per

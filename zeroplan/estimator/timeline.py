@@ -189,7 +189,11 @@ class EngineOverhead:
     """Items with their own spans (how new terms are added)."""
 
     def items(self) -> dict[str, int]:
-        """Every named item (for the JSON ``overhead_items``)."""
+        """Every named item (for the JSON ``overhead_items``): a new dict each call."""
+        return dict(self._named_items)
+
+    @cached_property
+    def _named_items(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for name in _ITEMS_ORDER:
             out.update(getattr(self, name))
