@@ -192,9 +192,9 @@ class HostPhase:
         """Host bytes of the busiest rank (rank 0 when it gathers)."""
         return sum(self.per_rank.values()) + sum(self.rank0_only.values())
 
-    @property
+    @cached_property
     def per_node_bytes(self) -> int:
-        """Host bytes of the whole node at this phase."""
+        """Host bytes of the whole node at this phase (computed once: phases are shared between plans)."""
         return self.ranks * sum(self.per_rank.values()) + sum(self.rank0_only.values())
 
     def as_dict(self) -> dict:
