@@ -156,7 +156,10 @@ def engine_overhead(
     device: str = "cuda",
     optimizer_impl: str = "deepspeed-fused",
 ) -> EngineOverhead:
-    """DeepSpeed's extra GPU allocations for ``plan`` (DeepSpeed 0.19 source, cited per item).
+    """DeepSpeed's extra GPU allocations for ``plan`` (DeepSpeed 0.19 source, cited per item), as
+    items on the step's timeline (:mod:`zeroplan.estimator.timeline`): each named dict below has
+    its span in ``FIELD_SPANS``; a new term with another span goes into ``timeline_items`` as a
+    :class:`~zeroplan.estimator.timeline.TimelineItem`.
 
     ``device="cpu"`` drops the CUDA-only terms (context, allocator fragmentation), for
     comparison with probes measured on CPU. ``optimizer_impl`` adds the step temporaries of a

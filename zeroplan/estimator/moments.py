@@ -85,6 +85,14 @@ class Moment:
         return f"peak at {self.name}" + (f": {self.why}" if self.why else "")
 
 
+def _moment(name: str, activations: int, absent_gradients: int, items: dict[str, int], transients: dict[str, int], why: str) -> Moment:
+    """A :class:`Moment` without the frozen dataclass's ``__init__``, which sets each field through
+    ``object.__setattr__`` (1.4 µs a moment, ~5 moments a plan: a tenth of a plan's estimate)."""
+    moment = object.__new__(Moment)
+    moment.__dict__.update(name=name, activations=activations, absent_gradients=absent_gradients, items=items, transients=transients, why=why)
+    return moment
+
+
 def deepspeed_moments(
     model: ModelSpec, extra: EngineOverhead, acts: Optional[ActivationMemory], activations_total: int,
     *, embedding: Optional[EmbeddingBackward] = None, traced_after_loss: Optional[int] = None,
@@ -175,7 +183,7 @@ def deepspeed_moments(
             why = f"a flat copy of the gradients ({_gib(timeline.spanning_bytes(AFTER_BACKWARD))}) beside all of them"
         else:
             activations, why = 0, ""
-        moments.append(Moment(event, activations=activations, absent_gradients=absent, items=items, transients=transients, why=why))
+        moments.append(_moment(event, activations, absent, items, transients, why))
     return moments
 
 

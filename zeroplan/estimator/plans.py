@@ -284,10 +284,12 @@ def estimate_plan(
 #: The engine's extra allocations and the bytes communicated do not read the micro-batch (only
 #: activations and step time do): computed once for the plans that differ only in it.
 _ENGINE_OVERHEAD = PlanCache(engine_overhead, ignores=frozenset({"micro_batch"}))
-_COMM_VOLUME = PlanCache(comm_volume, ignores=frozenset({"micro_batch"}))
 #: Nor do the model states, the host's buffers (checkpoints kept on the host come in as an
-#: option) and the gradients at the token embedding's backward.
-_MODEL_STATES = PlanCache(model_states, ignores=frozenset({"micro_batch"}))
+#: option) and the gradients at the token embedding's backward; these and the traffic do not read
+#: the recomputation either (only the engine's stage-3 frozen-parameter release does).
+_NOT_IN_STATES = frozenset({"micro_batch", "checkpointing", "cpu_checkpointing"})
+_COMM_VOLUME = PlanCache(comm_volume, ignores=_NOT_IN_STATES)
+_MODEL_STATES = PlanCache(model_states, ignores=_NOT_IN_STATES)
 
 
 def _host_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, states, checkpoint_bytes_on_cpu: int):
@@ -300,7 +302,7 @@ def _embedding_backward(model: ModelSpec, cluster: ClusterSpec, training: Traini
     return embedding_backward(model, training, plan, reduce_bucket_size=knobs["reduce_bucket_size"])
 
 
-_HOST_MEMORY = PlanCache(_host_memory, ignores=frozenset({"micro_batch"}))
+_HOST_MEMORY = PlanCache(_host_memory, ignores=_NOT_IN_STATES)
 
 
 def _activation_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> ActivationMemory:
@@ -315,7 +317,7 @@ _ACTIVATIONS = PlanCache(_activation_memory, ignores=frozenset({
     "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "overlap_comm",
 }))
-_EMBEDDING_BACKWARD = PlanCache(_embedding_backward, ignores=frozenset({"micro_batch"}))
+_EMBEDDING_BACKWARD = PlanCache(_embedding_backward, ignores=_NOT_IN_STATES)
 
 #: Large model-state tensors DeepSpeed keeps alive: its flat 16-bit, fp32 and moment buffers per
 #: parameter group (two groups, weight decay or not) — each wastes part of a 2 MiB round-up.
