@@ -155,7 +155,8 @@ def deepspeed_moments(
             why = (f"the first bucket flush allocates the {_gib(deferred)} gradient partition beside the reduce "
                    f"buffers ({_gib(buffers)}) once the activations are freed")
         elif event == FIRST_FLUSH:
-            k = extra.first_flush_blocks
+            # Blocks done at the flush; a flush item added without that count keeps every block's activations.
+            k = extra.first_flush_blocks or 0
             blocks_left = model.num_layers - k
             remaining = max(0, layers - k * acts.per_layer) if acts is not None else layers
             activations = remaining + embeddings + held + (working if blocks_left else 0)
