@@ -56,3 +56,28 @@ def test_every_other_field_and_option_keys_the_cache():
     assert cache(object(), cluster, training, Plan(stage=2), device="cuda") != a
     with pytest.raises(ValueError, match="no Plan field"):
         PlanCache(len, ignores=frozenset({"micro_batches"}))
+
+
+@pytest.mark.parametrize("name", ["dense", "lora", "moe"])
+def test_the_other_shared_work_does_not_read_the_fields_it_is_shared_across(name):
+    # Each function called directly on plans that differ only in the fields its cache ignores.
+    from zeroplan.estimator import plans as P
+    from zeroplan.estimator.timing import _step_shape
+
+    model = _models()[name]
+    cluster = ClusterSpec(gpus=16, gpus_per_node=8, gpu=load_gpu("a100-80gb"), gpu_memory_bytes=80 * GiB, cpu_memory_per_node_bytes=512 * GiB)
+    training = TrainingSpec()
+    for plan in PLANS:
+        for other in (replace(plan, micro_batch=16), replace(plan, checkpointing="full", cpu_checkpointing=True),
+                      replace(plan, checkpointing="selective-op")):
+            for function in (P.model_states, P._embedding_backward):
+                assert function(model, cluster, training, plan) == function(model, cluster, training, other)
+            states = P.model_states(model, cluster, training, plan)
+            assert (P._host_memory(model, cluster, training, plan, states=states, checkpoint_bytes_on_cpu=7)
+                    == P._host_memory(model, cluster, training, other, states=states, checkpoint_bytes_on_cpu=7))
+            comm = comm_volume(model, cluster, training, plan)
+            assert comm == comm_volume(model, cluster, training, other)
+        comm = comm_volume(model, cluster, training, plan)
+        assert _step_shape(model, cluster, training, plan, comm=comm) == _step_shape(model, cluster, training, replace(plan, micro_batch=16), comm=comm)
+        base = Plan(stage=0, micro_batch=plan.micro_batch, checkpointing=plan.checkpointing)
+        assert P._activation_memory(model, cluster, training, plan) == P._activation_memory(model, cluster, training, base)

@@ -104,7 +104,7 @@ def embedding_backward(model: ModelSpec, training: TrainingSpec, plan: Plan, *, 
     activations are freed. At stage 3 the torch terms are the same (DeepSpeed's reduce hook fires
     on the shared leaf's accumulation, after the sum) and no gradient is held unreduced; the
     gathered embedding weight beside them is the engine's
-    (:attr:`~zeroplan.estimator.memory.EngineOverhead.gathered_at_embedding`). ``unreduced_gradients`` assumes no held matrix lies in this rank's own
+    (:attr:`~zeroplan.estimator.timeline.EngineOverhead.gathered_at_embedding`). ``unreduced_gradients`` assumes no held matrix lies in this rank's own
     partition (those are moved into it), which is the worst rank.
     """
     if plan.stage not in (1, 2, 3) or plan.offload_optimizer != "none" or plan.gradient_accumulation_steps != 1 or model.peft is not None:

@@ -51,8 +51,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
-from zeroplan.spec import ModelSpec, Plan, bytes_per_param, resolve_engine_knobs
+from zeroplan.spec import BUCKET_KEYS, ModelSpec, Plan, bytes_per_param, resolve_engine_knobs
 
 __all__ = [
     "EngineWork", "MEMORY_OPT_ALLREDUCE_SIZE", "ParameterTensors", "Stage3Gathers", "bucket_flushes", "engine_work",
@@ -337,15 +338,30 @@ class EngineWork:
 
 def engine_work(model: ModelSpec, plan: Plan, *, world_size: int, precision: str) -> EngineWork:
     """Per-step :class:`EngineWork` of ``plan`` on ``world_size`` ranks (DeepSpeed 0.19, module docstring)."""
-    knobs = resolve_engine_knobs(plan, model.hidden_size)
     # Only the stage, the accumulation steps and the bucket sizes of the plan matter: plans that
-    # differ in micro-batch, offload or checkpointing share one computation.
-    return _engine_work(
+    # differ in micro-batch, offload or checkpointing share one computation. Every plan asks
+    # three times (memory, traffic, time), so the lookup is keyed on the model's identity and
+    # those fields (hashing the frozen ModelSpec itself costs more than the lookup saves).
+    key = (id(model), world_size, precision, _WORK_FIELDS(plan))
+    found = _WORK_SEEN.get(key)
+    if found is not None and found[0] is model:
+        return found[1]
+    knobs = resolve_engine_knobs(plan, model.hidden_size)
+    work = _engine_work(
         model, plan.stage, plan.gradient_accumulation_steps, world_size=world_size, precision=precision,
         persistence_threshold=knobs["stage3_param_persistence_threshold"], reduce_bucket=max(1, knobs["reduce_bucket_size"]),
         allgather_bucket=max(1, knobs["allgather_bucket_size"]), prefetch_bucket=knobs["stage3_prefetch_bucket_size"],
         max_reuse_distance=knobs["stage3_max_reuse_distance"],
     )
+    if len(_WORK_SEEN) >= 4096:
+        _WORK_SEEN.clear()
+    _WORK_SEEN[key] = (model, work)  # the entry keeps the model alive, so its id is not reused
+    return work
+
+
+#: The plan fields :func:`engine_work` reads (through :func:`~zeroplan.spec.resolve_engine_knobs`: the bucket sizes).
+_WORK_FIELDS = attrgetter("stage", "gradient_accumulation_steps", *BUCKET_KEYS)
+_WORK_SEEN: dict[tuple, tuple[ModelSpec, "EngineWork"]] = {}
 
 
 @lru_cache(maxsize=1024)

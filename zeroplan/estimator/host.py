@@ -41,6 +41,7 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from zeroplan.estimator.engine_work import parameter_tensor_sizes
 from zeroplan.estimator.memory import largest_param_numel
@@ -191,9 +192,9 @@ class HostPhase:
         """Host bytes of the busiest rank (rank 0 when it gathers)."""
         return sum(self.per_rank.values()) + sum(self.rank0_only.values())
 
-    @property
+    @cached_property
     def per_node_bytes(self) -> int:
-        """Host bytes of the whole node at this phase."""
+        """Host bytes of the whole node at this phase (computed once: phases are shared between plans)."""
         return self.ranks * sum(self.per_rank.values()) + sum(self.rank0_only.values())
 
     def as_dict(self) -> dict:
@@ -217,9 +218,10 @@ class HostPhases:
     pinned: tuple[str, ...] = ()
     """Names of the items DeepSpeed pins when ``pin_memory`` is on (page-locked: never swapped out)."""
 
-    @property
+    @cached_property
     def worst(self) -> HostPhase:
-        """The phase with the largest per-node bytes (the first of equals, in run order)."""
+        """The phase with the largest per-node bytes (the first of equals, in run order). Computed
+        once: the phases are shared by every plan with the same host layout (:func:`plan_host_phases`)."""
         return max(self.phases, key=lambda ph: ph.per_node_bytes)
 
     @property

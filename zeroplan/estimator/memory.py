@@ -10,12 +10,12 @@ Pure arithmetic (stdlib only). Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
 
 from zeroplan.estimator.expert_parallel import local_params
 from zeroplan.estimator.moe import fused_expert_tensor_numel, stage3_gathered_floor
 from zeroplan.estimator.peft import dequant_workspace_bytes, parameter_bytes, released_frozen_bytes, stage3_released_frozen_params
+from zeroplan.estimator.timeline import EMBEDDING, EngineOverhead
 from zeroplan.spec import (
     ClusterSpec,
     ModelSpec,
@@ -147,56 +147,6 @@ def model_states(
     )
 
 
-@dataclass(frozen=True)
-class EngineOverhead:
-    """What DeepSpeed allocates on the GPU beyond the paper's model states, by phase.
-
-    ``during_backward`` items coexist with activations; ``during_step`` items exist only in the
-    optimizer step, after activations are freed; ``always`` items exist throughout; the other
-    fields belong to moments of the backward (:func:`zeroplan.estimator.plans.estimate_plan` takes
-    the largest moment: the loss's backward, the first gradient hook, the first bucket flush or the
-    backward's epilogue, a reduction after backward, the optimizer step).
-    """
-
-    always: dict[str, int] = field(default_factory=dict)
-    during_backward: dict[str, int] = field(default_factory=dict)
-    during_step: dict[str, int] = field(default_factory=dict)
-    unallocated: dict[str, int] = field(default_factory=dict)
-    """Memory the process holds that ``max_memory_allocated`` does not report (CUDA only)."""
-    deferred: dict[str, int] = field(default_factory=dict)
-    """Model-state bytes (already in :class:`ModelStates`) that do not exist yet when the loss's
-    backward runs: allocated by the first gradient reduction and freed by the step. At the
-    activation peak (logits' gradients) they are absent; once they exist the logits' term is
-    gone, so the backward peak is activations − min(deferred, logits) over the model states."""
-
-    after_first_hook: dict[str, int] = field(default_factory=dict)
-    """Buffers allocated at the first gradient hook of each backward and freed at its epilogue
-    (stages 1–2: the reduce buffers). Absent at the loss's backward; alive beside the activations of
-    the blocks whose backward has not run yet, and beside the gradient partition once it exists."""
-    at_first_hook: dict[str, int] = field(default_factory=dict)
-    """Tensors alive when the first gradient hook runs, beside ``after_first_hook`` (the output
-    projection's weight gradient)."""
-    first_flush_blocks: Optional[int] = None
-    """Stages 1–2: blocks whose backward has run when the first bucket flush allocates the deferred
-    gradient partition (:func:`first_flush_blocks`); None: the flush comes at the epilogue."""
-    after_backward: dict[str, int] = field(default_factory=dict)
-    """A reduction's buffers once the whole backward is done (stage 0's flattened all-reduce)."""
-    after_head_backward: dict[str, int] = field(default_factory=dict)
-    """Stage 3: alive from the head's backward on, beside every gathered parameter (its weight gradient)."""
-    gathered_at_embedding: dict[str, int] = field(default_factory=dict)
-    """Stage 3: parameters still gathered at the token embedding's backward (its weight)."""
-
-    def items(self) -> dict[str, int]:
-        """Every named item (for the JSON ``overhead_items``)."""
-        return {**self.always, **self.during_backward, **self.at_first_hook, **self.after_first_hook,
-                **self.after_head_backward, **self.gathered_at_embedding, **self.after_backward,
-                **self.during_step, **self.unallocated}
-
-    @property
-    def deferred_bytes(self) -> int:
-        return sum(self.deferred.values())
-
-
 def engine_overhead(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -206,7 +156,10 @@ def engine_overhead(
     device: str = "cuda",
     optimizer_impl: str = "deepspeed-fused",
 ) -> EngineOverhead:
-    """DeepSpeed's extra GPU allocations for ``plan`` (DeepSpeed 0.19 source, cited per item).
+    """DeepSpeed's extra GPU allocations for ``plan`` (DeepSpeed 0.19 source, cited per item), as
+    items on the step's timeline (:mod:`zeroplan.estimator.timeline`): each named dict below has
+    its span in ``FIELD_SPANS``; a new term with another span goes into ``timeline_items`` as a
+    :class:`~zeroplan.estimator.timeline.TimelineItem`.
 
     ``device="cpu"`` drops the CUDA-only terms (context, allocator fragmentation), for
     comparison with probes measured on CPU. ``optimizer_impl`` adds the step temporaries of a
@@ -238,6 +191,14 @@ def engine_overhead(
     after_backward: dict[str, int] = {}
     after_head_backward: dict[str, int] = {}
     gathered_at_embedding: dict[str, int] = {}
+    # Items released before the token embedding's backward rather than where their field's span ends
+    # (zeroplan.estimator.timeline.FIELD_SPANS).
+    ends_before: dict[str, str] = {}
+    if model.tied_embeddings:
+        # A tied output projection's gradient waits in autograd (one AccumulateGrad for the shared
+        # leaf) for the embedding's backward, which sums it into the shared weight's gradient
+        # (zeroplan.estimator.embedding_backward); an untied one goes into the bucket at the next hook.
+        ends_before["output_projection_gradient"] = EMBEDDING
     single_step = plan.gradient_accumulation_steps == 1
 
     if plan.stage == 0:
@@ -340,6 +301,8 @@ def engine_overhead(
             # 20.08 gathered + 8.00 of this gradient + activations (docs/notes/memory-gaps.md).
             after_head_backward["output_projection_gradient"] = p * model.embedding_params
             gathered_at_embedding["gathered_embedding_weight"] = p * model.embedding_params
+            # The blocks' gathered parameters are released block by block and gone by then.
+            ends_before["gathered_params"] = EMBEDDING
         if plan.zero_hpz_partition_size > 1:
             # ZeRO++ hpZ (arXiv 2306.10209 §3.2): the secondary weight partition within the node.
             from zeroplan.estimator.zeropp import hpz_secondary_bytes
@@ -374,7 +337,7 @@ def engine_overhead(
         always=always, during_backward=backward, during_step=step, deferred=deferred,
         unallocated={"cuda_context": CUDA_CONTEXT_BYTES} if device == "cuda" else {},
         after_first_hook=after_first_hook, at_first_hook=at_first_hook, after_backward=after_backward,
-        after_head_backward=after_head_backward, gathered_at_embedding=gathered_at_embedding,
+        after_head_backward=after_head_backward, gathered_at_embedding=gathered_at_embedding, ends_before=ends_before,
         first_flush_blocks=first_flush_blocks(model, reduce_bucket_size=knobs["reduce_bucket_size"]) if after_first_hook else None,
     )
 

@@ -35,18 +35,20 @@ from typing import Optional
 
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.embedding_backward import EmbeddingBackward
-from zeroplan.estimator.memory import EngineOverhead
+from zeroplan.estimator.timeline import (
+    AFTER_BACKWARD, EMBEDDING, EPILOGUE, FIRST_FLUSH, FIRST_HOOK, LAST_BLOCK, LISTING_ORDER, LOSS_BACKWARD, REBUILD, STEP, EngineOverhead,
+)
 from zeroplan.spec import GiB, ModelSpec
 
 __all__ = ["Moment", "deepspeed_moments", "ipg_buffer_written_elements", "traced_after_loss", "STEP_MOMENT", "EMBEDDING_MOMENT",
            "STAGE3_HEAD_MOMENT"]
 
 #: The moment name of the optimizer step (the only moment with ``peak_phase`` = ``step``).
-STEP_MOMENT = "the optimizer step"
+STEP_MOMENT = STEP
 #: The moment name of stage 3's last block's backward, the head's weight gradient made.
-STAGE3_HEAD_MOMENT = "the last block's backward"
+STAGE3_HEAD_MOMENT = LAST_BLOCK
 #: The moment name of the token embedding's backward (:mod:`zeroplan.estimator.embedding_backward`).
-EMBEDDING_MOMENT = "the token embedding's backward"
+EMBEDDING_MOMENT = EMBEDDING
 
 
 def _gib(n: int) -> str:
@@ -83,12 +85,23 @@ class Moment:
         return f"peak at {self.name}" + (f": {self.why}" if self.why else "")
 
 
+def _moment(name: str, activations: int, absent_gradients: int, items: dict[str, int], transients: dict[str, int], why: str) -> Moment:
+    """A :class:`Moment` without the frozen dataclass's ``__init__``, which sets each field through
+    ``object.__setattr__`` (1.4 µs a moment, ~5 moments a plan: a tenth of a plan's estimate)."""
+    moment = object.__new__(Moment)
+    moment.__dict__.update(name=name, activations=activations, absent_gradients=absent_gradients, items=items, transients=transients, why=why)
+    return moment
+
+
 def deepspeed_moments(
     model: ModelSpec, extra: EngineOverhead, acts: Optional[ActivationMemory], activations_total: int,
     *, embedding: Optional[EmbeddingBackward] = None, traced_after_loss: Optional[int] = None,
 ) -> list[Moment]:
-    """Every candidate peak moment of a DeepSpeed step (module docstring), in step order;
-    ``embedding`` adds the token embedding's backward (stages 1–2).
+    """Every candidate peak moment of a DeepSpeed step (module docstring), listed in
+    :data:`~zeroplan.estimator.timeline.LISTING_ORDER`: at each event of ``extra.timeline`` on this
+    step, the engine items alive then (:class:`~zeroplan.estimator.timeline.Timeline`) beside the
+    activations alive then; ``embedding`` adds the token embedding's backward (stages 1–3) and its
+    gradients as items of that event.
 
     ``acts`` is None when activations were traced as one total (``--trace``): the loss's backward
     keeps that total, and the moments after it (the first gradient hook, the first bucket flush,
@@ -97,9 +110,7 @@ def deepspeed_moments(
     (:func:`traced_after_loss`) — so the buffers are not stacked on the loss's peak. Without it
     they keep the total too (conservative).
     """
-    during = dict(extra.during_backward)
-    buffers = dict(extra.after_first_hook)
-    deferred = extra.deferred_bytes
+    timeline = extra.timeline
     if acts is not None:
         layers, embeddings, logits, held = acts.layers, acts.embeddings, acts.logits, acts.logits_held
         working = acts.recompute_working_set
@@ -109,86 +120,71 @@ def deepspeed_moments(
         if traced_after_loss is not None:
             layers = min(activations_total, traced_after_loss)
         at_loss = activations_total
-    if buffers:
-        # Stages 1–2: when the gradient partition exists is a moment of its own (below).
-        credit = deferred
-    else:
-        # Stage 0's param.grad tensors appear block by block while the blocks' activations are
-        # freed, and never beside the loss's arrays over the logits: counting them all with every
-        # block's activations bounds the moments between (docs/notes/memory-gaps.md).
-        credit = min(deferred, logits)
-    moments = [Moment(
-        "the loss's backward", activations=at_loss, absent_gradients=credit, items=during,
-        transients={"loss_gradients": acts.loss_transients} if acts is not None else {},
-        why=f"DeepSpeed has not allocated {_gib(credit)} of gradients yet" if credit else "",
-    )]
-    # A tied output projection's gradient waits in autograd for the embedding's backward; an
-    # untied one is copied into the bucket (or reduced) at the next hook.
-    held_head = {**extra.at_first_hook, **extra.after_head_backward} if model.tied_embeddings else {}
+    events = set(timeline.opened)
     if working:
-        # Conservative as before the buffers were a moment: the gradients may exist by then.
-        moments.append(Moment(
-            "the last checkpointed block's rebuild", activations=layers + embeddings + working + held,
-            items={**during, **buffers, **held_head}, transients={"rebuilt_block": working},
-        ))
-    if buffers:
-        moments.append(Moment(
-            "the first gradient hook", activations=layers + embeddings + held, absent_gradients=deferred,
-            items={**during, **buffers, **extra.at_first_hook},
-            transients={} if model.tied_embeddings else dict(extra.at_first_hook),
-            why=f"DeepSpeed's reduce buffers ({_gib(sum(buffers.values()))}) beside every block's activations"
-                + (f", before the {_gib(deferred)} gradient partition exists" if deferred else ""),
-        ))
-        k = extra.first_flush_blocks
-        if deferred and k is None:
-            moments.append(Moment(
-                "the backward's epilogue", activations=held, items=buffers,
-                why=f"the first bucket flush allocates the {_gib(deferred)} gradient partition beside the reduce "
-                    f"buffers ({_gib(sum(buffers.values()))}) once the activations are freed",
-            ))
-        elif deferred:
+        events.add(REBUILD)
+    if embedding is not None:
+        events.add(EMBEDDING)
+    buffers = timeline.spanning_bytes(FIRST_HOOK, EPILOGUE)
+    deferred = timeline.state_bytes
+    moments = []
+    for event in LISTING_ORDER:
+        if event not in events and event not in (LOSS_BACKWARD, STEP):
+            continue
+        at = timeline.at(event)
+        items, transients, absent = at.items, at.transients, at.absent_state
+        if event == LOSS_BACKWARD:
+            # Gradients that grow through the backward replace the loss's arrays over the logits
+            # (timeline.GROWN): counting them all with every block's activations bounds the moments between.
+            absent += min(at.grown_state, logits) - at.grown_state
+            activations = at_loss
+            transients = {"loss_gradients": acts.loss_transients} if acts is not None else {}
+            why = f"DeepSpeed has not allocated {_gib(absent)} of gradients yet" if absent else ""
+        elif event == REBUILD:
+            # Conservative as before the buffers were a moment: the gradients may exist by then.
+            absent = 0
+            activations = layers + embeddings + working + held
+            transients = {"rebuilt_block": working}
+            why = ""
+        elif event == FIRST_HOOK:
+            activations = layers + embeddings + held
+            why = (f"DeepSpeed's reduce buffers ({_gib(buffers)}) beside every block's activations"
+                   + (f", before the {_gib(deferred)} gradient partition exists" if deferred else ""))
+        elif event == EPILOGUE:
+            activations = held
+            why = (f"the first bucket flush allocates the {_gib(deferred)} gradient partition beside the reduce "
+                   f"buffers ({_gib(buffers)}) once the activations are freed")
+        elif event == FIRST_FLUSH:
+            # Blocks done at the flush; a flush item added without that count keeps every block's activations.
+            k = extra.first_flush_blocks or 0
             blocks_left = model.num_layers - k
             remaining = max(0, layers - k * acts.per_layer) if acts is not None else layers
-            moments.append(Moment(
-                "the first bucket flush", activations=remaining + embeddings + held + (working if blocks_left else 0),
-                items={**during, **buffers, **held_head},
-                why=f"the {_gib(deferred)} gradient partition is allocated while {blocks_left} of {model.num_layers} "
-                    f"blocks keep their activations, beside the reduce buffers ({_gib(sum(buffers.values()))})",
-            ))
-    if extra.after_head_backward:
-        # Stage 3: the blocks' backward begins with every parameter gathered and the head's weight
-        # gradient beside them (memory.py engine_overhead); each block's parameters are released
-        # after its backward, so the first block's (the last one's) is the largest.
-        moments.append(Moment(
-            STAGE3_HEAD_MOMENT, activations=layers + embeddings + held,
-            items={**during, **extra.after_head_backward},
-            why=f"the output projection's weight gradient ({_gib(sum(extra.after_head_backward.values()))}) "
-                "beside the gathered parameters and every block's activations",
-        ))
-    if embedding is not None:
-        # Last in the backward: every activation freed (the logits a loop holds stay), the reduce
-        # buffers still alive, the gradient partition too unless the bucket holds every gradient
-        # (the first flush is then the epilogue, after this moment). The loss's (or the rebuild's)
-        # cached transients stay reserved; the embedding's new tensors come on top.
-        earlier = moments[1] if working else moments[0]
-        moments.append(Moment(
-            EMBEDDING_MOMENT, activations=held,
-            absent_gradients=deferred if buffers and extra.first_flush_blocks is None else 0,
-            # Stage 3: only the embedding weight is still gathered (the blocks' are released).
-            items={**({k: v for k, v in during.items() if k != "gathered_params"} if extra.gathered_at_embedding else during),
-                   **extra.gathered_at_embedding, **buffers, **embedding.items()},
-            transients={**earlier.transients, **{k: v for k, v in embedding.items().items()
-                                                 if k in ("embedding_gradient", "summed_embedding_gradient")}},
-            why=f"activations freed, {_gib(embedding.total)} of gradients ({', '.join(embedding.items())}) "
-                "beside the model states" + (f" and the reduce buffers ({_gib(sum(buffers.values()))})" if buffers else ""),
-        ))
-    if extra.after_backward:
-        moments.append(Moment(
-            "the all-reduce after backward", activations=held, items=dict(extra.after_backward),
-            transients=dict(extra.after_backward),
-            why=f"a flat copy of the gradients ({_gib(sum(extra.after_backward.values()))}) beside all of them",
-        ))
-    moments.append(Moment(STEP_MOMENT, activations=0, items=dict(extra.during_step), transients=dict(extra.during_step)))
+            activations = remaining + embeddings + held + (working if blocks_left else 0)
+            why = (f"the {_gib(deferred)} gradient partition is allocated while {blocks_left} of {model.num_layers} "
+                   f"blocks keep their activations, beside the reduce buffers ({_gib(buffers)})")
+        elif event == LAST_BLOCK:
+            # Stage 3: each block's parameters are released after its backward, so the first
+            # block's (the last one's) is the largest.
+            activations = layers + embeddings + held
+            why = (f"the output projection's weight gradient ({_gib(timeline.spanning_bytes(LAST_BLOCK))}) "
+                   "beside the gathered parameters and every block's activations")
+        elif event == EMBEDDING:
+            # Last in the backward: every activation freed (the logits a loop holds stay). The
+            # loss's (or the rebuild's) cached transients stay reserved; the embedding's new
+            # tensors come on top.
+            grads = embedding.items()
+            items = {**items, **grads}
+            transients = {**moments[1 if working else 0].transients,
+                          **{k: v for k, v in grads.items() if k in ("embedding_gradient", "summed_embedding_gradient")}}
+            activations = held
+            why = (f"activations freed, {_gib(embedding.total)} of gradients ({', '.join(grads)}) "
+                   "beside the model states" + (f" and the reduce buffers ({_gib(buffers)})" if buffers else ""))
+        elif event == AFTER_BACKWARD:
+            activations = held
+            why = f"a flat copy of the gradients ({_gib(timeline.spanning_bytes(AFTER_BACKWARD))}) beside all of them"
+        else:
+            activations, why = 0, ""
+        moments.append(_moment(event, activations, absent, items, transients, why))
     return moments
 
 

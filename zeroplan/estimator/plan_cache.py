@@ -14,6 +14,7 @@ plans: read them, do not change them.
 from __future__ import annotations
 
 from dataclasses import fields
+from operator import attrgetter
 from typing import Any, Callable
 
 from zeroplan.spec import Plan
@@ -31,11 +32,16 @@ class PlanCache:
         self.function = function
         self.ignores = ignores
         self.keyed_fields = tuple(f.name for f in fields(Plan) if f.name not in ignores)
+        # One C-level call reads every keyed field (a generator of getattr calls cost as much as
+        # the work it saved for the cheaper functions).
+        self._plan_key = attrgetter(*self.keyed_fields)
         self.size = size
         self._entries: dict[tuple, tuple[Any, Any, Any, Any]] = {}
 
     def __call__(self, model: Any, cluster: Any, training: Any, plan: Plan, **options: Any) -> Any:
-        key = (id(model), id(cluster), id(training), tuple(getattr(plan, name) for name in self.keyed_fields), tuple(sorted(options.items())))
+        # Options in the caller's keyword order: one call site always gives the same order (another
+        # order only misses the cache).
+        key = (id(model), id(cluster), id(training), self._plan_key(plan), tuple(options.items()))
         found = self._entries.get(key)
         if found is not None and found[0] is model and found[1] is cluster and found[2] is training:
             return found[3]

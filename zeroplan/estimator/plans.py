@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from zeroplan.estimator.activations import ActivationMemory, activation_memory, checkpointing_duplicate
-from zeroplan.estimator.allocator import AllocatorReserve, allocator_reserve
-from zeroplan.estimator.comm import CommVolume, comm_volume
+from zeroplan.estimator.allocator import allocator_reserve
+from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.attention_kernel import with_attention_kernel
 from zeroplan.estimator.expert_parallel import expert_parallel_states
 from zeroplan.estimator.embedding_backward import embedding_backward
-from zeroplan.estimator.host import HostPhases, plan_host_phases
+from zeroplan.estimator.host import plan_host_phases
 from zeroplan.estimator.plan_cache import PlanCache
-from zeroplan.estimator.memory import EngineOverhead, HostMemory, ModelStates, engine_overhead, host_memory, model_states
-from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, Moment, deepspeed_moments, traced_after_loss
+from zeroplan.estimator.memory import EngineOverhead, engine_overhead, host_memory, model_states
+from zeroplan.estimator.moments import EMBEDDING_MOMENT, STEP_MOMENT, deepspeed_moments, traced_after_loss
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
+from zeroplan.estimator.plan_estimate import GpuMemory, PlanEstimate, _gib, gpu_fit_note, stranded_note
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
-from zeroplan.estimator.timing import StepTime, step_time
-from zeroplan.estimator.verdict import PlanVerdict, judge_plan, tight_note, verdict_rank
+from zeroplan.estimator.timing import step_time
+from zeroplan.estimator.verdict import judge_plan, tight_note, verdict_rank
 from zeroplan.spec import PURE_PRECISION_ENGINES, TORCH_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = [
@@ -36,187 +36,6 @@ __all__ = [
 
 #: Engines the estimator models: DeepSpeed's ZeRO, or PyTorch's DDP/FSDP2 (``--engine``).
 ENGINES = ("deepspeed", "fsdp", "fsdp1")
-
-@dataclass(frozen=True)
-class GpuMemory:
-    """Per-GPU memory at the step's peak, in bytes (the ``gpu`` object of docs/design.md)."""
-
-    params: int
-    gradients: int
-    """Gradient bytes alive at the peak (DeepSpeed allocates some only after the loss's backward)."""
-    optimizer_states: int
-    activations: int
-    overhead: int
-    """Engine extras alive at the peak plus the CUDA reserve (context, allocator fragmentation)."""
-    total: int
-    """Everything the GPU must hold at the peak: params + gradients + optimizer_states + activations + overhead."""
-    peak_allocated: int
-    """``total`` less the CUDA reserve: what ``torch.cuda.max_memory_allocated`` should report."""
-    peak_reserved: int = 0
-    """``peak_allocated`` plus the caching allocator's reserve (:mod:`zeroplan.estimator.allocator`):
-    what ``torch.cuda.max_memory_reserved`` should report (``total`` less the CUDA context)."""
-    required: int = 0
-    """The plan's GPU figure: what the table's GPU column shows, what the verdict compares
-    (:mod:`zeroplan.estimator.verdict`) and what pruning uses. What the GPU must have for the step
-    not to run out of memory:
-    ``peak_allocated`` + the CUDA context + the reserve a failing malloc cannot release
-    (:attr:`~zeroplan.estimator.allocator.AllocatorReserve.held`). Cached segments the allocator
-    frees before raising an OOM are in ``total`` and ``peak_reserved`` only."""
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "params": self.params,
-            "gradients": self.gradients,
-            "optimizer_states": self.optimizer_states,
-            "activations": self.activations,
-            "overhead": self.overhead,
-            "total": self.total,
-            "peak_allocated": self.peak_allocated,
-            "peak_reserved": self.peak_reserved,
-            "required": self.required,
-        }
-
-
-@dataclass(frozen=True)
-class PlanEstimate:
-    """Everything the estimator predicts for one plan."""
-
-    plan: Plan
-    gpu: GpuMemory
-    overhead_items: dict[str, int]
-    """Every engine extra by name; items of the other phase (see ``peak_phase`` and
-    :class:`~zeroplan.estimator.memory.EngineOverhead`) are listed but not in ``gpu.overhead``."""
-    states: ModelStates
-    activation_breakdown: Optional[ActivationMemory]
-    host: HostMemory
-    comm: CommVolume
-    time: StepTime
-    tokens_per_second: float
-    fits: bool
-    notes: tuple[str, ...]
-    peak_phase: str = "backward"
-    """When the GPU peak happens: ``backward`` (activations alive) or ``step`` (optimizer step)."""
-    host_phases: Optional[HostPhases] = None
-    """Host RAM per rank and per node by phase (model build, engine init, step, checkpoint save)."""
-    engine: str = "deepspeed"
-    """The engine modelled: ``deepspeed`` or ``fsdp`` (PyTorch's DDP/FSDP2)."""
-    allocator: Optional[AllocatorReserve] = None
-    """What the CUDA caching allocator reserves beyond ``gpu.peak_allocated`` (None on CPU)."""
-    moments: tuple[Moment, ...] = ()
-    """Every candidate peak moment of a DeepSpeed step (:func:`~zeroplan.estimator.moments.deepspeed_moments`);
-    ``gpu.peak_allocated`` is the model states and always-resident extras plus the largest. Empty under fsdp."""
-    judgement: Optional[PlanVerdict] = None
-    """The verdict with its headroom on GPU and host (:mod:`zeroplan.estimator.verdict`)."""
-    model_build: str = ""
-    """How each rank builds or loads the model on the host (:data:`~zeroplan.estimator.host.BUILDS`)."""
-    layout_comm: Optional[object] = None
-    """The sequence/tensor-parallel collectives' bytes per step
-    (:class:`~zeroplan.estimator.tensor_parallel.LayoutComm`); None for pure data parallelism."""
-    recipe: Optional[dict] = None
-    """A post-training recipe's memory terms (:mod:`zeroplan.estimator.plans_recipe`); None for plain SFT."""
-
-    @property
-    def verdict(self) -> str:
-        """``fits``, ``tight`` or ``oom`` (``fits`` is ``verdict != "oom"``)."""
-        if self.judgement is not None:
-            return self.judgement.verdict
-        return "fits" if self.fits else "oom"
-
-    @property
-    def cpu_per_node(self) -> int:
-        """Host RAM per node at the worst phase."""
-        if self.host_phases is not None:
-            return self.host_phases.per_node_bytes
-        return self.host.cpu_per_node
-
-    @property
-    def cpu_worst_phase(self) -> str:
-        """The phase whose host RAM per node is largest."""
-        return self.host_phases.worst.name if self.host_phases is not None else "step"
-
-    @property
-    def nvme_per_node(self) -> int:
-        return self.host.nvme_per_node
-
-    @property
-    def comm_per_step(self) -> int:
-        return self.comm.total
-
-    @property
-    def step_time(self) -> float:
-        return self.time.total
-
-    def as_dict(self) -> dict:
-        """A ``plans[]`` object of docs/design.md."""
-        d = self.plan.as_dict()
-        d.update(
-            {
-                "gpu": self.gpu.as_dict(),
-                "model_states": {
-                    "params": self.states.params,
-                    "gradients": self.states.gradients,
-                    "optimizer_states": self.states.optimizer_states,
-                },
-                "overhead_items": dict(self.overhead_items),
-                "peak_phase": self.peak_phase,
-                "engine": self.engine,
-                "allocator_reserve": self.allocator.as_dict() if self.allocator is not None else {},
-                "cpu_per_node": self.cpu_per_node,
-                "cpu_worst_phase": self.cpu_worst_phase,
-                "cpu_phases": self.host_phases.as_dict() if self.host_phases is not None else {},
-                "cpu_items": dict(self.host.cpu_items),
-                "nvme_per_node": self.nvme_per_node,
-                "comm_per_step": self.comm_per_step,
-                "inter_node_comm_per_step": self.comm.inter_node,
-                "pcie_per_step": self.comm.pcie,
-                "step_time": self.step_time,
-                "step_time_breakdown": {
-                    "compute": self.time.compute,
-                    "communication": self.time.communication,
-                    "exposed_communication": self.time.exposed_communication,
-                    "optimizer": self.time.optimizer,
-                    "offload_transfer": self.time.offload_transfer,
-                    "engine_overhead": self.time.engine_overhead,
-                },
-                "tokens_per_second": self.tokens_per_second,
-                "fits": self.fits,
-                "verdict": self.verdict,
-                "headroom": self.judgement.as_dict() if self.judgement is not None else None,
-                "model_build": self.model_build,
-                **({"layout_comm": self.layout_comm.as_dict()} if self.layout_comm is not None else {}),
-                "notes": list(self.notes),
-            }
-        )
-        if self.recipe is not None:
-            d["recipe"] = self.recipe
-        return d
-
-
-def _gib(n: int) -> str:
-    return f"{n / GiB:.1f} GiB"
-
-
-def stranded_note(allocator: AllocatorReserve, transients: dict[str, int]) -> str:
-    """The note for a plan whose allocator reserve holds a large stranded transient."""
-    return (
-        f"allocator reserve {_gib(allocator.total)}: {', '.join(k.replace('_', ' ') for k in transients)} "
-        f"strand their cached segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids it: --expandable-segments)"
-    )
-
-
-def gpu_fit_note(gpu: GpuMemory, capacity_bytes: int) -> str:
-    """Why ``gpu`` does not fit ``capacity_bytes`` (decided on ``gpu.required``), or why it fits
-    although its reserved peak does not (the allocator releases its cached segments before an
-    OOM); "" when neither."""
-    if gpu.required > capacity_bytes:
-        return f"GPU needs {_gib(gpu.required)} > {_gib(capacity_bytes)}"
-    if gpu.total > capacity_bytes:
-        return (
-            f"fits in {_gib(gpu.required)} of {_gib(capacity_bytes)}; the reserved peak ({_gib(gpu.total)} with the "
-            f"context) does not, and the caching allocator frees those cached segments and retries before an OOM"
-        )
-    return ""
-
 
 def check_engine_precision(engine: str, precision: str) -> None:
     """SpecError unless ``engine`` trains in ``precision``: bf16-pure (no fp32 master) is modelled
@@ -307,7 +126,7 @@ def estimate_plan(
 
         model = tensor_parallel_model(model, plan.tp)
     # Under expert parallelism (AutoEP) the experts are partitioned over their own group.
-    states = model_states(model, cluster, training, plan) if plan.ep == 1 else expert_parallel_states(model, cluster, training, plan)
+    states = _MODEL_STATES(model, cluster, training, plan) if plan.ep == 1 else expert_parallel_states(model, cluster, training, plan)
     impl = resolve_optimizer_impl(optimizer_impl, engine=engine, plan=plan)
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
@@ -319,7 +138,7 @@ def estimate_plan(
         notes.append("activations from the formula for this sp/tp layout, not the trace")
         activation_bytes = None
     if activation_bytes is None:
-        acts: Optional[ActivationMemory] = activation_memory(full_model, training, plan)
+        acts: Optional[ActivationMemory] = _ACTIVATIONS(full_model, cluster, training, plan)
         act_total = acts.total
         act_on_cpu = acts.on_cpu
     else:
@@ -331,15 +150,16 @@ def estimate_plan(
         if callable(breakdown):
             after_loss = traced_after_loss(breakdown(plan), logits_held=activation_memory(full_model, training, plan).logits_held)
 
-    always = sum(extra.always.values())
+    timeline = extra.timeline
+    always = sum(timeline.resident.values())
     # The token embedding's backward, last in the backward (zeroplan.estimator.embedding_backward).
-    knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
-    embedding = embedding_backward(model, training, plan, reduce_bucket_size=knobs["reduce_bucket_size"])
+    embedding = _EMBEDDING_BACKWARD(model, cluster, training, plan)
     moments = deepspeed_moments(model, extra, acts, act_total, embedding=embedding, traced_after_loss=after_loss)
     # max_memory_allocated is the largest moment's live bytes. What the caching allocator reserves
     # depends on each moment's transients too, so the reserved peak (and the breakdown, which adds
     # up to it) is the moment with the most live + reserved bytes, which may be another one.
-    by_allocated = max(moments, key=lambda m: m.allocated_above_states)
+    above = [m.allocated_above_states for m in moments]
+    by_allocated = moments[above.index(max(above))]
     peak = by_allocated
     allocated = states.total + always + by_allocated.allocated_above_states
     reserve = 0
@@ -347,15 +167,16 @@ def estimate_plan(
     allocator = None
     if device == "cuda":
         live_large = (acts.saved_tensors if acts is not None else 0) + _STATE_TENSORS_DEEPSPEED
-        reserves = [
-            allocator_reserve(transients=m.transients, live_large_tensors=live_large, expandable_segments=expandable_segments)
-            for m in moments
-        ]
-        at = max(range(len(moments)), key=lambda i: moments[i].allocated_above_states + reserves[i].total)
-        peak, allocator = moments[at], reserves[at]
-        unallocated = sum(extra.unallocated.values())
+        # Each moment's reserve is the same block rounding (live_large) plus its stranded
+        # transients (allocator_reserve): the reserved peak is the moment with the most live +
+        # stranded bytes, and the held part (the rounding) is the same at every moment.
+        stranded = [0 if expandable_segments else sum(m.transients.values()) for m in moments]
+        at = max(range(len(moments)), key=lambda i: above[i] + stranded[i])
+        peak = moments[at]
+        allocator = allocator_reserve(transients=peak.transients, live_large_tensors=live_large, expandable_segments=expandable_segments)
+        unallocated = sum(timeline.unallocated.values())
         reserve = allocator.total + unallocated
-        held = reserves[moments.index(by_allocated)].held + unallocated
+        held = allocator.held + unallocated
         if allocator.stranded_transients >= GiB:
             notes.append(stranded_note(allocator, peak.transients))
     on_step = peak.name == STEP_MOMENT
@@ -386,7 +207,7 @@ def estimate_plan(
             f"most allocated ({_gib(allocated)}) at {by_allocated.name}; the reserved peak above is at {peak.name}, "
             "with the transients freed there kept cached by the allocator"
         )
-    host = host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=act_on_cpu)
+    host = _HOST_MEMORY(model, cluster, training, plan, states=states, checkpoint_bytes_on_cpu=act_on_cpu)
     phases = plan_host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build,
                               built_params=full_model.total_params if plan.tp > 1 else None)
     worst = phases.worst
@@ -466,7 +287,40 @@ def estimate_plan(
 #: The engine's extra allocations and the bytes communicated do not read the micro-batch (only
 #: activations and step time do): computed once for the plans that differ only in it.
 _ENGINE_OVERHEAD = PlanCache(engine_overhead, ignores=frozenset({"micro_batch"}))
-_COMM_VOLUME = PlanCache(comm_volume, ignores=frozenset({"micro_batch"}))
+#: Nor do the model states, the host's buffers (checkpoints kept on the host come in as an
+#: option) and the gradients at the token embedding's backward; these and the traffic do not read
+#: the recomputation either (only the engine's stage-3 frozen-parameter release does).
+_NOT_IN_STATES = frozenset({"micro_batch", "checkpointing", "cpu_checkpointing"})
+_COMM_VOLUME = PlanCache(comm_volume, ignores=_NOT_IN_STATES)
+_MODEL_STATES = PlanCache(model_states, ignores=_NOT_IN_STATES)
+
+
+def _host_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, states, checkpoint_bytes_on_cpu: int):
+    return host_memory(model, cluster, training, plan, states, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu)
+
+
+def _embedding_backward(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan):
+    # The token embedding's backward, last in the backward (zeroplan.estimator.embedding_backward).
+    knobs = resolve_engine_knobs(plan, model.hidden_size, trainable_params=model.peft and model.trainable_params)
+    return embedding_backward(model, training, plan, reduce_bucket_size=knobs["reduce_bucket_size"])
+
+
+_HOST_MEMORY = PlanCache(_host_memory, ignores=_NOT_IN_STATES)
+
+
+def _activation_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> ActivationMemory:
+    return activation_memory(model, training, plan)
+
+
+#: Activations read the micro-batch, the recomputation and the layout (activations.py,
+#: sequence_parallel.py), not the ZeRO stage, offloads, accumulation or buckets: the plans of an
+#: estimate that differ only in those share one computation.
+_ACTIVATIONS = PlanCache(_activation_memory, ignores=frozenset({
+    "stage", "offload_optimizer", "offload_param", "gradient_accumulation_steps", "reduce_bucket_size", "allgather_bucket_size",
+    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "overlap_comm",
+}))
+_EMBEDDING_BACKWARD = PlanCache(_embedding_backward, ignores=_NOT_IN_STATES)
 
 #: Large model-state tensors DeepSpeed keeps alive: its flat 16-bit, fp32 and moment buffers per
 #: parameter group (two groups, weight decay or not) — each wastes part of a 2 MiB round-up.

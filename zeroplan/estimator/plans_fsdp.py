@@ -10,7 +10,7 @@ from zeroplan.estimator.allocator import allocator_reserve
 from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.memory import CUDA_CONTEXT_BYTES, HostMemory
 from zeroplan.estimator.host import BUILDS, default_build
-from zeroplan.estimator.plans import GpuMemory, PlanEstimate, _gib, gpu_fit_note, stranded_note
+from zeroplan.estimator.plan_estimate import GpuMemory, PlanEstimate, _gib, gpu_fit_note, stranded_note
 from zeroplan.estimator.verdict import judge_plan, tight_note
 from zeroplan.estimator.timing import step_time
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 from zeroplan.estimator.comm import CommVolume, collective_time
 from zeroplan.estimator.overlap import CommOverlap, comm_overlap
+from zeroplan.estimator.plan_cache import PlanCache
 from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, compute_precision, optimizer_state_bytes_per_param
 
 __all__ = [
-    "StepTime", "comm_overlap_of", "engine_overhead", "flops_per_token", "optimizer_step_bytes_per_param", "step_time", "NVME_BANDWIDTH",
+    "StepTime", "comm_overlap_of", "engine_bookkeeping_s", "flops_per_token", "optimizer_step_bytes_per_param", "step_time", "NVME_BANDWIDTH",
 ]
 
 #: NVMe read/write bandwidth per node assumed for ZeRO-Infinity swapping (bytes/s), a typical
@@ -97,7 +98,7 @@ class StepTime:
     """Host↔device copies (PCIe) and NVMe swapping for offload."""
     engine_overhead: float = 0.0
     """Per-step engine cost: the profile's fixed ``step_overhead_s`` (calibrate) plus DeepSpeed's
-    hook calls and bucket copies (:func:`engine_overhead`)."""
+    hook calls and bucket copies (:func:`engine_bookkeeping_s`; the JSON's ``step_time_breakdown.engine_overhead``)."""
 
     @property
     def total(self) -> float:
@@ -108,21 +109,68 @@ def step_time(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, comm: CommVolume
 ) -> StepTime:
     """Predicted seconds per optimizer step for ``plan`` (model in the module docstring)."""
+    shape = _STEP_SHAPE(model, cluster, training, plan, comm=comm)
     gpu = cluster.gpu
-    n = plan.zero_group_size(cluster.gpus)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * training.seq_len
-    flops = tokens * sum(flops_per_token(model, training, plan).values())
+    flops = tokens * shape.flops_per_token
     compute = flops / (gpu.peak_flops[compute_precision(training.precision)] * gpu.efficiency)
-
-    # Hierarchical collectives (comm.py): each link's bytes over its own bandwidth.
-    communication = collective_time(comm.intra_node, comm.inter_node, comm.collectives, cluster)
-    exposed = comm_overlap_of(model, cluster, training, plan, comm, compute=compute, communication=communication).exposed_s
+    communication = shape.communication
+    exposed = _overlap(shape, plan, cluster, compute=compute, communication=communication).exposed_s
     if plan.ep > 1:
         # The ep all-to-alls sit between the router and the experts: on the critical path.
         from zeroplan.estimator.expert_parallel import expert_all_to_all
 
         all_to_all = expert_all_to_all(model, cluster, training, plan).time_s
         communication, exposed = communication + all_to_all, exposed + all_to_all
+    return StepTime(
+        compute=compute,
+        communication=communication,
+        exposed_communication=exposed,
+        optimizer=shape.optimizer,
+        offload_transfer=shape.transfer,
+        engine_overhead=shape.bookkeeping,
+    )
+
+
+@dataclass(frozen=True)
+class _StepShape:
+    """The parts of :func:`step_time` its plan's micro-batch does not change (computed once for the
+    plans that differ only in it: :data:`_STEP_SHAPE`)."""
+
+    flops_per_token: float
+    communication: float
+    """Every collective's seconds before overlap (comm.py's hierarchical model)."""
+    gradient_reduce_s: float
+    param_gather_s: float
+    reducing_passes: int
+    reduce_calls_per_pass: int
+    gather_calls: int
+    gather_passes: int
+    forward_share: float
+    """Of the FLOPs per token, the forward's (2N and a third of the attention term)."""
+    optimizer: float
+    transfer: float
+    bookkeeping: float
+
+
+def _step_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, comm: CommVolume) -> _StepShape:
+    from zeroplan.estimator.engine_work import engine_work
+
+    gpu = cluster.gpu
+    n = plan.zero_group_size(cluster.gpus)
+    terms = flops_per_token(model, training, plan)
+    # Hierarchical collectives (comm.py): each link's bytes over its own bandwidth.
+    communication = collective_time(comm.intra_node, comm.inter_node, comm.collectives, cluster)
+    work = engine_work(model, plan, world_size=n, precision=training.precision)
+    g = plan.gradient_accumulation_steps
+    reducing_passes = 1 if plan.stage <= 1 else g
+    grad_inter = max(0, comm.inter_node - comm.param_allgather_inter_node)
+    grad_s = collective_time(comm.gradient_reduce - grad_inter, grad_inter, reducing_passes * work.reduce_calls_per_pass, cluster)
+    gather_s = 0.0
+    if plan.stage == 3:
+        gather_inter = comm.param_allgather_inter_node
+        gather_s = collective_time(comm.param_allgather - gather_inter, gather_inter, work.stage3_gather_calls, cluster)
+    forward_share = (2.0 * model.active_params + model.num_layers * 4 * model.hidden_size * training.seq_len) / sum(terms.values())
 
     shard = -(-model.trainable_params // n)
     if plan.offload_optimizer == "none":
@@ -140,13 +188,24 @@ def step_time(
     if plan.offload_param == "nvme":
         param_shard = -(-model.total_params // n)
         transfer += 2 * plan.gradient_accumulation_steps * bytes_per_param(training.precision) * param_shard * cluster.gpus_in_node / NVME_BANDWIDTH
-    return StepTime(
-        compute=compute,
-        communication=communication,
-        exposed_communication=exposed,
-        optimizer=optimizer,
-        offload_transfer=transfer,
-        engine_overhead=engine_overhead(model, plan, gpu, world_size=n, precision=training.precision),
+    return _StepShape(
+        flops_per_token=sum(terms.values()), communication=communication, gradient_reduce_s=grad_s, param_gather_s=gather_s,
+        reducing_passes=reducing_passes, reduce_calls_per_pass=work.reduce_calls_per_pass, gather_calls=work.stage3_gather_calls,
+        gather_passes=work.stage3_gather_passes, forward_share=forward_share, optimizer=optimizer, transfer=transfer,
+        bookkeeping=engine_bookkeeping_s(model, plan, gpu, world_size=n, precision=training.precision),
+    )
+
+
+#: Only the compute reads the micro-batch: the rest of a step's time is computed once per plan shape.
+_STEP_SHAPE = PlanCache(_step_shape, ignores=frozenset({"micro_batch"}))
+
+
+def _overlap(shape: _StepShape, plan: Plan, cluster: ClusterSpec, *, compute: float, communication: float) -> CommOverlap:
+    return comm_overlap(
+        stage=plan.stage, overlap_comm=plan.overlap_comm, comm_stream=cluster.gpu.comm_stream,
+        communication_s=communication, gradient_reduce_s=shape.gradient_reduce_s, reduce_calls_per_pass=shape.reduce_calls_per_pass,
+        reducing_passes=shape.reducing_passes, param_gather_s=shape.param_gather_s, gather_calls=shape.gather_calls,
+        gather_passes=shape.gather_passes, forward_s=compute * shape.forward_share, backward_s=compute * (1 - shape.forward_share),
     )
 
 
@@ -157,28 +216,10 @@ def comm_overlap_of(
     ZeRO-3 gathers' times (their bytes and calls, comm.py / engine_work.py), compute split into
     forward (2N per token and a third of the attention term, :func:`flops_per_token`) and the
     backward that follows (the rest, recompute included)."""
-    from zeroplan.estimator.engine_work import engine_work
-
-    work = engine_work(model, plan, world_size=plan.zero_group_size(cluster.gpus), precision=training.precision)
-    g = plan.gradient_accumulation_steps
-    reducing_passes = 1 if plan.stage <= 1 else g
-    grad_inter = max(0, comm.inter_node - comm.param_allgather_inter_node)
-    grad_s = collective_time(comm.gradient_reduce - grad_inter, grad_inter, reducing_passes * work.reduce_calls_per_pass, cluster)
-    gather_s = 0.0
-    if plan.stage == 3:
-        gather_inter = comm.param_allgather_inter_node
-        gather_s = collective_time(comm.param_allgather - gather_inter, gather_inter, work.stage3_gather_calls, cluster)
-    terms = flops_per_token(model, training, plan)
-    forward_share = (2.0 * model.active_params + model.num_layers * 4 * model.hidden_size * training.seq_len) / sum(terms.values())
-    return comm_overlap(
-        stage=plan.stage, overlap_comm=plan.overlap_comm, comm_stream=cluster.gpu.comm_stream,
-        communication_s=communication, gradient_reduce_s=grad_s, reduce_calls_per_pass=work.reduce_calls_per_pass,
-        reducing_passes=reducing_passes, param_gather_s=gather_s, gather_calls=work.stage3_gather_calls,
-        gather_passes=work.stage3_gather_passes, forward_s=compute * forward_share, backward_s=compute * (1 - forward_share),
-    )
+    return _overlap(_STEP_SHAPE(model, cluster, training, plan, comm=comm), plan, cluster, compute=compute, communication=communication)
 
 
-def engine_overhead(model: ModelSpec, plan: Plan, gpu: GpuSpec, *, world_size: int = 1, precision: str = "bf16") -> float:
+def engine_bookkeeping_s(model: ModelSpec, plan: Plan, gpu: GpuSpec, *, world_size: int = 1, precision: str = "bf16") -> float:
     """Engine seconds per optimizer step beyond compute, collectives and the optimizer pass:
 
     * the profile's fixed ``step_overhead_s`` and, in ZeRO-3, ``stage3_layer_overhead_s`` per

@@ -47,8 +47,15 @@ def bytes_per_param(precision: str) -> int:
 
     ZeRO paper (arXiv 1910.02054) §3.1: mixed precision keeps fp16 parameters and gradients (2Ψ + 2Ψ).
     """
+    found = _BYTES_PER_PARAM.get(precision) if isinstance(precision, str) else None
+    if found is not None:
+        return found
     check_choice("precision", precision, PRECISIONS)
     return 4 if precision == "fp32" else 2
+
+
+#: :func:`bytes_per_param` by precision (a lookup: the estimator asks several times per plan).
+_BYTES_PER_PARAM = {"bf16": 2, "fp16": 2, "bf16-pure": 2, "fp32": 4}
 
 
 def compute_precision(precision: str) -> str:
