@@ -55,6 +55,7 @@ from zeroplan.cli.common import (
     resolve_training,
     terminal_width,
 )
+from zeroplan.cli.expert_option import EpOpt
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import print_summary
 from zeroplan.cli.tune_view import TuneRender
@@ -110,6 +111,7 @@ def tune(
     checkpointing: CheckpointingOpt = None,
     sp: SpOpt = None,
     tp: TpOpt = None,
+    ep: EpOpt = None,
     lora_rank: LoraRankOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_alpha: LoraAlphaOpt = None,
@@ -228,6 +230,7 @@ def _request(flags: dict[str, Any]) -> Any:
         optimizer_impl=f["optimizer_impl"], buckets=plan_buckets, settings=settings, sampler=f["sampler"], seed=f["seed"],
         steps=f["steps"], warmup=f["warmup"], ci=f["ci"], resume=f["resume"], storage=f["storage"], output=output, config=f["config"],
         config_arg=f["config_arg"], layout=resolve_layout_options(f["sp"], f["tp"]),
+        ep=f["ep"],
         recipe=resolve_recipe(f["recipe"], generations=f["generations"], completion_len=f["completion_len"],
                               vllm_gpu_memory=f["vllm_gpu_memory"], vllm_sleep=f["vllm_sleep"], reference=f["reference"]),
     )
