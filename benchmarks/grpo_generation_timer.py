@@ -27,10 +27,21 @@ def main() -> None:
     out = Path(f"{os.environ['GEN_TIMER_OUT']}.rank{rank}.json")
     original_turn = GRPOTrainer._generate_single_turn
 
+    profile = os.environ.get("GEN_TIMER_PROFILE")  # a path: cProfile the calls after the first into it (rank 0)
+
     def timed(self, prompt_ids, *args, **kwargs):
+        profiler = None
+        if profile and rank == 0 and calls:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         start = time.perf_counter()
         result = original_turn(self, prompt_ids, *args, **kwargs)
         seconds = time.perf_counter() - start
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}.{len(calls)}")
         completion = result[0] if isinstance(result, tuple) else result
         calls.append({"seconds": seconds, "sequences": len(prompt_ids), "prompt_tokens": max(len(p) for p in prompt_ids),
                       "completion_tokens": max((len(c) for c in completion), default=0)})
