@@ -375,6 +375,9 @@ CASES = [
      {"model": LIST_MOE}, False),
     # The environment's versions decide (transformers 5.x with DeepSpeed <= 0.19.8 in the project's venv).
     ("ZP251", make(expert_parallel={"enabled": True, "autoep_size": 1}), make(expert_parallel={"enabled": False}), {}, False),
+    # DeepSpeed's MoE check at ZeRO-1/2 against a script's own optimizer (benchmarks/moe_client_optimizer.py).
+    ("ZP254", make(expert_parallel={"enabled": True, "autoep_size": 1}, optimizer=_DELETE),
+     make(expert_parallel={"enabled": True, "autoep_size": 1}), {}, False),
     # AutoEP's own checks (tests/test_expert_parallel.py runs DeepSpeed's validators on the same values).
     ("ZP252", make(expert_parallel={"enabled": True, "autoep_size": 4}), make(expert_parallel={"enabled": True, "autoep_size": 2}),
      {"model": LIST_MOE}, False),

@@ -60,7 +60,7 @@ SURFACE = {
         "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage", "--time-budget",
         "--timeout", "--trainable-params", "--trials", "--warmup", "-o", "--engine",
         "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
-        "--prefetch-bucket-size", "--overlap-comm",
+        "--prefetch-bucket-size", "--overlap-comm", "--ep",
     }),
     "validate": (('config',), {
         "--adapter", "--base-quant", "--checkpointing", "--cpu-memory", "--format", "--gpu", "--gpu-memory",

@@ -176,3 +176,83 @@ def test_exported_expert_parallel_parses_under_deepspeed(capsys, tmp_path):
     from zeroplan.dsconfig.plan import plan_from_config
 
     assert plan_from_config(cfg, 8).ep == 4
+
+
+def _autoep_starts_here() -> bool:
+    """Whether DeepSpeed's AutoEP gets past the call ZP251 names with the installed packages: it
+    retargets transformers' output recorders with ``registry.get(key, default)``
+    (deepspeed/module_inject/auto_ep_presets/base.py), which transformers 5's registry refuses."""
+    from transformers.utils.output_capturing import _CanRecordRegistry
+
+    try:
+        _CanRecordRegistry().get("key", None)
+    except TypeError:
+        return False
+    return True
+
+
+def test_tune_space_estimates_ep_plans_and_prunes_them_with_zp251():
+    """``tune --ep 1,2``: ep-2 plans are enumerated and estimated like the others (their expert
+    layout's memory and all-to-all time), and, where AutoEP cannot start, set aside with ZP251's
+    line instead of being probed; ep-1 plans stay probeable."""
+    from zeroplan.profiles import resolve_cluster
+    from zeroplan.tuner import build_space
+
+    model = _qwen3_moe_tiny()
+    cl = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
+    training = TrainingSpec(seq_len=64, global_batch=8)
+    space = build_space(model, cl, training, stages=(1, 2), offload_optimizer=("none",), offload_param=("none",), checkpointing=("none",),
+                        micro_batches=(1, 2), device="cpu", ep=[1, 2])
+    by_ep = {e: [c for c in space.candidates if c.plan.ep == e] for e in (1, 2)}
+    assert by_ep[1] and len(by_ep[2]) == len(by_ep[1])
+    assert "ep2" in space.layout_choices and space.plan_for(by_ep[2][0].params).ep == 2
+    # Each rank keeps 4 of the 8 experts: the ep-2 twin of a stage-1 plan holds fewer parameter bytes.
+    twin = {c.plan.label.replace("/ep2", ""): c for c in by_ep[2]}
+    for c in by_ep[1]:
+        assert twin[c.plan.label].predicted_gpu_bytes < c.predicted_gpu_bytes
+        assert twin[c.plan.label].predicted_step_time_s > 0
+    if _autoep_starts_here():
+        assert all(c.fits for c in by_ep[2])
+    else:
+        assert not any(c.fits for c in by_ep[2])
+        assert all(c.reason.startswith("not probed (ZP251): expert_parallel (AutoEP)") and "TypeError" in c.reason for c in by_ep[2])
+        assert all(c.fits for c in by_ep[1]) and {c.plan.ep for c in space.fitting} == {1}
+
+
+def test_tune_ep_above_one_only_stops_before_any_probe(tmp_path, capsys):
+    """``tune --ep 2`` where AutoEP cannot start: one line naming ZP251's reason, exit 2, nothing
+    written (no study, no probe folder); a bad --ep is one line too."""
+    if _autoep_starts_here():
+        pytest.skip("AutoEP starts with the installed transformers/DeepSpeed")
+    out = tmp_path / "out"
+    code, _, err = run_main(["tune", "examples/moe_task.py", "--gpus", "2", "--ep", "2", "-o", str(out)], capsys)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "(ZP251)" in err and "_CanRecordRegistry.get() takes 2 positional arguments" in err
+    assert not out.exists()
+    code, _, err = run_main(["tune", "examples/moe_task.py", "--gpus", "2", "--ep", "two", "-o", str(out)], capsys)
+    assert code == 2 and "give a whole number >= 1" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_trainer_optimizer_fails_deepspeeds_moe_check_where_zp254_says():
+    """HF Trainer's own optimizer (no ``optimizer`` block) against an MoE engine at ZeRO-1/2:
+    DeepSpeed's assertion, measured on one CPU rank; with the block DeepSpeed marks a ``moe`` group
+    and starts. ZP254 fires on the first config and not on the second."""
+    import subprocess
+    import sys
+
+    from helpers import BENCHMARKS, make, run_case, zeroplan_env
+
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "moe_client_optimizer.py")], capture_output=True, text=True,
+                       env=zeroplan_env(DS_ACCELERATOR="cpu"), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["trainer_groups_have_moe_key"] is False
+    for stage in (1, 2):
+        assert got[f"z{stage}_client"].startswith("AssertionError: The model has moe layers, but None of the param groups are marked as MoE")
+        assert got[f"z{stage}_config"] == "ok" and got[f"z{stage}_config_moe_groups"] == 1
+        ep = {"enabled": True, "autoep_size": 1}
+        no_block = make(expert_parallel=ep, zero_optimization={"stage": stage})
+        no_block.pop("optimizer")
+        assert "ZP254" in {f.rule_id for f in run_case(no_block, {}, clean=False)}
+        assert "ZP254" not in {f.rule_id for f in run_case(make(expert_parallel=ep, zero_optimization={"stage": stage}), {}, clean=True)}

@@ -1,4 +1,4 @@
-"""The ``--ep`` option (expert-parallel degree, DeepSpeed AutoEP) shared by estimate and export;
+"""The ``--ep`` option (expert-parallel degree, DeepSpeed AutoEP) shared by estimate, export and tune;
 parsing and checks live in :mod:`zeroplan.estimator.expert_parallel`."""
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from zeroplan.cli.common import RunGpusOpt, check_choice_option, require_runtime
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
+from zeroplan.cli.expert_option import EpOpt
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import print_summary
 from zeroplan.cli.tune_view import TuneRender
@@ -87,7 +88,7 @@ def tune(
     sampler: SamplerOpt = "tpe", initial: InitialOpt = None, seed: SeedOpt = None, steps: TuneStepsOpt = 5,
     warmup: TuneWarmupOpt = 2, nnodes: NnodesOpt = 1, launcher: LauncherOpt = None, node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvEndpointOpt = None, rdzv_timeout: RdzvTimeoutOpt = 120.0, emit_sbatch: EmitSbatchOpt = None,
-    recipe_opts: TuneRecipe = None, ci: CiOpt = 0.1,
+    recipe_opts: TuneRecipe = None, ci: CiOpt = 0.1, ep: EpOpt = None,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
     flags = {name: value for name, value in locals().items() if not name.endswith("_opts")}
@@ -162,7 +163,7 @@ def _request(flags: dict[str, Any], *, plan: PlanOptions, engine: EngineOptions,
         offload_param=f["offload_param"], checkpointing=f["checkpointing"], nvme_path=f["nvme_path"], bucket_sizes=searched_buckets,
         optimizer_impl=f["optimizer_impl"], buckets=plan_buckets, settings=settings, sampler=f["sampler"], seed=f["seed"],
         steps=f["steps"], warmup=f["warmup"], ci=f["ci"], resume=f["resume"], storage=f["storage"], output=output, config=f["config"],
-        config_arg=f["config_arg"], layout=plan.layout(), recipe=recipe.resolve(),
+        config_arg=f["config_arg"], layout=plan.layout(), ep=f["ep"], recipe=recipe.resolve(),
     )
 
 

@@ -159,6 +159,8 @@ class PlanEstimate:
                     "optimizer": self.time.optimizer,
                     "offload_transfer": self.time.offload_transfer,
                     "engine_overhead": self.time.engine_overhead,
+                    # A recipe's rollout and log-prob passes (plans_recipe.py); absent for plain SFT.
+                    **({"generation": self.time.generation, "scoring": self.time.scoring} if self.recipe is not None else {}),
                 },
                 "tokens_per_second": self.tokens_per_second,
                 "fits": self.fits,

@@ -28,6 +28,10 @@ states and always-resident extras, plus the resident terms, plus the largest mom
 estimate's own moments (computed on twice the sequences for DPO, with TRL's fused head) or the
 recipe's. The vLLM slice has its own verdict: its weights, profile forward and one sequence's KV
 cache against ``gpu_memory_utilization`` × the GPU.
+
+The step time adds the rollout's generation and the no-grad scoring passes to the training pass's
+(:func:`zeroplan.estimator.generation_time.recipe_time`; ``step_time_breakdown`` itemises them), so
+``tokens_per_second`` is the trained tokens over the whole step.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import replace
 from typing import Iterable, Optional
 
 from zeroplan.estimator.activations import activation_memory, loss_activation_bytes
+from zeroplan.estimator.generation_time import recipe_time
 from zeroplan.estimator.memory import model_states
 from zeroplan.estimator.plans import PlanEstimate, estimate_plan
 from zeroplan.estimator.recipe_terms import (
@@ -236,6 +241,12 @@ def estimate_recipe_plan(
         base.gpu, overhead=base.gpu.overhead + delta, total=base.gpu.total + delta, peak_allocated=allocated,
         peak_reserved=base.gpu.peak_reserved + delta, required=base.gpu.required + delta,
     )
+    gen, scoring_s = recipe_time(model, cluster, recipe=recipe, seq_len=s, micro_batch=b, accumulation=plan.gradient_accumulation_steps,
+                                 precision=training.precision, stage=plan.stage, zero_group=plan.zero_group_size(cluster.gpus),
+                                 reference=reference)
+    timing = replace(base.time, generation=gen.total_s if gen else 0.0, scoring=scoring_s)
+    # The same trained tokens per step, now over the step with its rollout and scoring passes.
+    tps = base.tokens_per_second * base.time.total / timing.total if timing.total > 0 else 0.0
     vllm_doc = None
     fits = gpu.required <= cluster.gpu_memory_bytes and base.fits
     if recipe.vllm_gpu_memory is not None:
@@ -263,6 +274,9 @@ def estimate_recipe_plan(
         notes.insert(0, f"GPU needs {_gib(gpu.required)} > {_gib(cluster.gpu_memory_bytes)}{where}")
     elif judgement.verdict == "tight":
         notes.insert(0, tight_note(judgement))
+    if gen is not None:
+        notes.append(f"{recipe.label}: generation {gen.total_s:.3g} s of the {timing.total:.3g} s step "
+                     f"({gen.bound}-bound decode of {recipe.completion_len} tokens × {b * plan.gradient_accumulation_steps} sequences)")
     if peak_name in moments:
         notes.append(f"{recipe.label}: peak at {peak_name} ({_gib(peak_above)} above the model states)")
     doc = {
@@ -272,12 +286,13 @@ def estimate_recipe_plan(
         "peak_moment": peak_name,
         "terms": terms,
         "vllm": vllm_doc,
+        "generation_time": gen.as_dict() if gen else None,
         "training_pass": {"sequences_per_forward": train_plan.micro_batch, "seq_len": s, "loss": train_training.loss},
         # The log-prob (loss) terms of the training pass at its backward, by tensor (activations.loss_activation_bytes).
         "logprob_head": loss_activation_bytes(model, seq_len=s, micro_batch=train_plan.micro_batch,
                                               precision=training.precision, loss=train_training.loss),
     }
-    return replace(base, gpu=gpu, fits=judgement.verdict != "oom", judgement=judgement, notes=tuple(notes + base_notes), recipe=doc)
+    return replace(base, gpu=gpu, time=timing, tokens_per_second=tps, fits=judgement.verdict != "oom", judgement=judgement, notes=tuple(notes + base_notes), recipe=doc)
 
 
 def estimate_recipe_all(

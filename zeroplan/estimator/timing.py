@@ -99,10 +99,16 @@ class StepTime:
     engine_overhead: float = 0.0
     """Per-step engine cost: the profile's fixed ``step_overhead_s`` (calibrate) plus DeepSpeed's
     hook calls and bucket copies (:func:`engine_bookkeeping_s`; the JSON's ``step_time_breakdown.engine_overhead``)."""
+    generation: float = 0.0
+    """A GRPO/PPO rollout's generation per step (:func:`zeroplan.estimator.generation_time.generation_time`); 0 otherwise."""
+    scoring: float = 0.0
+    """A recipe's no-grad forwards per step: the reference's and old policy's log-probs
+    (:func:`zeroplan.estimator.generation_time.scoring_time`); 0 otherwise."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.exposed_communication + self.optimizer + self.offload_transfer + self.engine_overhead
+        return (self.compute + self.exposed_communication + self.optimizer + self.offload_transfer + self.engine_overhead
+                + self.generation + self.scoring)
 
 
 def step_time(

@@ -46,6 +46,7 @@ def tune_space(
     sp=None,
     tp=None,
     recipe=None,
+    ep=None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
@@ -57,7 +58,8 @@ def tune_space(
     win. ``activation_bytes``: a discovered model's activations where the transformer formula
     does not describe it (its trace). ``sp``/``tp``: the parallel degrees searched (None: 1; a tuple
     or ``"auto"``). ``recipe`` the post-training recipe the plans are estimated under (zeroplan.spec.recipe; None:
-    plain SFT). SpecError for nvme without a path."""
+    plain SFT). ``ep``: the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.parse_expert_degrees`;
+    None: 1). SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -89,6 +91,7 @@ def tune_space(
         tp=tp or (1,),
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
         recipe=recipe,
+        ep=ep,
     )
 
 

@@ -84,6 +84,9 @@ class TuneRequest:
     layout: tuple = (None, None)
     """``--sp`` and ``--tp`` as parsed (:func:`zeroplan.estimator.layout_space.parse_degrees`:
     degrees or ``"auto"``; None where not given: data parallelism)."""
+    ep: Optional[str] = None
+    """``--ep`` as given (``4``, ``1,2,4`` or ``auto``; :func:`zeroplan.estimator.expert_parallel.parse_expert_degrees`,
+    checked at construction); None: ep 1."""
     recipe: Any = None
     """The post-training recipe (:class:`zeroplan.spec.recipe.Recipe`) the plans are estimated
     under; None: plain SFT."""
@@ -122,7 +125,20 @@ class TuneRequest:
             options["max_micro_batch"] = self.max_micro_batch
         options["sp"], options["tp"] = (self.layout[0] or (1,)), (self.layout[1] or (1,))
         options["recipe"] = self.recipe
+        options["ep"] = self.expert_degrees
         return options
+
+    def __post_init__(self) -> None:
+        from zeroplan.tuner.space import check_expert_probes
+
+        check_expert_probes(self.expert_degrees if self.engine == "deepspeed" else None)  # before any discovery or probe
+
+    @property
+    def expert_degrees(self) -> "list[int] | str | None":
+        """``ep`` parsed (SpecError naming what is valid)."""
+        from zeroplan.estimator.expert_parallel import parse_expert_degrees
+
+        return parse_expert_degrees(self.ep, engine=self.engine)
 
 
 class TuneListener:

@@ -31,6 +31,7 @@ __all__ = [
     "zero_choice",
     "micro_batch_choices",
     "CHECKPOINTING_MEMORY_RANK",
+    "check_expert_probes",
     "needs_at_least",
 ]
 
@@ -46,7 +47,7 @@ def needs_at_least(plan: Plan, than: Plan) -> bool:
     no smaller and checkpointing that saves no more (what an OOM or a hang at ``than`` teaches)."""
     return (
         zero_choice(plan) == zero_choice(than)
-        and (plan.sp, plan.tp, plan.tiled_mlp) == (than.sp, than.tp, than.tiled_mlp)
+        and (plan.sp, plan.tp, plan.ep, plan.tiled_mlp) == (than.sp, than.tp, than.ep, than.tiled_mlp)
         and plan.micro_batch >= than.micro_batch
         and CHECKPOINTING_MEMORY_RANK[plan.checkpointing] <= CHECKPOINTING_MEMORY_RANK[than.checkpointing]
     )
@@ -82,8 +83,8 @@ def parse_layout_choice(text: str) -> dict[str, int]:
         return out
     for part in text.split("."):
         name, digits = part[:2], part[2:]
-        if name not in ("sp", "tp") or not digits.isdigit():
-            raise SpecError(f"layout choice {text!r} is not valid; expected e.g. dp, sp4, tp2 or sp2.tp2")
+        if name not in ("sp", "tp", "ep") or not digits.isdigit():
+            raise SpecError(f"layout choice {text!r} is not valid; expected e.g. dp, sp4, tp2, ep2 or sp2.tp2")
         out[name] = int(digits)
     return out
 
@@ -250,6 +251,19 @@ class SearchSpace:
         return cand.predicted_step_time_s if cand is not None else None
 
 
+def check_expert_probes(degrees: "Sequence[int] | str | None") -> None:
+    """SpecError when every expert-parallel degree asked for is above 1 and AutoEP cannot start
+    with the installed transformers and DeepSpeed (validate's ZP251): no plan could be probed."""
+    if degrees is None or degrees == "auto" or min(degrees) == 1:
+        return
+    from zeroplan.dsconfig.rules.moe import autoep_blocked
+
+    problem = autoep_blocked()
+    if problem:
+        raise SpecError(f"every plan needs expert parallelism (--ep {','.join(map(str, sorted(set(degrees))))}), which cannot be probed "
+                        f"here (ZP251): {problem}; give --ep 1 (or include 1), or tune with a DeepSpeed that fixes it")
+
+
 def _pruned_reason(estimate: Any, cluster: ClusterSpec) -> str:
     """Why the estimator says a plan does not fit, in one line with the numbers."""
     reasons = []
@@ -291,6 +305,7 @@ def build_space(
     sp: Any = (1,),
     tp: Any = (1,),
     recipe=None,
+    ep=None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -308,6 +323,10 @@ def build_space(
     ``sp``/``tp`` the parallel degrees searched (tuples or ``"auto"``: :func:`~zeroplan.estimator.enumerate_plans`).
     ``recipe`` (DPO/GRPO/PPO, zeroplan.spec.recipe) estimates each plan under it and leaves out
     batches TRL refuses (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`).
+    ``ep`` the expert-parallel degrees (None, a list or ``"auto"``:
+    :func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`); where AutoEP cannot start
+    with the installed transformers and DeepSpeed (validate's ZP251), plans of ep > 1 are estimated
+    and ranked but pruned with that reason, and a space of such plans only is a SpecError.
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
     from zeroplan.runtime.measure.prediction import comparable_estimate
@@ -345,6 +364,14 @@ def build_space(
                 plans.append(variant)
     if not plans:
         raise SpecError("the estimator enumerated no plan for these options; widen --stage/--micro-batch")
+    autoep_problem = None
+    if ep is not None:
+        from zeroplan.dsconfig.rules.moe import autoep_blocked
+        from zeroplan.estimator.expert_parallel import with_expert_degrees
+
+        plans = with_expert_degrees(plans, model, cluster.gpus, ep)
+        check_expert_probes([p.ep for p in plans])
+        autoep_problem = autoep_blocked() if any(p.ep > 1 for p in plans) else None
 
     if recipe is not None:
         from zeroplan.estimator.plans_recipe import estimate_recipe_all, trl_accepts
@@ -375,7 +402,9 @@ def build_space(
             predicted_step_time_s=float(est.step_time),
             predicted_host_bytes_per_node=int(est.cpu_per_node),
         )
-        if est.fits:
+        if est.fits and autoep_problem and plan.ep > 1:
+            pruned.append(Candidate(fits=False, reason=f"not probed (ZP251): {autoep_problem}", rank=-1, **common))
+        elif est.fits:
             fitting.append(Candidate(fits=True, **common))
         else:
             pruned.append(Candidate(fits=False, reason=_pruned_reason(est, cluster), rank=-1, **common))

@@ -87,17 +87,25 @@ def _autoep_version(ctx: Context) -> Iterator[Finding]:
     block = ctx.cfg.get("expert_parallel")
     if not isinstance(block, dict) or block.get("enabled") is not True:
         return
+    problem = autoep_blocked()
+    if problem is None:
+        return
+    yield _f("ZP251", "expert_parallel.enabled", problem,
+             "set expert_parallel.enabled to false (ZeRO alone trains transformers 5's fused experts); AutoEP needs a "
+             "DeepSpeed newer than 0.19.8 that calls transformers 5's registry with the model alone (not checked here)")
+
+
+def autoep_blocked() -> str | None:
+    """Why AutoEP cannot start with the transformers and DeepSpeed installed here, in ZP251's one
+    line; None when nothing known stops it (transformers 4, or a DeepSpeed newer than 0.19.8)."""
     transformers = _installed("transformers")
     deepspeed = _installed("deepspeed")
     if transformers is None or _major(transformers) < 5:
-        return
+        return None
     if deepspeed is not None and _version_tuple(deepspeed) > _AUTOEP_BROKEN_UP_TO:
-        return
-    yield _f("ZP251", "expert_parallel.enabled",
-             f"expert_parallel (AutoEP) with transformers {transformers} and DeepSpeed {deepspeed or '(not installed here)'}: "
-             "deepspeed.initialize raises TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given",
-             "set expert_parallel.enabled to false (ZeRO alone trains transformers 5's fused experts); AutoEP needs a "
-             "DeepSpeed newer than 0.19.8 that calls transformers 5's registry with the model alone (not checked here)")
+        return None
+    return (f"expert_parallel (AutoEP) with transformers {transformers} and DeepSpeed {deepspeed or '(not installed here)'}: "
+            "deepspeed.initialize raises TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given")
 
 
 # --- AutoEP (expert_parallel): the checks DeepSpeed 0.19.8 runs in deepspeed.initialize --------------------
@@ -207,3 +215,23 @@ def _autoep_combinations(ctx: Context) -> Iterator[Finding]:
         if ctx.offload("offload_optimizer") or ctx.offload("offload_param"):
             yield _f("ZP253", "zero_optimization", "ZeRO optimizer/parameter offload with AutoEP+AutoTP folding is not validated yet",
                      "disable offload, or tensor_parallel.autotp_size 1")
+
+
+@rule(
+    "ZP254", "warning", "AutoEP at ZeRO-1/2 without an optimizer block",
+    "An AutoEP layer makes the engine an MoE engine (deepspeed/runtime/engine.py:2101-2107), and ZeRO-1/2 then asserts "
+    "that an optimizer param group is marked 'moe' (stage_1_and_2.py:873-874). DeepSpeed marks them only for the "
+    "optimizer it builds from the config's optimizer block (engine.py:2330-2331, moe/utils.py configure_moe_param_groups); "
+    "without one, Hugging Face Trainer passes its own optimizer (transformers/integrations/deepspeed.py:575-587), whose "
+    "weight-decay groups carry no 'moe' key: deepspeed.initialize fails with an AssertionError "
+    "(benchmarks/moe_client_optimizer.py).",
+)
+def _autoep_client_optimizer(ctx: Context) -> Iterator[Finding]:
+    if _autoep(ctx) is None or ctx.stage not in (1, 2) or isinstance(ctx.cfg.get("optimizer"), dict):
+        return
+    yield _f("ZP254", "optimizer",
+             f"expert_parallel (AutoEP) at ZeRO stage {ctx.stage} with no optimizer block: a script's own optimizer (Hugging Face "
+             "Trainer's, for one) has no param group marked 'moe', and DeepSpeed asserts \"The model has moe layers, but None of "
+             "the param groups are marked as MoE\"",
+             "add an optimizer block (DeepSpeed then splits the expert parameters into a 'moe' group), or build the optimizer "
+             "from deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer(param_groups)")
