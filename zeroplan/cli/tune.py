@@ -13,7 +13,6 @@ from zeroplan.cli.common import RunGpusOpt, check_choice_option, require_runtime
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
-from zeroplan.cli.expert_option import EpOpt
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import print_summary
 from zeroplan.cli.tune_view import TuneRender
@@ -71,7 +70,7 @@ TuneEngine = Annotated[EngineOptions, Take(options={"engine": Annotated[str, typ
     "--engine", help="deepspeed | fsdp (fsdp runs zeroplan tasks only); as in estimate and export (old name: --backend).", rich_help_panel=_TUNE)]})]
 TuneCluster = Annotated[ClusterOptions, Take(options={"gpus": RunGpusOpt})]
 TuneTraining = Annotated[TrainingOptions, Take(options={"seq_len": SeqLenTuneOpt}, defaults={"seq_len": None})]
-TunePlan = Annotated[PlanOptions, Take(only=("stage", "offload_optimizer", "offload_param", "checkpointing", "sp", "tp"))]
+TunePlan = Annotated[PlanOptions, Take(only=("stage", "offload_optimizer", "offload_param", "checkpointing", "sp", "tp", "ep"))]
 TuneRecipe = Annotated[RecipeOptions, Take(only=("recipe", "generations", "completion_len", "vllm_gpu_memory", "vllm_sleep", "reference"))]
 ScriptArg = Annotated[Path, typer.Argument(help="Training script: a DeepSpeed script or a zeroplan task (zeroplan_task()).")]
 ScriptArgsArg = Annotated[Optional[List[str]], typer.Argument(help="Arguments for the script, after --.", show_default=False)]
@@ -88,7 +87,7 @@ def tune(
     sampler: SamplerOpt = "tpe", initial: InitialOpt = None, seed: SeedOpt = None, steps: TuneStepsOpt = 5,
     warmup: TuneWarmupOpt = 2, nnodes: NnodesOpt = 1, launcher: LauncherOpt = None, node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvEndpointOpt = None, rdzv_timeout: RdzvTimeoutOpt = 120.0, emit_sbatch: EmitSbatchOpt = None,
-    recipe_opts: TuneRecipe = None, ci: CiOpt = 0.1, ep: EpOpt = None,
+    recipe_opts: TuneRecipe = None, ci: CiOpt = 0.1,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
     flags = {name: value for name, value in locals().items() if not name.endswith("_opts")}
