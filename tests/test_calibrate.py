@@ -209,6 +209,7 @@ def test_cli_bad_input_exits_2(args, message):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_quick_calibrate_writes_a_profile_the_estimator_accepts(tmp_path):
     pytest.importorskip("torch")
     from zeroplan.profiles import gpu_from_toml

@@ -234,6 +234,7 @@ def test_tune_ep_above_one_only_stops_before_any_probe(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_trainer_optimizer_fails_deepspeeds_moe_check_where_zp254_says():
     """HF Trainer's own optimizer (no ``optimizer`` block) against an MoE engine at ZeRO-1/2:
     DeepSpeed's assertion, measured on one CPU rank; with the block DeepSpeed marks a ``moe`` group

@@ -462,6 +462,26 @@ def test_vision_language_config_counts_like_transformers(tiny):
         assert spec.params == 31_070_754_032 and spec.params - text.params == 538_631_408
 
 
+def test_dense_vision_language_config_counts_like_transformers():
+    """Qwen3-VL's dense form (``qwen3_vl``): a tiny config against transformers'
+    Qwen3VLForConditionalGeneration on the meta device, vision tower included."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from zeroplan.profiles.hf_config import model_from_hf_dict
+
+    text = {"model_type": "qwen3_vl_text", "attention_bias": False, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+            "intermediate_size": 96, "max_position_embeddings": 4096, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 5000000, "vocab_size": 1000,
+            "rope_scaling": {"mrope_interleaved": True, "mrope_section": [2, 3, 3], "rope_type": "default"}}
+    vision = {**QWEN3_VL_30B_A3B["vision_config"], "model_type": "qwen3_vl", "depth": 4, "hidden_size": 32, "intermediate_size": 48,
+              "num_heads": 2, "out_hidden_size": 64, "deepstack_visual_indexes": [1, 3]}
+    data = {"model_type": "qwen3_vl", "tie_word_embeddings": False, "text_config": text, "vision_config": vision}
+    config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = transformers.Qwen3VLForConditionalGeneration(config)
+    assert model_from_hf_dict(data, name="qwen3-vl-dense").params == sum(p.numel() for p in model.parameters())
+
+
 def test_vision_language_config_without_vision_config_is_one_line():
     from zeroplan.profiles.hf_config import model_from_hf_dict
     from zeroplan.spec import SpecError

@@ -104,6 +104,7 @@ def test_tune_gpt_task_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_ctrl_c_mid_probe_then_resume(tmp_path):
     import psutil
