@@ -73,15 +73,6 @@ GOLDEN_PEAKS = {
     "torchtune-llama2-7b-full-lowmem-1x4090": 0.15,
 }
 
-#: Published peaks of runs that rely on a mechanism zeroplan does not model; the estimate must lie
-#: on the side that mechanism predicts (its size is in the row's note), so that modelling it, or a
-#: change that flips the side, shows here.
-OUTSIDE_THE_MODEL: dict[str, str] = {
-    # None today: torchtune's paged optimizer in backward (bnb-paged, optimizer_in_backward), its
-    # activation offloading (cpu_checkpointing) and compiled chunked loss (chunked-compiled) are
-    # modelled and their rows are in GOLDEN_PEAKS.
-}
-
 #: Published peaks the estimate misses for causes not pinned down (each row's note lists the
 #: suspects). Held in a band around today's error, so that a change that moves them is seen and
 #: the note revisited; not a claim of accuracy.
@@ -161,7 +152,7 @@ def test_table_has_sources_and_settings():
         if "reported_peak_gib" in row:
             assert row["reported_kind"] in ("reserved", "allocated", "nvidia-smi"), row["id"]
     published = {i for i, r in ROWS.items() if "reported_peak_gib" in r}
-    groups = (set(GOLDEN_PEAKS), set(OUTSIDE_THE_MODEL), set(UNEXPLAINED_PEAKS), set(NEW_ROW_PEAK_BANDS))
+    groups = (set(GOLDEN_PEAKS), set(UNEXPLAINED_PEAKS), set(NEW_ROW_PEAK_BANDS))
     # Every published peak is checked, in exactly one way.
     assert set.union(*groups) == published
     assert sum(map(len, groups)) == len(published)
@@ -179,12 +170,6 @@ def _peak_message(run: str) -> str:
         f"{run}: estimated {result['predicted_peak'] / 2**30:.1f} GiB vs reported {result['reported_peak'] / 2**30:.1f} GiB "
         f"({result['peak_error']:+.1%})"
     )
-
-
-@pytest.mark.parametrize("run", sorted(OUTSIDE_THE_MODEL))
-def test_unmodelled_mechanism_on_its_side(run):
-    error = RESULTS[run]["peak_error"]
-    assert (error > 0) == (OUTSIDE_THE_MODEL[run] == "above"), _peak_message(run)
 
 
 @pytest.mark.parametrize("run", sorted({**UNEXPLAINED_PEAKS, **NEW_ROW_PEAK_BANDS}))
