@@ -437,3 +437,26 @@ def test_trust_line_says_when_the_plans_work_repeats_but_the_wall_time_does_not(
     assert "share of cores" not in noisy.text and "not told apart" in noisy.text
     gpu = Trust(best_key="a", runner_up_key="b", gap=0.3, repeat_spread=0.05, load_1m=(0.1, 0.2), cores=8)
     assert gpu.firm and "CPU time" not in gpu.text
+
+
+@pytest.mark.timeout(120)
+def test_a_layout_only_space_is_searched_not_rejected_for_ever(tmp_path):
+    """``tune --tp 2`` (or ``--sp 2``, ``--ep 2``): every plan has a layout, so each trial must carry
+    it. Sampled parameters without it named data-parallel plans the space never enumerated, and the
+    loop rejected every trial without end."""
+    from zeroplan.profiles import resolve_cluster
+    from zeroplan.spec import TrainingSpec
+    from zeroplan.tuner import build_space
+
+    from helpers import GPT_TASK
+
+    cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=64, nvme_gib=None)
+    space = build_space(GPT_TASK, cluster, TrainingSpec(seq_len=64, global_batch=2), device="cpu", tp=(2,), stages=(0, 1))
+    assert space.layout_choices == ["tp2"] and space.fitting
+    runner = Replay(oom_from=None)
+    study = open_study(storage_url(None, tmp_path), resume=False, sampler=make_sampler("random", seed=0))
+    tuner = Tuner(study, space, runner, TuneSettings(trials=3, n_initial=1))
+    tuner.prepare(resume=False)
+    tuner.run()
+    # 3 trials, then the re-measurements of the two best: every probe at tp 2.
+    assert len(runner.calls) >= 3 and all(p.tp == 2 for p in runner.calls)

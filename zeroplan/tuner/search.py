@@ -185,6 +185,11 @@ class Tuner:
         }
         if self.space.bucket_sizes:
             params["reduce_bucket_size"] = trial.suggest_categorical("reduce_bucket_size", self.space.bucket_sizes)
+        if self.space.layout_choices:
+            # The layout (--sp/--tp/--ep) is a parameter of the plan like the stage: without it every
+            # sampled or enqueued trial maps to data parallelism, which a space of sp/tp/ep > 1 only
+            # never enumerated (the loop then rejected every trial for ever).
+            params["layout"] = trial.suggest_categorical("layout", self.space.layout_choices)
         return params
 
     def _propose(self, trial: Any) -> tuple[dict[str, Any], str]:
