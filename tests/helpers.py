@@ -11,6 +11,7 @@ another test module.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -37,33 +38,37 @@ def zeroplan_env(**extra: str) -> dict[str, str]:
 
 def run_zeroplan(
     *args: str, cwd: Optional[Path] = None, timeout: float = 120, columns: Optional[int] = None, env: Optional[dict] = None,
+    input: Optional[str] = None,
 ) -> subprocess.CompletedProcess:
     """``python -m zeroplan ARGS`` as a child process from the repository root (text output captured).
 
     ``columns`` sets the terminal width rich renders tables for; ``env`` replaces
-    :func:`zeroplan_env` entirely.
+    :func:`zeroplan_env` entirely; ``input`` is written to the child's stdin.
     """
     if env is None:
         env = zeroplan_env(**({"COLUMNS": str(columns)} if columns else {}))
     return subprocess.run(
         [sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=timeout,
+        input=input,
     )
 
 
-def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+def run_main(argv: list[str], capsys, *, input: Optional[str] = None) -> tuple[int, str, str]:
     """Run ``zeroplan`` in this process through ``main()`` (the console-script entry point):
-    (exit code, stdout, stderr), read with pytest's ``capsys``."""
+    (exit code, stdout, stderr), read with pytest's ``capsys``; ``input`` is what it reads on stdin."""
     from zeroplan.cli import main
 
-    old = sys.argv
+    old, old_stdin = sys.argv, sys.stdin
     sys.argv = ["zeroplan", *argv]
+    if input is not None:
+        sys.stdin = io.StringIO(input)
     try:
         main()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        sys.argv = old
+        sys.argv, sys.stdin = old, old_stdin
     out, err = capsys.readouterr()
     return code, out, err
 

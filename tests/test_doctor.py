@@ -13,16 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from zeroplan.cli import app
+from helpers import ROOT, run_main, run_zeroplan, zeroplan_env
 from zeroplan.doctor import FAILURE_CLASSES, PHASES, DoctorInputs, diagnose, read_logs, read_measurements
 from zeroplan.profiles.resolve import resolve_cluster, resolve_model
 from zeroplan.spec import GiB, Plan, TrainingSpec
 
-DATA = Path(__file__).parent / "data" / "doctor"
+DATA = ROOT / "tests" / "data" / "doctor"
 FIXTURES = sorted(DATA.glob("*.log"))
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def meta(path: Path) -> dict:
@@ -106,7 +104,7 @@ MEMORY_WITH_MODEL = [f for f in FIXTURES if meta(f)["class"] in ("device-oom", "
 
 
 @pytest.mark.parametrize("path", MEMORY_WITH_MODEL, ids=[f.stem for f in MEMORY_WITH_MODEL])
-def test_memory_failure_with_a_known_model_gets_a_plan_that_fits(path, tmp_path):
+def test_memory_failure_with_a_known_model_gets_a_plan_that_fits(path, tmp_path, capsys):
     m = meta(path)
     d = diagnose(read_logs([str(path)]), inputs_for(m))
     assert d.export_command and d.plan
@@ -125,29 +123,28 @@ def test_memory_failure_with_a_known_model_gets_a_plan_that_fits(path, tmp_path)
     args = shlex.split(d.export_command)[1:]
     out = tmp_path / "ds.json"
     args[args.index("-o") + 1] = str(out)
-    r = CliRunner().invoke(app, args)
-    assert r.exit_code == 0, r.output
+    code, _, err = run_main(args, capsys)
+    assert code == 0, err
     cfg = json.loads(out.read_text())
     assert cfg["zero_optimization"]["stage"] == plan.stage
     assert cfg["train_micro_batch_size_per_gpu"] == plan.micro_batch
 
 
-def test_cli_table_json_and_exit_codes(tmp_path):
-    runner = CliRunner()
+def test_cli_table_json_and_exit_codes(tmp_path, capsys):
     oom = DATA / "stanford-alpaca-221-backward.log"
-    r = runner.invoke(app, ["doctor", str(oom), "--model", "llama-2-7b", "--gpus", "1", "--gpu", "a100-80gb", "--seq-len", "512"])
-    assert r.exit_code == 0, r.output
-    assert r.output.startswith("device-oom (backward)") and "zeroplan export --model llama-2-7b" in r.output
+    code, out_text, err = run_main(["doctor", str(oom), "--model", "llama-2-7b", "--gpus", "1", "--gpu", "a100-80gb", "--seq-len", "512"], capsys)
+    assert code == 0, err
+    assert out_text.startswith("device-oom (backward)") and "zeroplan export --model llama-2-7b" in out_text
     out = tmp_path / "d.json"
-    r = runner.invoke(app, ["doctor", str(oom), "--format", "json", "-o", str(out)])
+    code, _, err = run_main(["doctor", str(oom), "--format", "json", "-o", str(out)], capsys)
     doc = json.loads(out.read_text())
-    assert r.exit_code == 0 and doc["class"] == "device-oom" and doc["phase"] == "backward"
+    assert code == 0 and doc["class"] == "device-oom" and doc["phase"] == "backward", err
     assert {"class", "phase", "evidence", "fix"} <= set(doc)
     unknown = DATA / "unrelated-deepspeed-2341-pip.log"
-    r = runner.invoke(app, ["doctor", str(unknown)])
-    assert r.exit_code == 1 and r.output.startswith("unknown")
-    r = runner.invoke(app, ["doctor", "-"], input=(DATA / "deepspeed-6914-batch.log").read_text())
-    assert r.exit_code == 0 and r.output.startswith("batch-mismatch")
+    code, out_text, _ = run_main(["doctor", str(unknown)], capsys)
+    assert code == 1 and out_text.startswith("unknown")
+    code, out_text, err = run_main(["doctor", "-"], capsys, input=(DATA / "deepspeed-6914-batch.log").read_text())
+    assert code == 0 and out_text.startswith("batch-mismatch"), err
 
 
 def test_folder_of_rank_logs(tmp_path):
@@ -161,8 +158,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args in (["doctor", str(tmp_path / "missing.log")], ["doctor", str(tmp_path)],
                  ["doctor", str(DATA / "zeroplan-oom.log"), "--format", "yaml"],
                  ["doctor", str(DATA / "zeroplan-oom.log"), "--gpu-memory", "80"]):
-        r = subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        r = run_zeroplan(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -171,7 +167,7 @@ def test_doctor_does_not_import_torch():
     code = ("import sys; from zeroplan.doctor import read_logs, diagnose, read_measurements; "
             f"d = diagnose(read_logs([{str(DATA / 'trlx-266-backward.log')!r}])); read_measurements(read_logs([{str(DATA / 'zeroplan-oom.log')!r}])); "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=zeroplan_env())
     assert r.returncode == 0, r.stderr
 
 
@@ -204,7 +200,7 @@ def test_torchtitan_and_torchtune_lines_are_read(tmp_path):
     assert tune.peak_allocated_gib == 2.41 and tune.peak_reserved_gib == 2.42
 
 
-def test_trainer_state_and_deepspeed_line_beside_the_estimate(tmp_path):
+def test_trainer_state_and_deepspeed_line_beside_the_estimate(tmp_path, capsys):
     """A trainer_state.json (memory metrics as TrainerMemoryTracker writes them) and a DeepSpeed
     memory line: doctor prints each measured figure beside the estimator's for the config's plan."""
     state = {"global_step": 10, "max_steps": 10, "train_batch_size": 4, "log_history": [
@@ -218,10 +214,10 @@ def test_trainer_state_and_deepspeed_line_beside_the_estimate(tmp_path):
            "zero_optimization": {"stage": 2}}
     (tmp_path / "ds.json").write_text(json.dumps(cfg))
     out = tmp_path / "doc.json"
-    r = CliRunner().invoke(app, ["doctor", str(tmp_path / "trainer_state.json"), str(tmp_path / "rank0.log"), "--config",
-                                 str(tmp_path / "ds.json"), "--params", "1e9", "--gpus", "1", "--seq-len", "512",
-                                 "--format", "json", "-o", str(out)])
-    assert r.exit_code == 0, r.output
+    code, _, err = run_main(["doctor", str(tmp_path / "trainer_state.json"), str(tmp_path / "rank0.log"), "--config",
+                             str(tmp_path / "ds.json"), "--params", "1e9", "--gpus", "1", "--seq-len", "512",
+                             "--format", "json", "-o", str(out)], capsys)
+    assert code == 0, err
     doc = json.loads(out.read_text())
     by_source = {m["source"]: m for m in doc["measured"]}
     hf = by_source["hf-trainer"]
@@ -316,11 +312,11 @@ def test_a_rank_waiting_on_an_op_lock_says_so(tmp_path, monkeypatch):
     assert diagnose(read_logs([str(tmp_path / "probe.log")])).failure_class == "stale-jit-lock"
 
 
-def test_binary_or_huge_input_is_unknown_not_a_crash(tmp_path):
+def test_binary_or_huge_input_is_unknown_not_a_crash(tmp_path, capsys):
     junk = tmp_path / "core.bin"
     junk.write_bytes(bytes(range(256)) * 64)
-    r = CliRunner().invoke(app, ["doctor", str(junk)])
-    assert r.exit_code == 1 and r.output.startswith("unknown")
+    code, out_text, _ = run_main(["doctor", str(junk)], capsys)
+    assert code == 1 and out_text.startswith("unknown")
     # only the end of a long log is read (a failure is explained at the end), and still found
     big = tmp_path / "big.log"
     big.write_text("step 1 loss 2.0\n" * 400_000 + (DATA / "deepspeed-6914-batch.log").read_text())

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import ROOT, run_main
 
-CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+CONFIGS = ROOT / "tests" / "data" / "configs"
 #: A config of the kind that circulates in blog posts: written for 4 GPUs (128 = 4 × 8 × 4),
 #: ZeRO-2 with offload_param, and "lr": "1e-4".
 BLOG = CONFIGS / "blog_zero2_offload.json"

@@ -21,7 +21,7 @@ from zeroplan.spec import Plan, TrainingSpec
 pytest.importorskip("deepspeed")
 
 from helpers import ROOT
-BLOG = Path(__file__).resolve().parent / "data" / "configs" / "blog_zero2_offload.json"
+BLOG = ROOT / "tests" / "data" / "configs" / "blog_zero2_offload.json"
 
 _WORKER = r"""
 import json, os, sys, traceback

@@ -18,7 +18,7 @@ from zeroplan.dsconfig import build_config, load_config, plan_from_config, resol
 from zeroplan.spec import BUCKET_KEYS, DEEPSPEED_DEFAULT_KNOBS, CHECKPOINTING, OFFLOADS, ModelSpec, Plan, SpecError, TrainingSpec
 
 from helpers import ROOT
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = ROOT / "tests" / "data" / "configs"
 
 
 def _valid_plan(stage, opt, par, ckpt, cpu_ckpt, mb, ga, buckets) -> Plan | None:

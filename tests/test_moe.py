@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from helpers import EXAMPLES
 from zeroplan.profiles import model_from_hf_config
 from zeroplan.spec import SpecError
 
@@ -326,7 +327,7 @@ def test_saved_activations_of_a_qwen3_moe_layer_match_the_formula():
     from zeroplan.estimator.activations import layer_activation_bytes
     from zeroplan.profiles import model_from_hf_config
 
-    path = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "qwen3_moe_tiny.json"
+    path = EXAMPLES / "qwen3_moe_tiny.json"
     data = json.loads(path.read_text())
     spec = model_from_hf_config(path)
     model, _ = meta_model(data)

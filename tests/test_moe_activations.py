@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from helpers import EXAMPLES  # noqa: E402  (after the import skips)
 
 
 def _saved_bytes_per_layer(config: Path, *, seq_len: int, micro_batch: int) -> list[int]:

@@ -22,7 +22,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 pytest.importorskip("deepspeed")
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT  # noqa: E402  (after the module's skip marks)
 
 # A probe whose engine builds FusedAdam (an optimizer block on the CPU accelerator) at deepspeed.initialize.
 SCRIPT = """

@@ -3,15 +3,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from helpers import ROOT, benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("readme_examples", ROOT / "benchmarks" / "readme_examples.py")
-readme_examples = importlib.util.module_from_spec(_spec)
-sys.modules["readme_examples"] = readme_examples  # dataclasses look their module up
-_spec.loader.exec_module(readme_examples)
+readme_examples = benchmark("readme_examples")
 
 
 def test_the_readme_shows_its_estimate_example():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import run_zeroplan
 from zeroplan.estimator import enumerate_plans, estimate_plan
 from zeroplan.estimator.host import BUILDS, default_build
 from zeroplan.estimator.optimizer import optimizer_step_temporaries
@@ -138,13 +139,7 @@ def test_recommendation_names_a_tight_plan_only_when_none_fits_with_margin():
     (("--model-build", "zero_init", "--engine", "fsdp"), "zero_init is DeepSpeed's zero.Init"),
 ])
 def test_model_build_bad_input_is_one_line_exit_2(args, says):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-m", "zeroplan", "estimate", "--params", "7e9", *args], capture_output=True, text=True,
-                       cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}, timeout=120)
+    r = run_zeroplan("estimate", "--params", "7e9", *args)
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
