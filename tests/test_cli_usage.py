@@ -46,6 +46,11 @@ BAD_USAGE = {
     ("calibrate", "--device", "gpu"): "zeroplan: error: --device 'gpu' is not valid; choose one of auto, cuda, cpu",
     ("estimate", "--params", "7e9", "--global-batch", "12", "--gpus", "8"):
         "zeroplan: error: --global-batch 12 is not a multiple of --gpus 8 (each GPU takes whole samples); use 8 or 16",
+    # --backend (the old spelling of --engine) beside an --engine naming another engine, the default one included
+    **{(command, "x.py", *first, *second): f"zeroplan: error: --backend {old} and --engine {new} disagree; give one of them: "
+       "--engine deepspeed|fsdp (--backend is its old name)"
+       for command in ("probe", "tune") for old, new in (("fsdp", "deepspeed"), ("deepspeed", "fsdp"))
+       for first, second in ((("--backend", old), ("--engine", new)), (("--engine", new), ("--backend", old)))},
 }
 
 
@@ -55,6 +60,14 @@ def test_bad_usage_is_one_line_on_stderr_with_exit_2(argv, capsys):
     assert code == 2, err
     assert out == ""
     assert err == BAD_USAGE[argv] + "\n"
+
+
+@pytest.mark.parametrize("command", ["probe", "tune"])
+def test_backend_and_engine_that_agree_are_accepted(command, capsys):
+    """The same engine under both spellings passes the engine check (the next one, the script, answers)."""
+    for argv in (["--backend", "fsdp", "--engine", "fsdp"], ["--backend", "fsdp"], ["--engine", "deepspeed"]):
+        code, out, err = run([command, "x.py", *argv], capsys)
+        assert (code, out, err) == (2, "", "zeroplan: error: script x.py does not exist or is not a file\n"), argv
 
 
 def test_no_command_lists_the_commands_and_version_exits_0(capsys):

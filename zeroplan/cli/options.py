@@ -70,6 +70,12 @@ class OptionGroup:
     """Base of the option groups (a marker :func:`grouped` looks for)."""
 
     @classmethod
+    def from_parsed(cls, values: dict[str, Any], *, given: frozenset[str]) -> "OptionGroup":
+        """The group from its options' parsed values; ``given`` names the options the command line
+        (or the environment) set, as opposed to those left at their default."""
+        return cls(**values)
+
+    @classmethod
     def options(cls, take: Take) -> list[tuple[str, Any, Any]]:
         """(field, typer annotation, default) for each option the command takes."""
         names = [f.name for f in dataclasses.fields(cls)]
@@ -205,11 +211,25 @@ class EngineOptions(OptionGroup):
     engine: str = _opt(EngineOpt, "deepspeed")
     backend: Optional[str] = _opt(BackendAliasOpt)
 
+    @classmethod
+    def from_parsed(cls, values: dict[str, Any], *, given: frozenset[str]) -> "EngineOptions":
+        """Also refuses ``--backend`` beside an ``--engine`` that names another engine, default
+        value included (``--backend fsdp --engine deepspeed``)."""
+        group = cls(**values)
+        if "engine" in given:
+            group._check_alias(engine_given=True)
+        return group
+
+    def _check_alias(self, *, engine_given: bool) -> None:
+        if self.backend is not None and engine_given and self.backend != self.engine:
+            raise SpecError(f"--backend {self.backend} and --engine {self.engine} disagree; give one of them: --engine deepspeed|fsdp "
+                            "(--backend is its old name)")
+
     @property
     def name(self) -> str:
-        """deepspeed or fsdp: ``--engine``, or the old ``--backend`` when that was given."""
-        if self.backend is not None and self.engine != "deepspeed" and self.backend != self.engine:
-            raise SpecError(f"--backend {self.backend} and --engine {self.engine} disagree; give --engine only (--backend is its old name)")
+        """deepspeed or fsdp: ``--engine``, or the old ``--backend`` when that was given (an
+        ``--engine`` other than the default that disagrees with it: SpecError)."""
+        self._check_alias(engine_given=self.engine != "deepspeed")
         return self.backend if self.backend is not None else self.engine
 
     @property
@@ -264,6 +284,18 @@ def _group_of(hint: Any) -> tuple[Optional[type], Take]:
     return None, Take()
 
 
+def _given_options() -> frozenset[str]:
+    """The parameters of the running command that its command line or environment set (click's
+    parameter source); empty outside a click context (a command called as a function)."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return frozenset()
+    return frozenset(n for n in ctx.params if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT))
+
+
 def grouped(func):
     """A command whose group parameters (``model_opts: ModelOptions``) typer sees as their options.
 
@@ -288,8 +320,9 @@ def grouped(func):
 
     @functools.wraps(func)
     def command(**kwargs):
+        given = _given_options()
         for name, (group, names, _) in groups.items():
-            kwargs[name] = group(**{n: kwargs.pop(n) for n in names})
+            kwargs[name] = group.from_parsed({n: kwargs.pop(n) for n in names}, given=given)
         return func(**kwargs)
 
     command.__signature__ = inspect.Signature(params)
