@@ -20,6 +20,7 @@ from zeroplan.spec import (
     CHECKPOINTING,
     CHECKPOINTING_ALIASES,
     OFFLOADS,
+    TORCH_ENGINES,
     ModelSpec,
     SpecError,
 )
@@ -257,7 +258,7 @@ def resolve_engine_options(
             f"--optimizer-impl {optimizer_impl!r} does not exist for {engine_flag} {engine}; "
             f"choose one of {', '.join(ENGINE_OPTIMIZER_IMPLS[engine])}"
         )
-    if engine in ("fsdp", "fsdp1") and "nvme" in (offload_optimizer, offload_param):
+    if engine in TORCH_ENGINES and "nvme" in (offload_optimizer, offload_param):
         raise SpecError(f"{engine_flag} {engine} has no NVMe offload (FSDP2 offers CPUOffloadPolicy only); use --offload-optimizer cpu or {engine_flag} deepspeed")
     check_choice_option("--loss", loss, LOSSES)
     check_choice_option("--buckets", buckets, BUCKET_CONVENTIONS)

@@ -17,7 +17,7 @@ from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
 from zeroplan.estimator.usecase import EstimateRequest, check_model_build, resolve_checkpointing, run_estimate, with_training_choices
-from zeroplan.spec import GiB, SpecError, format_params
+from zeroplan.spec import GiB, SpecError, engine_facts, format_params
 
 if TYPE_CHECKING:
     from zeroplan.estimator import PlanEstimate
@@ -123,7 +123,7 @@ def recommendation(estimates: "list[PlanEstimate]", options: dict) -> str:
         why = (f"no plan fits with the {_margin() * 100:.0f} % margin; this is the fastest tight one ({room}): "
                "probe it before a long run")
     use = f"Use {best.plan.label_for(best.engine)}: {why}, {best.tokens_per_second:,.0f} tokens/s predicted."
-    if best.engine == "fsdp1":
+    if not engine_facts(best.engine).runs:
         # export writes DeepSpeed configs and FSDP2 settings; an FSDP1 run keeps its own wrapper.
         return use
     return f"{use}\nWrite it: {export_command(best, options)}"

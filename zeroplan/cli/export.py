@@ -22,7 +22,7 @@ from zeroplan.cli.expert_option import EpOpt
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
-from zeroplan.spec import SpecError
+from zeroplan.spec import RUNNABLE_ENGINES, SpecError, engine_facts
 
 __all__ = ["export"]
 
@@ -61,8 +61,8 @@ ExportEngine = Annotated[EngineOptions, Take(
 
 def _check_targets(target: str, engine: str, accelerate_config: Optional[str], output) -> None:
     check_choice_option("--for", target, ("deepspeed", "hf"))
-    check_choice_option("--engine", engine, ("deepspeed", "fsdp"))
-    if engine == "fsdp" and (target != "deepspeed" or accelerate_config is not None):
+    check_choice_option("--engine", engine, RUNNABLE_ENGINES)
+    if engine_facts(engine).torch and (target != "deepspeed" or accelerate_config is not None):
         raise SpecError("--engine fsdp writes PyTorch settings; --for hf and --accelerate-config are for DeepSpeed configs")
 
 
@@ -139,7 +139,7 @@ def export(
         _note(outcome.chose)
     if outcome.plan is None:
         raise typer.Exit(1)
-    if engine == "fsdp":
+    if engine_facts(engine).torch:
         write_output(json.dumps(outcome.document, indent=2), output)
         return
     _write(outcome, request, output=output, accelerate_config=accelerate_config)

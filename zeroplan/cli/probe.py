@@ -26,7 +26,7 @@ from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, resolve_nodes
-from zeroplan.spec import GiB, SpecError
+from zeroplan.spec import RUNNABLE_ENGINES, GiB, SpecError
 
 __all__ = ["probe"]
 
@@ -205,7 +205,7 @@ def probe(
 
     check_choice_option("--format", fmt, ("table", "json"))
     backend = engine_opts.name
-    check_choice_option(engine_opts.flag, backend, ("deepspeed", "fsdp"))
+    check_choice_option(engine_opts.flag, backend, RUNNABLE_ENGINES)
     require_runtime("probe")
     gpus = cluster_opts.world(runs_here=True)
     plan_opts.check()

@@ -16,7 +16,7 @@ from zeroplan.cli.options import (
 from zeroplan.cli.nodes import LauncherOpt, local_launcher, NnodesOpt, NodeRankOpt, RdzvEndpointOpt, RdzvTimeoutOpt, follow_node0, resolve_nodes, write_sbatch
 from zeroplan.cli.tune_summary import print_summary
 from zeroplan.cli.tune_view import TuneRender
-from zeroplan.spec import SpecError
+from zeroplan.spec import RUNNABLE_ENGINES, SpecError
 
 __all__ = ["tune"]
 
@@ -123,7 +123,7 @@ def _request(flags: dict[str, Any], *, plan: PlanOptions, engine: EngineOptions,
     f = flags
     script = f["script"]
     plan.check()
-    check_choice_option(engine.flag, engine.name, ("deepspeed", "fsdp"))
+    check_choice_option(engine.flag, engine.name, RUNNABLE_ENGINES)
     check_tune_precision(f["precision"])
     gpus = cluster.world(runs_here=True)
     plan_buckets = engine.resolve(plan)

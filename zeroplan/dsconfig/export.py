@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import RUNNABLE_ENGINES, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, engine_facts
 
 __all__ = ["ExportOutcome", "ExportRequest", "choose_export_plan", "run_export"]
 
@@ -55,6 +55,11 @@ class ExportRequest:
     recipe_models: dict = field(default_factory=dict, hash=False)
     #: Where the config is written, when an accelerate YAML is asked for (it points there).
     accelerate_config_for: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not engine_facts(self.engine).runs:
+            raise SpecError(f"export writes settings for engine {' or '.join(RUNNABLE_ENGINES)}, not {self.engine} "
+                            "(an estimate-only engine: zeroplan.spec.engines)")
 
     @property
     def explicit(self) -> bool:
@@ -143,7 +148,7 @@ def run_export(r: ExportRequest) -> ExportOutcome:
     if plan is None:
         return ExportOutcome(plan=None, chose=chose)
     chose = chose or None
-    if r.engine == "fsdp":
+    if engine_facts(r.engine).torch:
         from zeroplan.fsdpconfig import fsdp_settings
 
         return ExportOutcome(plan=plan, chose=chose,

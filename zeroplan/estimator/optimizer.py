@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from zeroplan.spec import Plan, SpecError
+from zeroplan.spec.engines import TORCH_ENGINES
 
 __all__ = [
     "OPTIMIZER_IMPLS", "TORCH_IMPLS", "PAGED_IMPLS", "ENGINE_OPTIMIZER_IMPLS", "default_optimizer_impl", "resolve_optimizer_impl",
@@ -88,8 +89,7 @@ def optimizer_step_temporaries(
 #: Face's Trainer creates when the config has no ``optimizer`` block).
 ENGINE_OPTIMIZER_IMPLS = {
     "deepspeed": ("torch", "torch-forloop", "torch-fused", "deepspeed-fused", "deepspeed-cpu"),
-    "fsdp": ("torch", "torch-forloop", "torch-fused", *PAGED_IMPLS),
-    "fsdp1": ("torch", "torch-forloop", "torch-fused", *PAGED_IMPLS),
+    **{engine: ("torch", "torch-forloop", "torch-fused", *PAGED_IMPLS) for engine in TORCH_ENGINES},
 }
 
 #: bitsandbytes allocates a state buffer in unified memory only for tensors of at least this many
@@ -150,7 +150,7 @@ def default_optimizer_impl(*, engine: str, plan: Plan, ds_config: Optional[dict]
     * deepspeed otherwise: DeepSpeed builds its own (runtime/engine.py ``_configure_basic_optimizer``):
       ``DeepSpeedCPUAdam`` with optimizer offload, ``FusedAdam`` on the GPU.
     """
-    if engine in ("fsdp", "fsdp1"):
+    if engine in TORCH_ENGINES:
         return "torch"
     if ds_config is not None and "optimizer" not in ds_config:
         return "torch"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
 from zeroplan.spec import OFFLOADS, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec.engines import TORCH_ENGINES
 
 if TYPE_CHECKING:
     from zeroplan.estimator.layout_space import Degrees
@@ -61,7 +62,7 @@ def _combos(stage: int, engine: str = "deepspeed") -> Iterable[tuple[str, str]]:
     gradients and the optimizer step together: (cpu, cpu) at stages 2 and 3, stored as the plan's
     offload_optimizer (and offload_param in stage 3).
     """
-    if engine in ("fsdp", "fsdp1"):
+    if engine in TORCH_ENGINES:
         yield ("none", "none")
         if stage == 2:
             yield ("cpu", "none")
@@ -190,7 +191,7 @@ def _plans_for_layout(model, cluster, training, sp: int, tp: int, stages, *, til
                     )
     if not plans and impl_error is not None:
         raise impl_error
-    if not plans and engine in ("fsdp", "fsdp1"):
+    if not plans and engine in TORCH_ENGINES:
         raise SpecError(
             f"no valid plan for engine {engine} with --stage {stage} --offload-optimizer {offload_optimizer} "
             f"--offload-param {offload_param}: FSDP2's CPUOffloadPolicy offloads parameters, gradients and the optimizer "

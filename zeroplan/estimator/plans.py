@@ -19,7 +19,7 @@ from zeroplan.estimator.plan_estimate import GpuMemory, PlanEstimate, _gib, gpu_
 from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATCHES, bucket_sizes, enumerate_plans
 from zeroplan.estimator.timing import step_time
 from zeroplan.estimator.verdict import judge_plan, tight_note, verdict_rank
-from zeroplan.spec import PURE_PRECISION_ENGINES, TORCH_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
+from zeroplan.spec import ENGINES, PURE_PRECISION_ENGINES, TORCH_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
 
 __all__ = [
     "BUCKET_CONVENTIONS",
@@ -34,8 +34,6 @@ __all__ = [
     "DEFAULT_MICRO_BATCHES",
 ]
 
-#: Engines the estimator models: DeepSpeed's ZeRO, or PyTorch's DDP/FSDP2 (``--engine``).
-ENGINES = ("deepspeed", "fsdp", "fsdp1")
 
 def check_engine_precision(engine: str, precision: str) -> None:
     """SpecError unless ``engine`` trains in ``precision``: bf16-pure (no fp32 master) is modelled

@@ -13,7 +13,7 @@ from zeroplan.estimator.host import BUILDS, default_build
 from zeroplan.estimator.plan_estimate import GpuMemory, PlanEstimate, _gib, gpu_fit_note, stranded_note
 from zeroplan.estimator.verdict import judge_plan, tight_note
 from zeroplan.estimator.timing import step_time
-from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
+from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param, engine_facts
 
 __all__ = ["estimate_fsdp"]
 
@@ -55,7 +55,7 @@ def estimate_fsdp(
     acts = activation_memory(model, training, plan)
     act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
     mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total,
-                      flat_units=engine == "fsdp1")
+                      flat_units=engine_facts(engine).flat_units)
     notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
@@ -93,7 +93,7 @@ def estimate_fsdp(
         peak_reserved=allocated + (allocator.total if allocator is not None else 0),
         required=allocated + held,
     )
-    kind = _FSDP1_KIND[plan.stage] if engine == "fsdp1" and plan.stage >= 2 else _FSDP_KIND[plan.stage]
+    kind = _FSDP1_KIND[plan.stage] if engine_facts(engine).flat_units and plan.stage >= 2 else _FSDP_KIND[plan.stage]
     notes.append(f"peak at {phase.replace('_', ' ')} (PyTorch engine: {kind})")
     g = cluster.gpus_in_node
     build = model_build or default_build(model, plan, engine="fsdp")

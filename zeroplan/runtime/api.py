@@ -11,13 +11,14 @@ from zeroplan.runtime.launch.multinode import NodeLaunch
 from zeroplan.estimator.optimizer import ENGINE_OPTIMIZER_IMPLS, resolve_optimizer_impl
 from zeroplan.estimator.plans import check_engine_precision
 from zeroplan.runtime.measure.peft_source import PeftFlags
-from zeroplan.spec import LOSSES, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import LOSSES, RUNNABLE_ENGINES, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.spec.recipe import Recipe
 from zeroplan.spec.errors import check_choice
 
 __all__ = ["BACKENDS", "LOCAL_LAUNCHERS", "STATUSES", "ProbeRequest", "ProbeResult"]
 
-BACKENDS = ("deepspeed", "fsdp")
+#: The engines a probe runs (zeroplan.spec.engines).
+BACKENDS = RUNNABLE_ENGINES
 STATUSES = ("ok", "oom", "error", "timeout")
 #: How a one-node probe starts its ranks: ``warm`` forks them from a server that imported torch and
 #: DeepSpeed once (zeroplan.runtime.launch.warm), ``torchrun`` starts ``torchrun --standalone``

@@ -1,6 +1,7 @@
 """Frozen, validated descriptions of a model, a cluster, a training setup and a plan."""
 
 from zeroplan.spec.cluster import GB, ClusterSpec, GiB, GpuSpec
+from zeroplan.spec.engines import ENGINES, RUNNABLE_ENGINES, EngineFacts, engine_facts
 from zeroplan.spec.errors import SpecError
 from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params, format_params
@@ -30,6 +31,9 @@ __all__ = [
     "CHECKPOINTING_ALIASES",
     "ClusterSpec",
     "DEEPSPEED_DEFAULT_KNOBS",
+    "ENGINES",
+    "EngineFacts",
+    "RUNNABLE_ENGINES",
     "GB",
     "GiB",
     "GpuSpec",
@@ -51,6 +55,7 @@ __all__ = [
     "bytes_per_param",
     "compute_precision",
     "derive_shape_from_params",
+    "engine_facts",
     "format_params",
     "master_bytes_per_param",
     "optimizer_state_bytes_per_param",

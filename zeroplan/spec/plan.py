@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.spec.engines import TORCH_ENGINES
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
 __all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "FSDP_STAGE_NAMES", "resolve_engine_knobs"]
@@ -199,13 +200,13 @@ class Plan:
     def stage_name(self, engine: str = "deepspeed") -> str:
         """The stage as ``engine`` names it: ``2`` under DeepSpeed, ``shard-grad-op`` under fsdp
         (:data:`FSDP_STAGE_NAMES`)."""
-        return FSDP_STAGE_NAMES[self.stage] if engine in ("fsdp", "fsdp1") else str(self.stage)
+        return FSDP_STAGE_NAMES[self.stage] if engine in TORCH_ENGINES else str(self.stage)
 
     def label_for(self, engine: str = "deepspeed") -> str:
         """:attr:`label` in ``engine``'s own words: under fsdp the PyTorch wrapper
         (``full-shard+offload:cpu/ckpt:none/mb4/ga1``), FSDP2's CPUOffloadPolicy moving
         parameters, gradients and the optimizer step together; under DeepSpeed :attr:`label`."""
-        if engine not in ("fsdp", "fsdp1"):
+        if engine not in TORCH_ENGINES:
             return self.label
         offload = "+offload:cpu" if "cpu" in (self.offload_optimizer, self.offload_param) else ""
         return f"{FSDP_STAGE_NAMES[self.stage]}{offload}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.spec.engines import PURE_PRECISION_ENGINES, TORCH_ENGINES  # noqa: F401  (re-exported: their home is spec.engines)
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
 __all__ = [
@@ -24,13 +25,6 @@ __all__ = [
 #: bf16, no fp32 master (a model cast with ``.to(torch.bfloat16)`` and torch's AdamW, as
 #: torchtune's ``dtype: bf16`` trains).
 PRECISIONS = ("bf16", "fp16", "fp32", "bf16-pure")
-#: PyTorch's engines: ``fsdp`` (single device, DDP, ZeroRedundancyOptimizer, FSDP2) and ``fsdp1``
-#: (the same below stage 2; FSDP1's flat parameters at stages 2-3, zeroplan.estimator.fsdp1).
-TORCH_ENGINES = ("fsdp", "fsdp1")
-#: Engines whose memory model covers bf16-pure: PyTorch's (single device, DDP, FSDP without a
-#: mixed-precision policy). DeepSpeed 0.19's ``bf16.bf16_master_weights_and_grads`` /
-#: ``bf16_optimizer_states`` (ZeRO 1-3, deepspeed/runtime/config.py) are not modelled.
-PURE_PRECISION_ENGINES = TORCH_ENGINES
 #: Loss implementations over the logits (zeroplan.estimator.activations.loss_activation_bytes):
 #: hf (a Hugging Face model's loss, logits returned), plain (log-softmax + NLL in fp32, logits
 #: dropped), megatron (vocab-parallel cross-entropy, in place), fused (Liger's fused linear
