@@ -93,3 +93,27 @@ def test_plan_layouts_are_checked_through_the_keys():
     assert layout_findings(Plan(stage=3, tp=2), world_size=4) == []  # AutoTP + ZeRO-3: no train_batch_size written
     assert {f.rule_id for f in layout_findings(Plan(stage=1, sp=2, tp=2), world_size=6)} == {"ZP265"}
     assert "train_batch_size" in BASE  # the CASES' base config carries one (ZP260's trigger)
+
+
+def test_the_degrees_a_fix_lists_are_the_ones_its_rule_accepts():
+    """ZP261 (sp and the heads) and ZP252 (AutoEP degree, world and experts) list the degrees to use
+    (zeroplan.spec.divisors): each listed degree passes the rule, each other one fails it."""
+    import re
+
+    from helpers import LIST_MOE
+
+    def listed(fix: str) -> set[int]:
+        return {int(x) for x in re.findall(r"\d+", fix.split("(")[-1] if "(" in fix else fix.split("one of")[-1])}
+
+    model = tiny_llama_heads(12, 12)
+    (sp_fix,) = [f.fix for f in validate_config(make(sequence_parallel_size=5), world_size=5, model=model) if f.rule_id == "ZP261"]
+    for sp in range(2, 13):
+        found = {f.rule_id for f in validate_config(make(sequence_parallel_size=sp), world_size=sp, model=model)}
+        assert ("ZP261" not in found) == (sp in listed(sp_fix)), (sp, sp_fix)
+    experts, world = LIST_MOE.moe.num_experts, 8
+    autoep = lambda ep: make(expert_parallel={"enabled": True, "autoep_size": ep})  # noqa: E731
+    # 3 divides neither the world nor the experts: the world's finding, then the one listing what divides both
+    ep_fix = [f.fix for f in validate_config(autoep(3), world_size=world, model=LIST_MOE) if f.rule_id == "ZP252"][-1]
+    for ep in range(1, world + 1):
+        found = {f.rule_id for f in validate_config(autoep(ep), world_size=world, model=LIST_MOE)}
+        assert ("ZP252" not in found) == (ep in listed(ep_fix)), (ep, ep_fix, experts)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, divisors
 from zeroplan.spec.errors import SpecError
 
 __all__ = [
@@ -64,7 +64,7 @@ def valid_expert_degrees(model: ModelSpec, world: int) -> list[int]:
     if model.moe is None:
         return [1]
     e = model.moe.num_experts
-    return [d for d in range(1, min(world, e) + 1) if world % d == 0 and e % d == 0]
+    return [d for d in divisors(world, most=e) if e % d == 0]
 
 
 def expert_layout(model: ModelSpec, plan: Plan, world: int) -> ExpertLayout:

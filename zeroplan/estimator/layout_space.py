@@ -21,7 +21,7 @@ from typing import Iterable, Optional, Union
 from zeroplan.estimator.sequence_parallel import check_layout_model
 from zeroplan.estimator.tensor_parallel import LayoutComm, layout_comm, layout_comm_seconds
 from zeroplan.estimator.timing import StepTime, flops_per_token
-from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, divisors
 from zeroplan.spec.training import compute_precision
 
 __all__ = ["AUTO", "Degrees", "check_layout", "estimate_with_layouts", "explicit_layout", "layout_step_time", "parse_degrees", "valid_layouts"]
@@ -82,7 +82,7 @@ def check_layout(model: Optional[ModelSpec], cluster: ClusterSpec, training: Tra
 
 def _candidates(degrees: Degrees, gpus: int) -> tuple[int, ...]:
     if degrees == AUTO:
-        return tuple(d for d in range(1, gpus + 1) if gpus % d == 0)
+        return tuple(divisors(gpus))
     return tuple(degrees)
 
 

@@ -29,7 +29,7 @@ from zeroplan.estimator.activations import (
     layer_activation_bytes,
     selective_op_layer_bytes,
 )
-from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param
+from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec, bytes_per_param, divisors
 
 __all__ = [
     "TP_SPLIT_TERMS",
@@ -120,10 +120,10 @@ def check_layout_model(model: ModelSpec, training: TrainingSpec, plan: Plan) -> 
     if plan.sp > 1:
         if a % plan.sp:
             raise SpecError(f"sp={plan.sp} does not divide the {a} attention heads (DeepSpeed Ulysses: 'Attention head count "
-                            f"{a} is not divisible by SP size {plan.sp}'); choose sp among {_divisors(a)}")
+                            f"{a} is not divisible by SP size {plan.sp}'); choose sp among {divisors(a, most=64)}")
         if kv % plan.sp and plan.sp % kv:
             raise SpecError(f"sp={plan.sp} and the {kv} KV heads: one must divide the other (DeepSpeed Ulysses); choose sp "
-                            f"among {[d for d in _divisors(a) if kv % d == 0 or d % kv == 0]}")
+                            f"among {[d for d in divisors(a, most=64) if kv % d == 0 or d % kv == 0]}")
         if s % plan.sp:
             raise SpecError(f"--seq-len {s} does not divide by sp={plan.sp}; pad the sequence to a multiple of {plan.sp}")
         if not training.flash_attention:
@@ -132,13 +132,9 @@ def check_layout_model(model: ModelSpec, training: TrainingSpec, plan: Plan) -> 
     if plan.tp > 1:
         if (a // max(1, plan.sp)) % plan.tp:
             raise SpecError(f"tp={plan.tp} does not divide the {a // max(1, plan.sp)} attention heads per sequence rank; "
-                            f"choose tp among {_divisors(a // max(1, plan.sp))}")
+                            f"choose tp among {divisors(a // max(1, plan.sp), most=64)}")
         if model.peft is not None or model.moe is not None:
             raise SpecError("tensor parallelism is modelled for dense full fine-tunes; with LoRA/QLoRA or MoE use tp=1")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]
 
 
 def layout_activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> ActivationMemory:

@@ -7,7 +7,7 @@ from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params, format_params
 from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
 from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
-from zeroplan.spec.plan import BUCKET_KEYS, CHECKPOINTING, CHECKPOINTING_ALIASES, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, resolve_engine_knobs
+from zeroplan.spec.plan import BUCKET_KEYS, CHECKPOINTING, CHECKPOINTING_ALIASES, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, divisors, resolve_engine_knobs
 from zeroplan.spec.training import (
     LOSSES,
     OPTIMIZERS,
@@ -55,6 +55,7 @@ __all__ = [
     "bytes_per_param",
     "compute_precision",
     "derive_shape_from_params",
+    "divisors",
     "engine_facts",
     "format_params",
     "master_bytes_per_param",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from zeroplan.spec.engines import TORCH_ENGINES
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
-__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "FSDP_STAGE_NAMES", "resolve_engine_knobs"]
+__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "FSDP_STAGE_NAMES", "divisors", "resolve_engine_knobs"]
 
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")
@@ -280,3 +280,10 @@ def resolve_engine_knobs(plan: Plan, hidden_size: int | None = None, *, trainabl
         if value is not None:
             knobs[name] = int(value)
     return knobs
+
+
+def divisors(n: int, *, least: int = 1, most: int | None = None) -> list[int]:
+    """The divisors of ``n`` from ``least`` to ``most`` (default ``n``), ascending: the degrees a
+    layout (sp, tp, ep) or a per-rank batch can split ``n`` into."""
+    top = n if most is None else min(n, most)
+    return [d for d in range(least, top + 1) if n % d == 0]

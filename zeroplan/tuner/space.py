@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
-from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
+from zeroplan.spec import CHECKPOINTING_ALIASES, GiB, ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, divisors
 from zeroplan.tuner.hostrule import host_fit_reason
 
 __all__ = [
@@ -110,7 +110,7 @@ def micro_batch_choices(training: TrainingSpec, world_size: int, *, max_micro_ba
     if training.global_batch is not None:
         training.check_divides(world_size)
         per_rank = training.global_batch // world_size
-        return [d for d in range(1, min(per_rank, max_micro_batch) + 1) if per_rank % d == 0]
+        return divisors(per_rank, most=max_micro_batch)
     out, mb = [], 1
     while mb <= max_micro_batch:
         out.append(mb)

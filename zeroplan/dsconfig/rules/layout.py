@@ -17,6 +17,7 @@ import re
 from typing import Iterator
 
 from zeroplan.dsconfig.rules import Context, Finding, _f, _is_int_value, rule
+from zeroplan.spec.plan import divisors
 
 __all__ = ["layout_degrees", "layout_findings", "LAYOUT_RULES"]
 
@@ -67,11 +68,11 @@ def _sp_heads(ctx: Context) -> Iterator[Finding]:
     heads = _heads(ctx)
     if sp <= 1 or heads is None or heads[0] % sp == 0:
         return
-    divisors = [d for d in range(2, heads[0] + 1) if heads[0] % d == 0]
+    above_1 = divisors(heads[0], least=2)
     yield _f("ZP261", "sequence_parallel_size",
              f"sequence_parallel_size {sp} with {ctx.model.name}'s {heads[0]} attention heads: DeepSpeed raises "
              f"\"Attention head count {heads[0]} is not divisible by SP size {sp}\"",
-             f"set sequence_parallel_size to a divisor of {heads[0]} ({', '.join(map(str, divisors)) or 'none above 1'})")
+             f"set sequence_parallel_size to a divisor of {heads[0]} ({', '.join(map(str, above_1)) or 'none above 1'})")
 
 
 @rule(

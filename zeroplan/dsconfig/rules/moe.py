@@ -7,6 +7,7 @@ from typing import Iterator
 
 from zeroplan.dsconfig.rules import Context, Finding, _f, rule
 from zeroplan.spec.moe import DEEPSPEED_DEFAULT_LEAF_MODULE_CLASSES, leaf_class_covered
+from zeroplan.spec.plan import divisors
 
 
 def _configured_leaf(ctx: Context) -> tuple[list[str], bool]:
@@ -122,10 +123,6 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 @rule(
     "ZP252", "error", "AutoEP degree against the world size and the expert count",
     "AutoEP splits each MoE layer's experts over autoep_size ranks and reduces expert gradients over the remaining "
@@ -148,7 +145,7 @@ def _autoep_degree(ctx: Context) -> Iterator[Finding]:
         yield _f("ZP252", "expert_parallel.autoep_size",
                  f"expert_parallel.autoep_size={ep} must divide the stage size (world_size={world}); computed edp would be "
                  "non-integral (DeepSpeed build_folding_spec raises ValueError)",
-                 f"set expert_parallel.autoep_size to one of {_divisors(world)}")
+                 f"set expert_parallel.autoep_size to one of {divisors(world)}")
     moe = ctx.model.moe if ctx.model is not None else None
     if ctx.model is not None and moe is None:
         yield _f("ZP252", "expert_parallel.enabled",
@@ -159,7 +156,7 @@ def _autoep_degree(ctx: Context) -> Iterator[Finding]:
         what = (f"exceeds num_experts={moe.num_experts}; each rank must own at least one expert" if ep > moe.num_experts
                 else f"does not divide num_experts={moe.num_experts}")
         yield _f("ZP252", "expert_parallel.autoep_size", f"expert_parallel.autoep_size={ep} {what} (DeepSpeed validate_autoep_post_detection raises ValueError)",
-                 f"set expert_parallel.autoep_size to one of {[d for d in _divisors(moe.num_experts) if world is None or world % d == 0]}")
+                 f"set expert_parallel.autoep_size to one of {[d for d in divisors(moe.num_experts) if world is None or world % d == 0]}")
 
 
 @rule(
