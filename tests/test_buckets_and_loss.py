@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,7 +9,7 @@ from zeroplan.estimator.activations import loss_activation_bytes
 from zeroplan.estimator.plans import bucket_sizes
 from zeroplan.spec import ModelSpec, SpecError
 
-from helpers import ROOT, benchmark
+from helpers import benchmark, run_zeroplan
 
 
 def test_deepspeed_convention_is_deepspeeds_own_defaults():
@@ -32,10 +29,8 @@ def test_deepspeed_convention_is_deepspeeds_own_defaults():
 def test_bucket_size_must_be_positive():
     with pytest.raises(SpecError, match="reduce_bucket_size=0"):
         bucket_sizes("hf", reduce_bucket_size=0)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     for flag in ("--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size"):
-        r = subprocess.run([sys.executable, "-m", "zeroplan", "estimate", "--params", "1e9", flag, "-5"],
-                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+        r = run_zeroplan("estimate", "--params", "1e9", flag, "-5", columns=200)
         assert r.returncode == 2 and f"{flag} -5 is not valid" in r.stderr and "Traceback" not in r.stderr
 
 

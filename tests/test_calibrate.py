@@ -14,12 +14,12 @@ from zeroplan.calibrate import CalibrationOptions, fit_latency_bandwidth, planne
 from zeroplan.calibrate.fit import fixed_and_per_sample
 from zeroplan.spec import SpecError
 
-from helpers import ROOT
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+from helpers import ROOT, run_zeroplan, zeroplan_env
+ENV = zeroplan_env()
 
 
 def _zeroplan(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
+    return run_zeroplan(*args, timeout=timeout)
 
 
 def test_ring_bytes_are_nccl_tests_bus_bytes():

@@ -6,16 +6,13 @@ policy, applied by the runtime) keeps, measured as live tensor storage on a real
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
 from zeroplan.estimator import activation_memory, checkpointing_duplicate, selective_op_layer_bytes
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
-from helpers import ROOT, example
+from helpers import example, run_zeroplan
 
 
 def test_selective_is_an_alias_of_attention():
@@ -75,9 +72,7 @@ def test_selective_op_keeps_what_torchtitans_policy_saves():
 
 
 def test_cli_accepts_the_old_name_with_a_note():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-m", "zeroplan", "estimate", "--params", "1e9", "--gpus", "2", "--checkpointing",
-                        "selective", "--cpu-memory", "64"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = run_zeroplan("estimate", "--params", "1e9", "--gpus", "2", "--checkpointing", "selective", "--cpu-memory", "64", columns=200)
     assert r.returncode in (0, 1), r.stderr
     assert "selective is now called attention" in r.stdout
     assert "attention = none here" in r.stdout

@@ -8,9 +8,7 @@ hand, and transformers' LlamaConfig for a Hugging Face model.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,8 +17,8 @@ import pytest
 from zeroplan.runtime.discovery.discover import DISCOVERY_FILE, DiscoveredModel, discover_model, discovered_or_cached
 from zeroplan.spec import SpecError
 
-from helpers import ROOT, example
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+from helpers import ROOT, example, run_zeroplan, zeroplan_env
+ENV = zeroplan_env(DS_ACCELERATOR="cpu")
 gpt_task = example("gpt_task")
 
 torch = pytest.importorskip("torch")
@@ -87,10 +85,7 @@ HANGS = "import time\ntime.sleep(120)\n"
 
 
 def _tune(script: Path, out: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zeroplan", "tune", str(script), "--gpus", "2", "--output", str(out), *extra],
-        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=timeout,
-    )
+    return run_zeroplan("tune", str(script), "--gpus", "2", "--output", str(out), *extra, env=ENV, timeout=timeout)
 
 
 @pytest.mark.slow

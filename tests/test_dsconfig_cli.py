@@ -4,14 +4,11 @@ the blog-post config, and one line on stderr (never a traceback) for every bad i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, run_main
+from helpers import ROOT, run_main, run_zeroplan
 
 CONFIGS = ROOT / "tests" / "data" / "configs"
 #: A config of the kind that circulates in blog posts: written for 4 GPUs (128 = 4 × 8 × 4),
@@ -138,10 +135,7 @@ def test_bad_input_through_the_real_console_script(tmp_path):
     """One subprocess run of the real entry point: exit 2, one line, no traceback."""
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    proc = subprocess.run(
-        [sys.executable, "-m", "zeroplan", "validate", str(bad)],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
-    )
+    proc = run_zeroplan("validate", str(bad))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "line 1 column 2" in proc.stderr

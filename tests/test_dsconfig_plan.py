@@ -4,11 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +13,7 @@ from hypothesis import strategies as st
 from zeroplan.dsconfig import build_config, load_config, plan_from_config, resolve_buckets, training_from_config
 from zeroplan.spec import BUCKET_KEYS, DEEPSPEED_DEFAULT_KNOBS, CHECKPOINTING, OFFLOADS, ModelSpec, Plan, SpecError, TrainingSpec
 
-from helpers import ROOT
+from helpers import ROOT, run_zeroplan
 CONFIGS = ROOT / "tests" / "data" / "configs"
 
 
@@ -147,11 +143,7 @@ def test_a_stage_2_config_with_offload_param_is_estimated_as_stage_2_and_probe_r
 
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('launched')\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "zeroplan", "probe", str(script), "--config", str(config), "--gpus", "2", "--params", "7e9",
-         "--workdir", str(tmp_path / "w")],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
-    )
+    r = run_zeroplan("probe", str(script), "--config", str(config), "--gpus", "2", "--params", "7e9", "--workdir", str(tmp_path / "w"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith("zeroplan: error: --config ") and r.stderr.count("\n") == 1 and "ZP202" in r.stderr, r.stderr
     assert not (tmp_path / "w").exists()  # nothing launched, nothing written

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from zeroplan.dsconfig.hf_auto import TrainerArgs, resolve_hf_auto
-from helpers import ROOT
+from helpers import run_zeroplan
 
 transformers = pytest.importorskip("transformers")
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig  # noqa: E402
@@ -89,14 +89,7 @@ def test_bucket_sizes_without_the_model_are_named_with_the_fix():
 
 
 def _validate(*args: str):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = ROOT
-    return subprocess.run([sys.executable, "-m", "zeroplan", "validate", *args], capture_output=True, text=True, cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root), "COLUMNS": "250"}, timeout=120)
+    return run_zeroplan("validate", *args, columns=250)
 
 
 def test_validate_shows_what_each_auto_resolves_to(tmp_path):
@@ -128,17 +121,9 @@ def test_export_for_hf_resolves_back_to_the_plain_export(tmp_path, plan_args):
     """export --for hf, filled by transformers' own HfTrainerDeepSpeedConfig with the flags export
     prints, is exactly the plain DeepSpeed export of the same plan."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = ROOT
-    env = {**os.environ, "PYTHONPATH": str(root)}
 
     def export(*extra):
-        r = subprocess.run([sys.executable, "-m", "zeroplan", "export", "--model", "llama-2-7b", "--gpus", "1", *plan_args, *extra],
-                           capture_output=True, text=True, cwd=root, env=env, timeout=120)
+        r = run_zeroplan("export", "--model", "llama-2-7b", "--gpus", "1", *plan_args, *extra)
         assert r.returncode == 0, r.stderr
         return r
 

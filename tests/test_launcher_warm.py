@@ -9,8 +9,6 @@ tests/test_runtime_faults.py, which runs on the default launcher.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from zeroplan.runtime import ProbeRequest, run_probe, uses_warm_launcher
 from zeroplan.runtime.launch.multinode import NodeLaunch
 from zeroplan.spec import Plan, SpecError, TrainingSpec
 
-from helpers import ROOT
+from helpers import ROOT, run_zeroplan
 SCRIPT = ROOT / "examples" / "train_deepspeed.py"
 
 
@@ -59,8 +57,7 @@ def test_cpu_ranks_compute_with_one_thread_unless_the_user_says(monkeypatch):
 
 
 def test_cli_bad_launcher_is_one_line_and_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "zeroplan", "probe", str(SCRIPT), "--gpus", "2", "--stage", "1", "--launcher", "fork"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = run_zeroplan("probe", str(SCRIPT), "--gpus", "2", "--stage", "1", "--launcher", "fork")
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "--launcher fork is not valid; choose one of warm, torchrun, slurm" in lines[0], r.stderr

@@ -20,7 +20,7 @@ import pytest
 from zeroplan.runtime.launch.multinode import NodeLaunch, check_node_layout, expand_hostlist
 from zeroplan.spec import SpecError
 
-from helpers import ROOT
+from helpers import ROOT, run_zeroplan
 FAKE_SLURM = ROOT / "tests" / "fake_slurm"
 TASK = ROOT / "examples" / "gpt_task.py"
 
@@ -59,7 +59,7 @@ def _slurm_env(tmp_path: Path, nodelist: str = "localhost,127.0.0.1", **extra: s
 
 
 def _zeroplan(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zeroplan", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    return run_zeroplan(*args, env=env, timeout=timeout)
 
 
 def _alive(pid: int) -> bool:

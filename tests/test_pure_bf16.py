@@ -6,9 +6,6 @@ Measured on 1-2 CPU ranks: benchmarks/results/pure_bf16.txt (14 runs, |error| <=
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +14,7 @@ from zeroplan.estimator.activations import activation_memory
 from zeroplan.estimator.fsdp import fsdp_memory
 from zeroplan.spec import ClusterSpec, Plan, SpecError, TrainingSpec, optimizer_state_bytes_per_param
 
-from helpers import ROOT, example
+from helpers import ROOT, example, run_zeroplan
 
 GPT_ARGS = ("--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "8192", "--seq-len", "128")
 
@@ -109,9 +106,7 @@ def test_deepspeed_refuses_bf16_pure():
         estimate_plan(spec, _cluster(2), training, Plan(stage=2, micro_batch=1))
     with pytest.raises(SpecError, match="modelled for engine fsdp, fsdp1 only"):
         build_config(Plan(stage=2, micro_batch=1), world_size=2, training=training)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-m", "zeroplan", "estimate", "--params", "1e9", "--precision", "bf16-pure"],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = run_zeroplan("estimate", "--params", "1e9", "--precision", "bf16-pure", columns=200)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "--engine fsdp" in r.stderr
 

@@ -17,15 +17,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import ROOT, example
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+from helpers import EXAMPLES, ROOT, example, zeroplan_env
+
+ENV = zeroplan_env(DS_ACCELERATOR="cpu")
+#: ENV with examples/ importable too, for a task script that imports an example's model.
+ENV_EXAMPLES = zeroplan_env(DS_ACCELERATOR="cpu", PYTHONPATH=f"{ROOT}{os.pathsep}{EXAMPLES}")
 PROBED = ("ok", "oom", "error", "timeout")
 
 CRASHING_TASK = textwrap.dedent(
     """
-    import sys
-    sys.path.insert(0, {examples!r})
-    import gpt_task
+    import gpt_task  # examples/ is on the PYTHONPATH the test gives (ENV_EXAMPLES)
     from zeroplan.runtime.rank.task import Task
 
 
@@ -56,7 +57,7 @@ def run_tune(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 
 def crashing_task(tmp_path: Path) -> Path:
     path = tmp_path / "crashing_task.py"
-    path.write_text(CRASHING_TASK.format(examples=str(ROOT / "examples")))
+    path.write_text(CRASHING_TASK)
     return path
 
 
@@ -163,7 +164,7 @@ def test_two_tune_processes_share_one_storage_and_survive_crashing_probes(tmp_pa
     for name in ("a", "b"):
         args = [str(script), "--gpus", "1", "--trials", "3", "--global-batch", "16", "--timeout", "120",
                 "--output", str(tmp_path / name), "--storage", str(storage), "--resume"]
-        procs.append(subprocess.Popen(tune_cmd(*args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen(tune_cmd(*args), cwd=ROOT, env=ENV_EXAMPLES, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = [p.communicate(timeout=500) for p in procs]
     for p, (so, se) in zip(procs, results):
         assert p.returncode == 1, so + se
