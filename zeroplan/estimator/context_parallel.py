@@ -100,30 +100,41 @@ def context_parallel_activation_memory(model: ModelSpec, training: TrainingSpec,
 
 def ring_attention_backward_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, precision: str, cp: int,
                                   rotate: str = "allgather") -> dict[str, int]:
-    """Bytes one layer's ring-attention backward allocates beyond the saved tensors (freed when it
-    returns), by buffer (``_templated_ring_attention_backward``, module docstring).
+    """Bytes one layer's ring-attention backward has alive at its peak beyond its inputs (the saved
+    q, k, v, output, logsumexp and the incoming gradient), by buffer; all freed when it returns
+    (``_templated_ring_attention_backward``, ``_attention.py:488-655``).
 
     With s_l = s/cp tokens on the rank, b the micro-batch, a heads of dimension d (K/V repeated
-    to a heads), e bytes per element, and one K/V chunk c = 2·e·b·s_l·a·d:
+    to a heads), e bytes per element, n = b·s_l·a·d and one K/V chunk c = 2·e·n, at the kernel
+    call of a step after the first:
 
     * ``key_value_ring``: all-gather: the gathered chunks of all cp ranks, cp·c, beside the
-      concatenated local chunk it was sent from, c; all-to-all: the chunk in use, the one sent and
-      the one received, 3·c.
-    * ``fp32_qkv_gradients``: dQ, dK, dV accumulators, 4·b·s_l·3a·d.
-    * ``kv_gradient_ring``: the fp32 dK/dV sent (``torch.cat``) and the one received, 2·(4/e)·c.
-    * ``step_gradients``: one step's kernel outputs dq, dk, dv in the compute dtype, e·b·s_l·3a·d.
+      concatenated local chunk the first step sent (``next_kv``, still referenced), c; all-to-all:
+      the chunk in use, the one sent and the one received, 3·c.
+    * ``fp32_qkv_gradients``: the dQ, dK, dV accumulators (``torch.zeros_like(..., dtype=
+      accum_dtype)``), 3·4·n.
+    * ``kv_gradient_ring``: the fp32 dK/dV concatenated and sent (``next_grad_kv``) and the one
+      received from the previous rank, 2·2·4·n.
+    * ``step_gradients``: the previous step's dq, dk, dv (``grad_query_``… are rebound only when
+      the kernel returns) and the new ones — on a rank whose later chunk of queries meets a K/V
+      chunk (load balancing, ``i > rank``): dq for half the queries, full dk and dv: e·n·(3 + 2.5).
+    * ``logsumexp_half``: that step's ``logsumexp.chunk(2)[1].contiguous()``, fp32 b·a·s_l/2.
+
+    Measured on 2 and 4 gloo ranks with torch's own functions (benchmarks/ring_attention_memory.py:
+    the live-storage peak of ``_templated_ring_attention_backward`` equals this sum to the byte).
     """
     if rotate not in RING_ROTATE_METHODS:
         raise SpecError(f"rotate={rotate!r} is not valid; choose one of {', '.join(RING_ROTATE_METHODS)}")
     e = bytes_per_param(precision)
-    s_l, b = seq_len // cp, micro_batch
-    qkv = b * s_l * 3 * model.num_heads * model.head_dim
-    chunk = 2 * e * b * s_l * model.num_heads * model.head_dim
+    s_l, b, a, d = seq_len // cp, micro_batch, model.num_heads, model.head_dim
+    n = b * s_l * a * d
+    chunk = 2 * e * n
     return {
         "key_value_ring": (cp + 1) * chunk if rotate == "allgather" else 3 * chunk,
-        "fp32_qkv_gradients": _F32 * qkv,
-        "kv_gradient_ring": 2 * chunk * _F32 // e,
-        "step_gradients": e * qkv,
+        "fp32_qkv_gradients": 3 * _F32 * n,
+        "kv_gradient_ring": 2 * 2 * _F32 * n,
+        "step_gradients": e * n * 3 + e * n * 5 // 2,
+        "logsumexp_half": _F32 * b * a * s_l // 2,
     }
 
 
