@@ -120,8 +120,10 @@ def ring_attention_backward_bytes(model: ModelSpec, *, seq_len: int, micro_batch
       chunk (load balancing, ``i > rank``): dq for half the queries, full dk and dv: e·n·(3 + 2.5).
     * ``logsumexp_half``: that step's ``logsumexp.chunk(2)[1].contiguous()``, fp32 b·a·s_l/2.
 
-    Measured on 2 and 4 gloo ranks with torch's own functions (benchmarks/ring_attention_memory.py:
-    the live-storage peak of ``_templated_ring_attention_backward`` equals this sum to the byte).
+    Measured on 2 and 4 gloo ranks with torch's own functions (benchmarks/ring_attention_memory.py,
+    results/ring_attention_memory.txt): rank 0's live-storage peak of
+    ``_templated_ring_attention_backward`` equals this sum to the byte in 6 of 8 measurements; the
+    other ranks' peak, at their dK/dV exchange, reads 1.5-1.8 % above.
     """
     if rotate not in RING_ROTATE_METHODS:
         raise SpecError(f"rotate={rotate!r} is not valid; choose one of {', '.join(RING_ROTATE_METHODS)}")

@@ -53,10 +53,14 @@ def estimate_fsdp(
     from zeroplan.estimator.fsdp import fsdp_memory
 
     acts = activation_memory(model, training, plan)
+    layout_note = []
+    if activation_bytes is not None and plan.cp > 1:
+        # A trace is of one rank holding the whole sequence; the cp split is the formula's.
+        activation_bytes, layout_note = None, ["activations from the formula for this cp layout, not the trace"]
     act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
     mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total,
                       flat_units=engine == "fsdp1")
-    notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
+    notes: list[str] = layout_note if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
         notes.append(duplicate)
