@@ -10,7 +10,7 @@ storage the CPU probes measure) gives the backward's peak above its inputs, whic
 :func:`zeroplan.estimator.context_parallel.ring_attention_backward_bytes` for one layer; the
 output is compared with ``scaled_dot_product_attention`` over the whole sequence on the same chunks.
 
-    PYTHONPATH=. python benchmarks/ring_attention_memory.py [--cp 2 4] [--out benchmarks/results/ring_attention_memory.txt]
+    PYTHONPATH=. python benchmarks/ring_attention_memory.py [--cp 2 4] [--shape 1,4,512,16] [--out FILE] [--json FILE]
 """
 
 from __future__ import annotations
@@ -94,11 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--shape", help="one shape b,heads,s,d instead of the defaults")
+    parser.add_argument("--json", type=Path, help="also write the measurements as JSON")
     args = parser.parse_args(argv)
+    shapes = (tuple(int(x) for x in args.shape.split(",")),) if args.shape else SHAPES
+    results = []
     lines = [f"{'cp':>3} {'b,heads,s,d':>14} {'measured peak (max over ranks)':>31} {'predicted':>10} {'error':>7} {'|out - SDPA|':>13}"]
     for cp in args.cp:
-        for shape in SHAPES:
+        for shape in shapes:
             r = measure(cp, shape)
+            results.append(r)
             worst = max(r["peaks"])
             lines.append(f"{cp:>3} {','.join(map(str, shape)):>14} {worst:>31,} {r['predicted']:>10,} "
                          f"{(r['predicted'] - worst) / worst:>+7.1%} {r['max_abs_error']:>13.4f}   ranks {r['peaks']}")
@@ -106,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(results))
     return 0
 
 

@@ -9,6 +9,8 @@ ring's output), torchtitan's Table 2 (about the same memory per GPU from CP 1 at
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -25,7 +27,7 @@ from zeroplan.profiles import load_gpu
 from zeroplan.profiles.resolve import resolve_model
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec
 
-from helpers import ROOT, run_zeroplan
+from helpers import ROOT, run_zeroplan, zeroplan_env
 
 LLAMA3_8B = resolve_model(None, "llama-3-8b")
 H100_X8 = ClusterSpec(gpu=load_gpu("h100-80gb"), gpus=8, gpus_per_node=8)
@@ -185,18 +187,16 @@ def test_estimate_widens_to_cp_when_nothing_fits_and_json_has_the_layout():
 
 
 @pytest.mark.slow
-def test_formula_against_torch_ring_attention_on_gloo():
+def test_formula_against_torch_ring_attention_on_gloo(tmp_path):
     """torch's _templated_ring_attention(_backward) on 2 gloo ranks (CPU flash kernels): the output
     equals SDPA over the whole sequence, and the backward's peak beyond its inputs is the formula's
     (benchmarks/results/ring_attention_memory.txt: rank 0 equals it to the byte in 6 of 8
     measurements, the other ranks read 1.5-1.8 % above, and two measurements of one run read
     9-11 % above — the bound below)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ring_attention_memory", ROOT / "benchmarks" / "ring_attention_memory.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    r = bench.measure(2, (1, 4, 512, 16))
+    out = tmp_path / "ring.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ring_attention_memory.py"), "--cp", "2", "--shape", "1,4,512,16",
+                    "--json", str(out)], cwd=ROOT, env=zeroplan_env(), check=True, capture_output=True, timeout=600)
+    (r,) = json.loads(out.read_text())
     assert r["max_abs_error"] < 0.02
     assert r["predicted"] == 837_632
     assert r["predicted"] <= min(r["peaks"]) <= 1.02 * r["predicted"]
