@@ -3,7 +3,7 @@ rank, the ring's transient buffers and its traffic. Stdlib only.
 
 PyTorch's context parallelism (``torch.distributed.tensor.experimental.context_parallel``; the
 implementation in ``torch/distributed/tensor/experimental/_context_parallel/_attention.py``,
-torch 2.13; ``torch/distributed/tensor/experimental/_attention.py`` before 2.8) shards every
+torch 2.13; ``torch/distributed/tensor/experimental/_attention.py`` in earlier releases) shards every
 sequence buffer of a step (inputs, labels, RoPE's ``freqs_cis``) over the cp ranks and replaces
 SDPA by ring attention:
 
@@ -202,7 +202,7 @@ def context_parallel_step_time(model: ModelSpec, cluster: ClusterSpec, training:
     Compute: the whole sample's FLOPs per token (attention at the full sequence: each local query
     attends to its whole causal context; the load balancer evens the causal work) for
     micro_batch·g·s tokens, over cp ranks. The ring: the all-gather is issued before the first
-    step's attention kernel and waited for before the second (``_attention.py:443-452``), so it
+    step's attention kernel and waited for before the second (``_attention.py:429-439``, 475), so it
     hides behind one step's attention, 1/cp of the layer's attention core per pass; the rest is
     exposed. Returns (timing, RingComm)."""
     from zeroplan.estimator.timing import flops_per_token
