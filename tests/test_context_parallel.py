@@ -173,6 +173,8 @@ def test_estimate_widens_to_cp_when_nothing_fits_and_json_has_the_layout():
     doc = json.loads(result.stdout)
     best = doc["plans"][0]
     assert best["layout"] == {"dp": 1, "sp": 1, "tp": 1, "ep": 1, "cp": 8} and best["verdict"] != "oom"
+    # The ring's traffic per step (ring_comm) beside the step time.
+    assert best["layout_comm"]["total"] == ring_comm(LLAMA3_8B, _training(262_144), Plan(stage=3, checkpointing="full", cp=8)).total
     assert "context-parallel" in doc["layout_note"]
     asked = run_zeroplan("estimate", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "h100-80gb", "--seq-len", "262144",
                          "--engine", "fsdp", "--stage", "3", "--checkpointing", "full", "--micro-batch", "1", "--cp", "1")

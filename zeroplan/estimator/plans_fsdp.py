@@ -114,9 +114,9 @@ def estimate_fsdp(
         from zeroplan.estimator.context_parallel import context_parallel_step_time
 
         local = step_time(model, cluster, replace(training, seq_len=training.seq_len // plan.cp), plan, comm)
-        timing, _ = context_parallel_step_time(model, cluster, training, plan, local)
+        timing, ring = context_parallel_step_time(model, cluster, training, plan, local)
     else:
-        timing = step_time(model, cluster, training, plan, comm)
+        timing, ring = step_time(model, cluster, training, plan, comm), None
     # Tokens per step: the data-parallel replicas' samples (world/cp of them) at the full sequence.
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * plan.data_parallel(cluster.gpus) * training.seq_len
     fits, reasons = _fit_notes(gpu, host, cluster)
@@ -145,6 +145,7 @@ def estimate_fsdp(
         allocator=allocator,
         judgement=judgement,
         model_build=build,
+        layout_comm=ring,
     )
 
 
