@@ -10,7 +10,7 @@ import typer
 
 from zeroplan.spec import SpecError
 
-__all__ = ["CpOpt", "refuse_context_parallel"]
+__all__ = ["CpOpt", "CpRefusedOpt", "refuse_context_parallel"]
 
 CpOpt = Annotated[
     Optional[str],
@@ -20,6 +20,14 @@ CpOpt = Annotated[
         "--engine fsdp): 4, a list 1,2,4 or auto [default: 1; estimate --engine fsdp widens to auto when nothing fits at 1].",
         rich_help_panel="Plan",
     ),
+]
+
+#: ``--cp`` on the commands that write or run plans (export, tune): accepted so that a degree above 1
+#: gets one clear line, not an unknown-option panel.
+CpRefusedOpt = Annotated[
+    Optional[str],
+    typer.Option("--cp", help="Context-parallel degree: estimate only (zeroplan estimate --engine fsdp --cp N); above 1 is refused here.",
+                 rich_help_panel="Plan"),
 ]
 
 
