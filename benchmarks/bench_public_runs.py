@@ -142,13 +142,19 @@ def estimate_row(row: dict, workdir: Path) -> dict:
             est_kwargs["expandable_segments"] = True
         else:
             fallback.append("expandable_segments→off")
-    # The parallel layout (sp: Ulysses, tp: AutoTP) and ALST's TiledMLP, where the row names them.
+    # The parallel layout (sp: Ulysses, tp: AutoTP; cp below) and ALST's TiledMLP, where the row names them.
     layout = {k: row[k] for k in ("sp", "tp") if row.get(k, 1) > 1}
     if layout:
         if _accepts(enumerate_plans, "sp"):
             plan_kwargs.update({k: (v,) for k, v in layout.items()})
         else:
             fallback.append(", ".join(f"{k} {v}→1" for k, v in layout.items()))
+    # Context parallelism (ring attention under FSDP2: torchtitan's context_parallel_degree).
+    if row.get("cp", 1) > 1:
+        if _accepts(enumerate_plans, "cp"):
+            plan_kwargs["cp"] = (row["cp"],)
+        else:
+            fallback.append(f"cp {row['cp']}→1")
     if row.get("tiled_mlp"):
         if _accepts(enumerate_plans, "tiled_mlp"):
             plan_kwargs["tiled_mlp"] = True

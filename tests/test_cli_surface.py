@@ -69,6 +69,10 @@ SURFACE = {
     }),
 }
 
+#: Context parallelism (zeroplan/cli/context_option.py): estimate plans it; export and tune refuse it in one line.
+for _command in ("estimate", "export", "tune"):
+    SURFACE[_command][1].add("--cp")
+
 #: The recipe options (zeroplan/cli/recipe_options.py): every planning command takes them.
 RECIPE_FLAGS = {"--recipe", "--generations", "--completion-len", "--vllm-gpu-memory", "--vllm-sleep", "--reference"}
 for _command in ("estimate", "export", "validate", "probe", "tune"):

@@ -157,7 +157,7 @@ def test_pure_data_parallel_json_has_its_layout():
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert "layout_note" not in doc
-    assert all(p["layout"] == {"dp": 4, "sp": 1, "tp": 1, "ep": 1} and "sp" not in p for p in doc["plans"])
+    assert all(p["layout"] == {"dp": 4, "sp": 1, "tp": 1, "ep": 1, "cp": 1} and "sp" not in p for p in doc["plans"])
 
 
 def test_exported_layout_keys_read_back_by_deepspeed_and_zeroplan(tmp_path):

@@ -126,6 +126,9 @@ def recommendation(estimates: "list[PlanEstimate]", options: dict) -> str:
     if not engine_facts(best.engine).runs:
         # export writes DeepSpeed configs and FSDP2 settings; an FSDP1 run keeps its own wrapper.
         return use
+    if best.plan.cp > 1:
+        # export does not write context-parallel plans (zeroplan.cli.context_option): name the torchtitan setting.
+        return f"{use}\nRun it with torchtitan: --parallelism.context_parallel_degree {best.plan.cp} (zeroplan export does not write cp plans)"
     return f"{use}\nWrite it: {export_command(best, options)}"
 
 
@@ -350,7 +353,7 @@ def estimate(
     request = EstimateRequest(
         model=model_spec, cluster=cluster, training=training, stage=plan_opts.stage, offload_optimizer=plan_opts.offload_optimizer,
         offload_param=plan_opts.offload_param, checkpointing=checkpointing, sp=sp_degrees, tp=tp_degrees, tiled_mlp=plan_opts.tiled_mlp,
-        ep=plan_opts.ep, engine=engine_opts.name, optimizer_impl=engine_opts.optimizer_impl, buckets=plan_buckets,
+        ep=plan_opts.ep, cp=plan_opts.context_degrees(), engine=engine_opts.name, optimizer_impl=engine_opts.optimizer_impl, buckets=plan_buckets,
         expandable_segments=expandable_segments, model_build=model_build, activation_bytes=traced, recipe=recipe_spec,
         recipe_models=recipe_models(recipe_spec) if recipe_spec is not None else {},
     )

@@ -19,6 +19,7 @@ import typer
 from zeroplan.cli import app
 from zeroplan.cli.common import OutputOpt, check_choice_option, write_output
 from zeroplan.cli.expert_option import EpOpt
+from zeroplan.cli.context_option import CpRefusedOpt, refuse_context_parallel
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
@@ -89,7 +90,8 @@ def _write(outcome, request, *, output, accelerate_config: Optional[str]) -> Non
 @grouped
 def export(
     model_opts: ModelOptions, cluster_opts: ClusterOptions, training_opts: TrainingOptions,
-    plan_opts: Annotated[PlanOptions, Take(only=("stage", "offload_optimizer", "offload_param", "checkpointing", "sp", "tp", "tiled_mlp"))],
+    plan_opts: Annotated[PlanOptions, Take(only=("stage", "offload_optimizer", "offload_param", "checkpointing", "sp", "tp", "tiled_mlp", "cp"),
+                                           options={"cp": CpRefusedOpt})],
     cpu_checkpointing: CpuCkptOpt = False, nvme_path: NvmePathOpt = None, lr: LrOpt = 1e-4, warmup_steps: WarmupOpt = 100,
     total_steps: TotalStepsOpt = None, peft_opts: PeftGroup = None, engine_opts: ExportEngine = None, ep: EpOpt = None,
     target: ForOpt = "deepspeed", accelerate_config: AccelerateOpt = None, output: OutputOpt = None, recipe_opts: RecipeOptions = None,
@@ -106,6 +108,7 @@ def export(
     from zeroplan.profiles.recipe_models import recipe_models
 
     plan_opts.check()
+    refuse_context_parallel("export", plan_opts.context_degrees())
     recipe_spec = recipe_opts.resolve()
     if recipe_spec is not None:
         recipe_spec.check_sequence(training_opts.seq_len)

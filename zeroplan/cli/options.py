@@ -34,6 +34,7 @@ import typer
 from zeroplan.cli import common as c
 from zeroplan.cli import recipe_options as r
 from zeroplan.cli.expert_option import EpOpt
+from zeroplan.cli.context_option import CpOpt
 from zeroplan.spec import SpecError
 
 __all__ = [
@@ -160,6 +161,7 @@ class PlanOptions(OptionGroup):
     tp: Optional[str] = _opt(c.TpOpt)
     tiled_mlp: bool = _opt(c.TiledMlpOpt, False)
     ep: Optional[str] = _opt(EpOpt)
+    cp: Optional[str] = _opt(CpOpt)
 
     def check(self) -> None:
         """The spellings of stage, offloads and checkpointing (combinations: :class:`~zeroplan.spec.Plan`)."""
@@ -169,6 +171,12 @@ class PlanOptions(OptionGroup):
     def layout(self) -> tuple:
         """``--sp``/``--tp`` degrees (None where not given)."""
         return c.resolve_layout_options(self.sp, self.tp)
+
+    def context_degrees(self):
+        """``--cp`` degrees (None where not given; :func:`~zeroplan.estimator.layout_space.parse_degrees`)."""
+        from zeroplan.estimator.layout_space import parse_degrees
+
+        return None if self.cp is None else parse_degrees("--cp", self.cp)
 
 
 # --------------------------------------------------------------------------------- fine-tuning

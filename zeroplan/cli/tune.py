@@ -10,6 +10,7 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import RunGpusOpt, check_choice_option, require_runtime, terminal_width
+from zeroplan.cli.context_option import CpRefusedOpt, refuse_context_parallel
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
@@ -70,7 +71,8 @@ TuneEngine = Annotated[EngineOptions, Take(options={"engine": Annotated[str, typ
     "--engine", help="deepspeed | fsdp (fsdp runs zeroplan tasks only); as in estimate and export (old name: --backend).", rich_help_panel=_TUNE)]})]
 TuneCluster = Annotated[ClusterOptions, Take(options={"gpus": RunGpusOpt})]
 TuneTraining = Annotated[TrainingOptions, Take(options={"seq_len": SeqLenTuneOpt}, defaults={"seq_len": None})]
-TunePlan = Annotated[PlanOptions, Take(only=("stage", "offload_optimizer", "offload_param", "checkpointing", "sp", "tp", "ep"))]
+TunePlan = Annotated[PlanOptions, Take(only=("stage", "offload_optimizer", "offload_param", "checkpointing", "sp", "tp", "ep", "cp"),
+                                   options={"cp": CpRefusedOpt})]
 TuneRecipe = Annotated[RecipeOptions, Take(only=("recipe", "generations", "completion_len", "vllm_gpu_memory", "vllm_sleep", "reference"))]
 ScriptArg = Annotated[Path, typer.Argument(help="Training script: a DeepSpeed script or a zeroplan task (zeroplan_task()).")]
 ScriptArgsArg = Annotated[Optional[List[str]], typer.Argument(help="Arguments for the script, after --.", show_default=False)]
@@ -123,6 +125,7 @@ def _request(flags: dict[str, Any], *, plan: PlanOptions, engine: EngineOptions,
     f = flags
     script = f["script"]
     plan.check()
+    refuse_context_parallel("tune", plan.context_degrees())
     check_choice_option(engine.flag, engine.name, RUNNABLE_ENGINES)
     check_tune_precision(f["precision"])
     gpus = cluster.world(runs_here=True)

@@ -351,6 +351,11 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
       the logits, like examples/gpt_task.py, uses e·sbV less). At large V this dominates
       (Llama-3's V = 128256 at s = 8192: 14.7 GB per sample) — the case for chunked cross-entropy.
     """
+    if plan.cp > 1:
+        # Context parallelism: every term at the rank's s/cp tokens (zeroplan.estimator.context_parallel).
+        from zeroplan.estimator.context_parallel import context_parallel_activation_memory
+
+        return context_parallel_activation_memory(model, training, plan)
     if plan.sp > 1 or plan.tp > 1 or plan.tiled_mlp:
         # Ulysses sequence parallelism, AutoTP and TiledMLP (zeroplan.estimator.sequence_parallel).
         from zeroplan.estimator.sequence_parallel import layout_activation_memory

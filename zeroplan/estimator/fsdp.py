@@ -359,9 +359,13 @@ def fsdp_memory(
     acc_root = {"accumulated_unsharded_gradients": acc_bytes * root_g} if accumulating else {}
     # FSDP1 never reshards the root after forward (fsdp1 module docstring): held into backward.
     root_held = {"root_unsharded_params": root_p} if flat_units and plan.stage == 3 else {}
+    # Context parallelism: the ring attention backward's buffers inside the block's backward
+    # (zeroplan.estimator.context_parallel.ring_attention_backward_bytes), one item.
+    ring = {"ring_attention_backward": _ring_backward(model, training, plan)} if plan.cp > 1 else {}
     phases = {
         "loss_backward": {"activations": loss_acts, "unsharded_params": loss_unsharded, **root_held, **acc_all},
         "block_backward": {
+            **ring,
             "activations": layers_only,
             "root_unsharded_params": root_p,
             "head_gradient": head_grad,
@@ -404,6 +408,14 @@ def fsdp_memory(
     else:
         states = ModelStates(params=params, gradients=grads, optimizer_states=optimizer)
     return FsdpMemory(states=states, phases=phases, host_items={**host, **paged_host})
+
+
+def _ring_backward(model: ModelSpec, training: TrainingSpec, plan: Plan) -> int:
+    """Bytes of one layer's ring-attention backward buffers on a cp rank (freed when it returns)."""
+    from zeroplan.estimator.context_parallel import ring_attention_backward_bytes
+
+    return sum(ring_attention_backward_bytes(model, seq_len=training.seq_len, micro_batch=plan.micro_batch,
+                                             precision=training.precision, cp=plan.cp).values())
 
 
 def _in_backward_phases(training: TrainingSpec, plan: Plan, n: int, *, m: int, largest: int, optimizer_impl: str, on_gpu: bool,

@@ -68,7 +68,13 @@ def explicit_layout(sp: Optional[Degrees], tp: Optional[Degrees], *, tiled_mlp: 
 
 def check_layout(model: Optional[ModelSpec], cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, engine: str = "deepspeed") -> None:
     """SpecError unless ``plan``'s (sp, tp) layout is one the engine runs (module docstring);
-    without a model (an explicit ``export`` with no --model) the head rules are left out."""
+    without a model (an explicit ``export`` with no --model) the head rules are left out. A cp
+    degree has its own rules (:func:`~zeroplan.estimator.context_parallel.check_context_parallel`)."""
+    if plan.cp > 1:
+        from zeroplan.estimator.context_parallel import check_context_parallel
+
+        check_context_parallel(model, cluster, training, plan, engine=engine)
+        return
     if engine != "deepspeed":
         raise SpecError(f"sp={plan.sp}, tp={plan.tp}: sequence and tensor parallelism are modelled for DeepSpeed (Ulysses, AutoTP); "
                         "use --engine deepspeed or sp=tp=1")
@@ -144,7 +150,7 @@ def layout_step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 
 def estimate_with_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, sp: Optional[Degrees], tp: Optional[Degrees],
                           plan_options: dict, estimate_options: dict, expand=None,
-                          estimate_many=None) -> tuple[list, Optional[str]]:
+                          estimate_many=None, cp: Optional[Degrees] = None) -> tuple[list, Optional[str]]:
     """Enumerate and estimate the plan space, widening to sequence parallelism when it is needed.
 
     ``sp``/``tp`` None means the user did not ask for a layout: the space is pure data parallelism,
@@ -155,17 +161,24 @@ def estimate_with_layouts(model: ModelSpec, cluster: ClusterSpec, training: Trai
     given, widens each enumerated list before it is estimated (``--ep``: the expert-parallel
     degrees, :func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`); ``estimate_many``
     (same arguments as :func:`~zeroplan.estimator.estimate_all`) replaces it, e.g. to estimate under
-    a post-training recipe (:func:`~zeroplan.estimator.plans_recipe.estimate_recipe_all`). Returns
-    (estimates best first, note).
+    a post-training recipe (:func:`~zeroplan.estimator.plans_recipe.estimate_recipe_all`). ``cp``
+    (``--cp``; None: not asked) is context parallelism under ``--engine fsdp``: when nothing fits
+    there, the space widens to every cp > 1 the GPUs and sequence accept, as sp does for DeepSpeed.
+    Returns (estimates best first, note).
     """
     from zeroplan.estimator.plans import estimate_all
     from zeroplan.estimator.plan_space import enumerate_plans
 
     expand = expand or (lambda plans: plans)
     estimate_all = estimate_many or estimate_all
-    plans = expand(enumerate_plans(model, cluster, training, sp=sp or (1,), tp=tp or (1,), **plan_options))
+    plans = expand(enumerate_plans(model, cluster, training, sp=sp or (1,), tp=tp or (1,), cp=cp or (1,), **plan_options))
     estimates = estimate_all(model, cluster, training, plans, **estimate_options)
-    if sp is not None or tp is not None or any(e.fits for e in estimates) or estimate_options.get("engine", "deepspeed") != "deepspeed":
+    if cp is None and sp is None and tp is None and not any(e.fits for e in estimates) and estimate_options.get("engine") == "fsdp":
+        from zeroplan.estimator.context_parallel import widen_to_context_parallel
+
+        return widen_to_context_parallel(model, cluster, training, estimates, plan_options=plan_options,
+                                         estimate=lambda plans: estimate_all(model, cluster, training, expand(plans), **estimate_options))
+    if cp is not None or sp is not None or tp is not None or any(e.fits for e in estimates) or estimate_options.get("engine", "deepspeed") != "deepspeed":
         return estimates, None
     try:
         wider = expand([p for p in enumerate_plans(model, cluster, training, sp=AUTO, tp=(1,), **plan_options) if p.sp > 1])

@@ -95,6 +95,7 @@ def enumerate_plans(
     sp: "Degrees" = (1,),
     tp: "Degrees" = (1,),
     tiled_mlp: bool = False,
+    cp: "Degrees" = (1,),
 ) -> list[Plan]:
     """Every valid plan, optionally filtered; accumulation derived from the training spec.
 
@@ -108,9 +109,20 @@ def enumerate_plans(
     ``sp`` and ``tp`` (a tuple of degrees or ``"auto"``) add the parallel layouts
     (:func:`~zeroplan.estimator.layout_space.valid_layouts`); the global-batch arithmetic then runs
     over each layout's data-parallel degree world/(sp·tp). The default (1,) and (1,) is pure data
-    parallelism, the plans as before. ``tiled_mlp`` gives every plan ALST's TiledMLP.
+    parallelism, the plans as before. ``tiled_mlp`` gives every plan ALST's TiledMLP. ``cp``
+    (degrees or ``"auto"``) adds context-parallel layouts under ``engine="fsdp"``
+    (:func:`~zeroplan.estimator.context_parallel.valid_cp_degrees`), dp = world/cp.
     """
     stages = (stage,) if stage is not None else (0, 1, 2, 3)
+    if cp == "auto" or tuple(cp) != (1,):
+        from zeroplan.estimator.context_parallel import valid_cp_degrees
+
+        if tuple(sp) != (1,) or tuple(tp) != (1,):
+            raise SpecError("--cp with --sp/--tp: context parallelism combines with data parallelism only here; give --cp alone")
+        return [p for c, layout_stages in valid_cp_degrees(model, cluster, training, cp=cp, stages=stages, engine=engine)
+                for p in _plans_for_layout(model, cluster, training, 1, 1, layout_stages, tiled_mlp=tiled_mlp, offload_optimizer=offload_optimizer,
+                                           offload_param=offload_param, checkpointing=checkpointing, micro_batches=micro_batches,
+                                           engine=engine, optimizer_impl=optimizer_impl, buckets=buckets, stage=stage, cp=c)]
     if tuple(sp) == (1,) and tuple(tp) == (1,):
         return _plans_for_layout(model, cluster, training, 1, 1, stages, tiled_mlp=tiled_mlp, offload_optimizer=offload_optimizer, offload_param=offload_param,
                                  checkpointing=checkpointing, micro_batches=micro_batches, engine=engine, optimizer_impl=optimizer_impl,
@@ -132,9 +144,9 @@ def enumerate_plans(
 
 
 def _plans_for_layout(model, cluster, training, sp: int, tp: int, stages, *, tiled_mlp, offload_optimizer, offload_param, checkpointing,
-                      micro_batches, engine, optimizer_impl, buckets, stage) -> list[Plan]:
-    """:func:`enumerate_plans` for one (sp, tp) layout."""
-    dp = cluster.gpus // (sp * tp)
+                      micro_batches, engine, optimizer_impl, buckets, stage, cp: int = 1) -> list[Plan]:
+    """:func:`enumerate_plans` for one (sp, tp) or cp layout."""
+    dp = cluster.gpus // (sp * tp * cp)
     # A global batch the GPUs cannot split fails for every micro-batch: say so about the GPUs, not
     # about whichever micro-batch was tried last.
     training.check_divides(dp)
@@ -151,6 +163,8 @@ def _plans_for_layout(model, cluster, training, sp: int, tp: int, stages, *, til
         assert last_error is not None
         raise last_error
     layout = {"sp": sp, "tp": tp} if sp * tp > 1 else {}
+    if cp > 1:
+        layout["cp"] = cp
     if tiled_mlp:
         layout["tiled_mlp"] = True
     impl_error: Optional[SpecError] = None

@@ -103,7 +103,7 @@ def estimate_plan(
             raise SpecError(f"model_build='zero_init' is DeepSpeed's zero.Init, stage 3 only (here {engine}, stage {plan.stage}); "
                             "choose fp32, bf16, meta or rank0")
     layout = plan.sp > 1 or plan.tp > 1
-    if layout:
+    if layout or plan.cp > 1:
         from zeroplan.estimator.layout_space import check_layout
 
         check_layout(model, cluster, training, plan, engine=engine)

@@ -53,10 +53,14 @@ def estimate_fsdp(
     from zeroplan.estimator.fsdp import fsdp_memory
 
     acts = activation_memory(model, training, plan)
+    layout_note = []
+    if activation_bytes is not None and plan.cp > 1:
+        # A trace is of one rank holding the whole sequence; the cp split is the formula's.
+        activation_bytes, layout_note = None, ["activations from the formula for this cp layout, not the trace"]
     act_total = int(activation_bytes(plan)) if activation_bytes is not None else None
     mem = fsdp_memory(model, cluster, training, plan, acts, device=device, optimizer_impl=optimizer_impl, activation_total=act_total,
                       flat_units=engine_facts(engine).flat_units)
-    notes: list[str] = [] if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
+    notes: list[str] = layout_note if act_total is None else ["activations traced (FakeTensorMode), not from the formula"]
     duplicate = checkpointing_duplicate(model, training, plan.checkpointing)
     if duplicate:
         notes.append(duplicate)
@@ -103,8 +107,18 @@ def estimate_fsdp(
         startup_cpu=fsdp_build_bytes(model, training, build=build, ranks_in_node=g),
     )
     comm = comm_volume(model, cluster, training, plan, engine="fsdp")
-    timing = step_time(model, cluster, training, plan, comm)
-    tokens = plan.micro_batch * plan.gradient_accumulation_steps * cluster.gpus * training.seq_len
+    if plan.cp > 1:
+        # Each cp rank runs s/cp tokens; the ring's collectives (zeroplan.estimator.context_parallel).
+        from dataclasses import replace
+
+        from zeroplan.estimator.context_parallel import context_parallel_step_time
+
+        local = step_time(model, cluster, replace(training, seq_len=training.seq_len // plan.cp), plan, comm)
+        timing, ring = context_parallel_step_time(model, cluster, training, plan, local)
+    else:
+        timing, ring = step_time(model, cluster, training, plan, comm), None
+    # Tokens per step: the data-parallel replicas' samples (world/cp of them) at the full sequence.
+    tokens = plan.micro_batch * plan.gradient_accumulation_steps * plan.data_parallel(cluster.gpus) * training.seq_len
     fits, reasons = _fit_notes(gpu, host, cluster)
     judgement = judge_plan(
         gpu.required, host.cpu_per_node, cluster, nvme_short=False, device=device, expandable_segments=expandable_segments,
@@ -131,6 +145,7 @@ def estimate_fsdp(
         allocator=allocator,
         judgement=judgement,
         model_build=build,
+        layout_comm=ring,
     )
 
 
@@ -180,7 +195,7 @@ def _fsdp_transients(phase: str, items: dict[str, int], acts: Optional[Activatio
         return temps
     # A block's (or the root's) unsharded gradients and their reduce-scatter input; the rebuilt
     # block's activations under recomputation.
-    out = {k: v for k, v in items.items() if k.endswith("unsharded_gradients") or k == "reduce_scatter_input"}
+    out = {k: v for k, v in items.items() if k.endswith("unsharded_gradients") or k in ("reduce_scatter_input", "ring_attention_backward")}
     if acts is not None and acts.recompute_working_set and phase == "block_backward":
         out["rebuilt_block"] = acts.recompute_working_set
     return out

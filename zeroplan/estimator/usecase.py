@@ -60,6 +60,8 @@ class EstimateRequest:
     tiled_mlp: bool = False
     #: ``--ep`` as given (parsed by :func:`~zeroplan.estimator.expert_parallel.parse_expert_degrees`).
     ep: Optional[str] = None
+    #: ``--cp`` degrees (None: not asked; under --engine fsdp the space may widen to cp > 1 when nothing fits).
+    cp: Any = None
     engine: str = "deepspeed"
     optimizer_impl: Optional[str] = None
     #: The plan's bucket fields (and ``overlap_comm``), from the engine options.
@@ -92,7 +94,7 @@ def run_estimate(request: EstimateRequest) -> EstimateOutcome:
     r = request
     recipe = r.recipe
     estimates, layout_note = estimate_with_layouts(
-        r.model, r.cluster, r.training, sp=r.sp, tp=r.tp,
+        r.model, r.cluster, r.training, sp=r.sp, tp=r.tp, cp=r.cp,
         plan_options=dict(stage=3 if r.model_build == "zero_init" else r.stage, offload_optimizer=r.offload_optimizer,
                           offload_param=r.offload_param, checkpointing=r.checkpointing, engine=r.engine,
                           optimizer_impl=r.optimizer_impl, buckets=r.buckets, tiled_mlp=r.tiled_mlp),

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from zeroplan.spec.engines import TORCH_ENGINES
 from zeroplan.spec.errors import SpecError, check_choice, check_positive_int
 
-__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "FSDP_STAGE_NAMES", "divisors", "resolve_engine_knobs"]
+__all__ = ["Plan", "STAGES", "OFFLOADS", "CHECKPOINTING", "CHECKPOINTING_ALIASES", "BUCKET_KEYS", "DEEPSPEED_DEFAULT_KNOBS", "FSDP_STAGE_NAMES", "divisors", "LAYOUT_DEGREES", "resolve_engine_knobs"]
 
 STAGES = (0, 1, 2, 3)
+#: The parallel degrees a plan carries besides data parallelism, in label order.
+LAYOUT_DEGREES = ("sp", "tp", "ep", "cp")
 OFFLOADS = ("none", "cpu", "nvme")
 #: Activation checkpointing as users name it: none; attention (Korthikanti et al. 2022 §4.2:
 #: the attention core recomputed — what Megatron calls "selective"); selective-op (PyTorch's
@@ -85,6 +87,10 @@ class Plan:
     ep: int = 1
     """Expert-parallel degree (DeepSpeed AutoEP ``expert_parallel``): experts split over ep ranks of
     the data-parallel group; 1: off."""
+    cp: int = 1
+    """Context-parallel degree (PyTorch ring attention under FSDP2, torchtitan's
+    ``context_parallel_degree``): each rank holds seq_len/cp tokens of every sample; FSDP shards
+    over dp × cp. 1: off."""
     tiled_mlp: bool = False
     """ALST's TiledMLP (DeepSpeed ``runtime/sequence_parallel/ulysses_sp.py`` ``TiledMLP``): each
     block's MLP runs in sequence tiles without saving its hidden activations and is recomputed tile
@@ -125,7 +131,7 @@ class Plan:
                 raise SpecError(f"{name}={getattr(self, name)!r} is not valid; give true or false")
         if not isinstance(self.overlap_comm, bool):
             raise SpecError(f"overlap_comm={self.overlap_comm!r} is not valid; give true or false")
-        for name in ("sp", "tp", "ep"):
+        for name in ("sp", "tp", "ep", "cp"):
             check_positive_int(name, getattr(self, name), maximum=65_536)
         if not isinstance(self.tiled_mlp, bool):
             raise SpecError(f"tiled_mlp={self.tiled_mlp!r} is not valid; give true or false")
@@ -154,16 +160,17 @@ class Plan:
 
     @property
     def model_parallel(self) -> int:
-        """Ranks that share one data-parallel replica's work: sp × tp (the world is dp × sp × tp;
-        the expert degree ep splits the data-parallel group and does not multiply the world)."""
-        return self.sp * self.tp
+        """Ranks that share one data-parallel replica's work: sp × tp × cp (the world is dp × sp ×
+        tp × cp; the expert degree ep splits the data-parallel group and does not multiply the world)."""
+        return self.sp * self.tp * self.cp
 
     def data_parallel(self, world: int) -> int:
-        """The data-parallel degree on ``world`` ranks: world / (sp × tp). Raises SpecError when
-        sp × tp does not divide the world."""
+        """The data-parallel degree on ``world`` ranks: world / (sp × tp × cp). Raises SpecError when
+        sp × tp × cp does not divide the world."""
         if world % self.model_parallel:
+            cp = f" × cp={self.cp}" if self.cp > 1 else ""
             raise SpecError(
-                f"sp={self.sp} × tp={self.tp} = {self.model_parallel} does not divide {world} GPUs; "
+                f"sp={self.sp} × tp={self.tp}{cp} = {self.model_parallel} does not divide {world} GPUs; "
                 "choose degrees whose product divides the GPU count"
             )
         return world // self.model_parallel
@@ -174,18 +181,19 @@ class Plan:
         (DeepSpeed ``utils/groups.py`` ``_get_sequence_data_parallel_group``: "the process group for
         zero sharding and gradient allreduce must be across both dimensions of data and sequence
         parallelism"; ``runtime/engine.py`` passes it as ``dp_process_group``); AutoTP's ranks hold
-        different shards and do not. Raises SpecError as :meth:`data_parallel`."""
-        return self.data_parallel(world) * self.sp
+        different shards and do not. Context-parallel ranks join FSDP's group likewise (torchtitan
+        shards over the ``dp_shard_cp`` mesh). Raises SpecError as :meth:`data_parallel`."""
+        return self.data_parallel(world) * self.sp * self.cp
 
     def layout(self, world: int) -> dict[str, int]:
-        """The parallel layout on ``world`` ranks: ``{dp, sp, tp, ep}`` (JSON ``layout``)."""
-        return {"dp": self.data_parallel(world), "sp": self.sp, "tp": self.tp, "ep": self.ep}
+        """The parallel layout on ``world`` ranks: ``{dp, sp, tp, ep, cp}`` (JSON ``layout``)."""
+        return {"dp": self.data_parallel(world), "sp": self.sp, "tp": self.tp, "ep": self.ep, "cp": self.cp}
 
     @property
     def layout_label(self) -> str:
-        """The non-trivial degrees, e.g. ``sp4``, ``tp2``, ``sp2.tp2``, ``ep4``; empty for pure data
-        parallelism (so data-parallel labels read as before)."""
-        return ".".join(f"{name}{getattr(self, name)}" for name in ("sp", "tp", "ep") if getattr(self, name) > 1)
+        """The non-trivial degrees, e.g. ``sp4``, ``tp2``, ``sp2.tp2``, ``ep4``, ``cp4``; empty for pure
+        data parallelism (so data-parallel labels read as before)."""
+        return ".".join(f"{name}{getattr(self, name)}" for name in LAYOUT_DEGREES if getattr(self, name) > 1)
 
     @property
     def label(self) -> str:
@@ -209,7 +217,8 @@ class Plan:
         if engine not in TORCH_ENGINES:
             return self.label
         offload = "+offload:cpu" if "cpu" in (self.offload_optimizer, self.offload_param) else ""
-        return f"{FSDP_STAGE_NAMES[self.stage]}{offload}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
+        layout = f"/{self.layout_label}" if self.layout_label else ""
+        return f"{FSDP_STAGE_NAMES[self.stage]}{offload}{layout}/ckpt:{self.checkpointing}/mb{self.micro_batch}/ga{self.gradient_accumulation_steps}"
 
     def as_dict(self) -> dict:
         d = {
@@ -229,7 +238,7 @@ class Plan:
                 d[name] = True
         if not self.overlap_comm and self.stage in (1, 2):
             d["overlap_comm"] = False
-        for name in ("sp", "tp", "ep"):
+        for name in LAYOUT_DEGREES:
             if getattr(self, name) > 1:
                 d[name] = getattr(self, name)
         if self.tiled_mlp:
