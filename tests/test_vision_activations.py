@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from helpers import BENCHMARKS, benchmark
 from test_profiles import QWEN3_VL_30B_A3B
 from zeroplan.estimator.activations import activation_memory
 from zeroplan.estimator.vision import vision_tower_activation_bytes
@@ -20,33 +21,10 @@ SMALL_VISION = {**QWEN3_VL_30B_A3B["vision_config"], "depth": 3, "hidden_size": 
 
 
 def _saved_bytes(vision_config: dict, grid: list[list[int]], *, checkpointing: bool) -> int:
-    """Bytes of every non-parameter storage the vision model's forward saves for backward (bf16, CPU, SDPA)."""
-    torch = pytest.importorskip("torch")
+    """What transformers' vision model keeps for backward (benchmarks/vision_activations.py ``measure``)."""
+    pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeVisionConfig
-    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
-
-    config = Qwen3VLMoeVisionConfig(**{k: v for k, v in vision_config.items() if k != "model_type"})
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = Qwen3VLMoeVisionModel(config).to(torch.bfloat16).train()
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    grid_thw = torch.tensor(grid)
-    patch_values = config.in_channels * config.temporal_patch_size * config.patch_size**2
-    pixels = torch.randn(int(grid_thw.prod(-1).sum()), patch_values, dtype=torch.bfloat16)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(pixels, grid_thw=grid_thw)
-    return sum(saved.values())
+    return benchmark("vision_activations").measure(vision_config, grid, checkpointing=checkpointing)
 
 
 @pytest.mark.parametrize("checkpointing", [True, False])
@@ -71,7 +49,7 @@ def test_qwen3_vl_issue_images_are_360_patches():
 
     h, w = smart_resize(270, 480, factor=32, min_pixels=784, max_pixels=50176)
     assert (h, w) == (160, 288)
-    rows = json.loads((__import__("helpers").BENCHMARKS / "public_runs.json").read_text())["rows"]
+    rows = json.loads((BENCHMARKS / "public_runs.json").read_text())["rows"]
     patches = {r["id"]: r.get("image_patches") for r in rows if r["id"].startswith("qwen3vl-2053")}
     assert patches and set(patches.values()) == {2 * (h // 16) * (w // 16)}
 
@@ -96,3 +74,8 @@ def test_published_tower_and_what_it_adds_to_a_plan():
     text_only = model_from_hf_dict({**QWEN3_VL_30B_A3B["text_config"], "model_type": "qwen3_moe"}, name="text")
     assert text_only.vision is None
     assert activation_memory(text_only, replace(training, image_patches=360), plan).vision_tower == 0
+
+
+def test_benchmark_config_is_the_published_one():
+    """The benchmark measures the same published config the tests count parameters against."""
+    assert benchmark("vision_activations").QWEN3_VL_30B_A3B == QWEN3_VL_30B_A3B
