@@ -79,3 +79,13 @@ def test_published_tower_and_what_it_adds_to_a_plan():
 def test_benchmark_config_is_the_published_one():
     """The benchmark measures the same published config the tests count parameters against."""
     assert benchmark("vision_activations").QWEN3_VL_30B_A3B == QWEN3_VL_30B_A3B
+
+
+def test_bad_image_patches_is_one_line():
+    """A negative or fractional patch count fails where the spec is built, naming the field."""
+    from zeroplan.spec import SpecError
+
+    for bad in (-1, 2.5, True):
+        with pytest.raises(SpecError, match="image_patches"):
+            TrainingSpec(image_patches=bad)
+    assert TrainingSpec().as_dict()["image_patches"] == 0
