@@ -93,6 +93,11 @@ def estimate_row(row: dict, workdir: Path) -> dict:
             training = replace(training, optimizer_in_backward=True)
         else:
             fallback.append("optimizer_in_backward→off")
+    if row.get("image_patches"):
+        if "image_patches" in {f.name for f in fields(TrainingSpec)}:
+            training = replace(training, image_patches=row["image_patches"])
+        else:
+            fallback.append("image_patches→0")
     if "loss" in {f.name for f in fields(TrainingSpec)}:
         training = replace(training, loss=row["loss"])
     elif row["loss"] != "hf":

@@ -304,6 +304,10 @@ class ActivationMemory:
     (:mod:`zeroplan.estimator.allocator`)."""
     saved_tensors: int = 0
     """Tensors kept for backward on the GPU at the peak (each block's saved tensors, counted per term)."""
+    vision_tower: int = 0
+    """Part of ``embeddings``: what a vision-language model's vision tower keeps for the micro-batch's
+    image patches (:func:`zeroplan.estimator.vision.vision_tower_activation_bytes`), alive from the
+    forward to the tower's backward, after the decoder's."""
 
     @property
     def total(self) -> int:
@@ -350,7 +354,39 @@ def activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> A
       (12 + e)·sbV in all (a traced forward + backward of Llama-3-8B agrees; a loop that drops
       the logits, like examples/gpt_task.py, uses e·sbV less). At large V this dominates
       (Llama-3's V = 128256 at s = 8192: 14.7 GB per sample) — the case for chunked cross-entropy.
+    * A vision-language model's vision tower keeps its images' activations (:func:`vision_tower_bytes`)
+      through the decoder's backward: they join ``embeddings`` (``vision_tower`` says how much).
     """
+    if model.vision is not None and training.image_patches:
+        # The vision tower's saved tensors are alive at every moment of the decoder's backward.
+        from dataclasses import replace
+
+        acts = _decoder_activation_memory(model, training, plan)
+        vision = sum(vision_tower_bytes(model, training, plan).values())
+        return replace(acts, embeddings=acts.embeddings + vision, vision_tower=vision)
+    return _decoder_activation_memory(model, training, plan)
+
+
+def vision_tower_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> dict[str, int]:
+    """The vision tower's activations alive while the decoder runs, by part, for one micro-batch's
+    images (``image_patches`` per sample × micro-batch; :mod:`zeroplan.estimator.vision`). Any
+    recomputation of the model recomputes the vision blocks too (transformers'
+    ``gradient_checkpointing_enable`` reaches every ``GradientCheckpointingLayer``). ``{}`` for a
+    text-only model or no images."""
+    if model.vision is None or not training.image_patches:
+        return {}
+    from zeroplan.estimator.vision import vision_tower_activation_bytes
+
+    parts = vision_tower_activation_bytes(
+        model.vision, patches=training.image_patches * plan.micro_batch, checkpointing=plan.checkpointing != "none",
+        value_bytes=bytes_per_param(training.precision),
+    )
+    parts.pop("rebuild")
+    return parts
+
+
+def _decoder_activation_memory(model: ModelSpec, training: TrainingSpec, plan: Plan) -> ActivationMemory:
+    """:func:`activation_memory` of the decoder alone."""
     if plan.cp > 1:
         # Context parallelism: every term at the rank's s/cp tokens (zeroplan.estimator.context_parallel).
         from zeroplan.estimator.context_parallel import context_parallel_activation_memory

@@ -362,7 +362,7 @@ from zeroplan.profiles.hf_config_moe import MOE_COUNTERS, attention_kernel_of, m
 
 _COUNTERS.update(MOE_COUNTERS)
 
-from zeroplan.profiles.hf_config_vision import VISION_LANGUAGE_MODEL_TYPES, split_vision_language  # noqa: E402
+from zeroplan.profiles.hf_config_vision import VISION_LANGUAGE_MODEL_TYPES, qwen3_vl_vision_tower, split_vision_language  # noqa: E402
 
 #: ``model_type`` values whose attention projects Q, K and V with one matrix (transformers'
 #: GPT2Attention ``c_attn``, GPTNeoXAttention and BloomAttention ``query_key_value``,
@@ -387,7 +387,7 @@ def _count(data: dict[str, Any], where: str) -> _Counted:
         text, vision = vision_language
         counted = _count(text, where)
         tower = sum(vision.values())
-        note = f"vision tower and mergers: {tower:,} parameters (vision_config) in the model states; their activations are not modelled"
+        note = f"vision tower and mergers: {tower:,} parameters (vision_config) in the model states; their activations from the images' patches (TrainingSpec.image_patches)"
         return replace(counted, params=counted.params + tower, notes=(*counted.notes, note))
     model_type = data.get("model_type")
     if model_type is None:
@@ -415,6 +415,7 @@ def model_from_hf_dict(data: dict[str, Any], *, name: str, where: str | None = N
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a JSON object (a config.json), got {type(data).__name__}")
     counted = _count(data, where)
+    raw = data
     vision_language = split_vision_language(data, where)
     data = vision_language[0] if vision_language is not None else data  # the decoder's shape
     try:
@@ -437,6 +438,7 @@ def model_from_hf_dict(data: dict[str, Any], *, name: str, where: str | None = N
             source="config.json",
             notes=counted.notes,
             moe=counted.moe,
+            vision=qwen3_vl_vision_tower(raw["vision_config"], where=f"{where}: vision_config") if vision_language else None,
         )
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None

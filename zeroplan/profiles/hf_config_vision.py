@@ -3,8 +3,8 @@
 A Qwen3-VL ``config.json`` nests the decoder under ``text_config`` and the vision encoder under
 ``vision_config``. The estimator models the decoder (its shape sets activations, buckets and
 FLOPs); the vision tower and its mergers join the parameter count, so their model states (2Ψ +
-2Ψ + KΨ) are counted. Their activations are not: the images' patches are few beside the text
-tokens (two 480×270 images at ``max_pixels`` 50176 are 360 patches).
+2Ψ + KΨ) are counted. Their shape (:func:`qwen3_vl_vision_tower`) sets the tower's activations
+for the patches a sample brings (``TrainingSpec.image_patches``, :mod:`zeroplan.estimator.vision`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from zeroplan.spec import SpecError
+from zeroplan.spec.vision import VisionTowerSpec
 
-__all__ = ["VISION_LANGUAGE_MODEL_TYPES", "qwen3_vl_vision_params", "split_vision_language"]
+__all__ = ["VISION_LANGUAGE_MODEL_TYPES", "qwen3_vl_vision_params", "qwen3_vl_vision_tower", "split_vision_language"]
 
 #: ``model_type`` of a vision-language config → the ``model_type`` its ``text_config`` counts as.
 VISION_LANGUAGE_MODEL_TYPES: dict[str, str] = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
@@ -80,3 +81,22 @@ def split_vision_language(data: dict[str, Any], where: str) -> tuple[dict[str, A
     if "tie_word_embeddings" in data:
         text["tie_word_embeddings"] = data["tie_word_embeddings"]
     return text, qwen3_vl_vision_params(vision, where=f"{where}: vision_config")
+
+
+def qwen3_vl_vision_tower(vision: dict[str, Any], *, where: str = "vision_config") -> VisionTowerSpec:
+    """The vision tower's shape from a Qwen3-VL ``vision_config`` (the fields
+    :func:`qwen3_vl_vision_params` reads), for its activations."""
+    qwen3_vl_vision_params(vision, where=where)  # the same checks, one line each
+    try:
+        return VisionTowerSpec(
+            hidden_size=vision["hidden_size"],
+            intermediate_size=vision["intermediate_size"],
+            depth=vision["depth"],
+            num_heads=vision.get("num_heads", 16),  # Qwen3VLMoeVisionConfig's default
+            patch_values=vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2,
+            spatial_merge_size=vision["spatial_merge_size"],
+            out_hidden_size=vision["out_hidden_size"],
+            deepstack_mergers=len(vision.get("deepstack_visual_indexes") or []),
+        )
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None

@@ -9,6 +9,7 @@ from zeroplan.spec.errors import SpecError, check_positive_int
 from zeroplan.spec.mla import MlaSpec
 from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.peft import PeftSpec
+from zeroplan.spec.vision import VisionTowerSpec
 
 __all__ = ["ModelSpec", "MAX_PARAMS", "ATTENTION_KERNELS", "derive_shape_from_params", "format_params"]
 
@@ -81,6 +82,9 @@ class ModelSpec:
     """Mixture-of-experts layers (None: a dense model). ``params`` then counts every expert (model
     states), ``active_params`` what one token touches (FLOPs), and ``ffn_size`` is the MLP width a
     token goes through in an MoE layer: k·I routed plus the shared experts' width."""
+    vision: VisionTowerSpec | None = None
+    """A vision-language model's vision tower (None: text only). Its parameters are in ``params``;
+    its activations come from ``TrainingSpec.image_patches`` (:mod:`zeroplan.estimator.vision`)."""
 
     def __post_init__(self) -> None:
         check_positive_int("params", self.params, maximum=MAX_PARAMS)

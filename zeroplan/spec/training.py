@@ -119,12 +119,17 @@ class TrainingSpec:
     """Each parameter is stepped by its own optimizer in its gradient hook and its gradient freed
     there (torchtune's ``optimizer_in_bwd: True``; PyTorch's optimizer-in-backward tutorial):
     no full set of gradients ever exists. One process, no gradient accumulation."""
+    image_patches: int = 0
+    """Vision patches per sample that the model's vision tower encodes (after the patch embedding,
+    before the spatial merge; Qwen-VL's ``image_grid_thw`` products summed over the sample's
+    images). 0: no images, or a text-only model (:mod:`zeroplan.estimator.vision`)."""
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_positive_int("seq_len", self.seq_len, maximum=100_000_000)
         check_choice("loss", self.loss, LOSSES)
+        check_positive_int("image_patches", self.image_patches, minimum=0, maximum=100_000_000)
         if not isinstance(self.optimizer_in_backward, bool):
             raise SpecError(f"optimizer_in_backward={self.optimizer_in_backward!r} must be true or false")
         if self.optimizer_in_backward and (self.grad_accum or 1) > 1:
@@ -182,5 +187,6 @@ class TrainingSpec:
             "flash_attention": self.flash_attention,
             "loss": self.loss,
             "optimizer_in_backward": self.optimizer_in_backward,
+            "image_patches": self.image_patches,
         }
 
