@@ -471,3 +471,17 @@ LAYOUT_CASES = [
     ("ZP266", make(sequence_parallel_size=2.5), _SP2, {"world_size": 4}, False),
 ]
 CASES.extend(LAYOUT_CASES)
+
+
+#: Qwen/Qwen3-VL-30B-A3B-Instruct's config.json (huggingface.co, architecture fields; QwenLM/Qwen3-VL#2053's model).
+QWEN3_VL_30B_A3B = {
+    "model_type": "qwen3_vl_moe", "tie_word_embeddings": False,
+    "text_config": {"model_type": "qwen3_vl_moe_text", "attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128,
+                    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 262144, "mlp_only_layers": [],
+                    "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+                    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "vocab_size": 151936},
+    "vision_config": {"deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+                      "in_channels": 3, "intermediate_size": 4304, "model_type": "qwen3_vl_moe", "num_heads": 16,
+                      "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2},
+}

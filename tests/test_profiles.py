@@ -27,7 +27,7 @@ from zeroplan.profiles import (
 )
 from zeroplan.spec import GiB, SpecError
 
-from helpers import ROOT as REPO, run_zeroplan
+from helpers import QWEN3_VL_30B_A3B, ROOT as REPO, run_zeroplan
 
 EXPECTED_GPUS = {"a100-40gb", "a100-80gb", "h100-80gb", "h100-pcie", "h200", "v100-32gb", "l40s", "rtx-4090", "mi300x"}
 EXPECTED_MODELS = {
@@ -419,18 +419,6 @@ def test_profiles_module_stays_light():
     assert result.stdout.strip() == "[]", result.stderr
 
 
-# Qwen/Qwen3-VL-30B-A3B-Instruct's config.json (huggingface.co, architecture fields; QwenLM/Qwen3-VL#2053's model).
-QWEN3_VL_30B_A3B = {
-    "model_type": "qwen3_vl_moe", "tie_word_embeddings": False,
-    "text_config": {"model_type": "qwen3_vl_moe_text", "attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128,
-                    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 262144, "mlp_only_layers": [],
-                    "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
-                    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "vocab_size": 151936},
-    "vision_config": {"deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
-                      "in_channels": 3, "intermediate_size": 4304, "model_type": "qwen3_vl_moe", "num_heads": 16,
-                      "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2,
-                      "temporal_patch_size": 2},
-}
 
 
 @pytest.mark.parametrize("tiny", [False, True])

@@ -8,8 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import BENCHMARKS, benchmark
-from test_profiles import QWEN3_VL_30B_A3B
+from helpers import BENCHMARKS, QWEN3_VL_30B_A3B, benchmark
 from zeroplan.estimator.activations import activation_memory
 from zeroplan.estimator.vision import vision_tower_activation_bytes
 from zeroplan.profiles.hf_config import model_from_hf_dict
