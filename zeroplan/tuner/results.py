@@ -63,6 +63,9 @@ CSV_COLUMNS = [
     "checkpointing",
     "micro_batch",
     "gradient_accumulation_steps",
+    "sp",
+    "tp",
+    "ep",
     "predicted_rank",
     "predicted_samples_per_second",
     "measured_samples_per_second",
@@ -138,6 +141,8 @@ def trials_frame(trials: list[Any], remeasured: Optional[dict] = None) -> Any:
                 "checkpointing": plan.get("checkpointing"),
                 "micro_batch": plan.get("micro_batch"),
                 "gradient_accumulation_steps": plan.get("gradient_accumulation_steps"),
+                # The layout's degrees (Plan.as_dict lists only those above 1); none without a plan.
+                **{name: plan.get(name, 1) if plan else None for name in ("sp", "tp", "ep")},
                 # 1 = predicted fastest, as the console table and report.md number plans; a pruned
                 # plan (stored -1) has none.
                 "predicted_rank": rank + 1 if rank is not None and rank >= 0 else None,

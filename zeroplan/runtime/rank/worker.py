@@ -255,10 +255,11 @@ def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
 
     state["layout"], state["config"] = environment_for(spec)
     _wrap_deepspeed(meter, state)
-    from zeroplan.runtime.rank.layout import fix_gloo_all_gather, init_comm_before_ulysses
+    from zeroplan.runtime.rank.layout import copy_sp_shards_on_cpu, fix_gloo_all_gather, init_comm_before_ulysses
 
     init_comm_before_ulysses(state["layout"])
     fix_gloo_all_gather(state["layout"])
+    copy_sp_shards_on_cpu(state["layout"])
     meter.report("imported")
     if state.get("host") is not None:
         state["host"].start()
