@@ -177,7 +177,7 @@ def trials_frame(trials: list[Any], remeasured: Optional[dict] = None) -> Any:
             }
         )
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
-    for col in ("stage", "micro_batch", "gradient_accumulation_steps", "predicted_rank", "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "predicted_gpu_total_bytes", "host_peak_per_node",
+    for col in ("stage", "micro_batch", "gradient_accumulation_steps", "sp", "tp", "ep", "predicted_rank", "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "predicted_gpu_total_bytes", "host_peak_per_node",
                 "estimated_host_peak_per_node"):
         frame[col] = frame[col].astype("Int64")
     return frame.sort_values("trial").reset_index(drop=True)
