@@ -469,3 +469,5 @@ def test_a_layout_only_space_is_searched_not_rejected_for_ever(tmp_path):
     # Whole numbers, as the stage's column.
     assert len(probed) >= 3 and set(probed.tp) == {"2"} and set(probed.sp) == {"1"} and set(probed.ep) == {"1"}
     assert all("tp2" in label for label in probed.plan)
+    # report.md says what the script must do for the layout the probes ran on its behalf.
+    assert "tensor parallelism (tp 2): DeepSpeed's AutoTP shards the model" in (tmp_path / "report.md").read_text()

@@ -209,6 +209,18 @@ def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
         return "–"
 
 
+def layout_steps(row: Any, *, trainer: bool) -> list[str]:
+    """What the script must do for the layout of a trials.csv row (none without sp/tp):
+    :func:`zeroplan.dsconfig.layout_keys.script_layout_steps`."""
+    import pandas as pd
+
+    from zeroplan.dsconfig.layout_keys import script_layout_steps
+    from zeroplan.spec import Plan
+
+    sp, tp = (1 if pd.isna(row.get(name)) else int(row[name]) for name in ("sp", "tp"))
+    return script_layout_steps(Plan(stage=int(row["stage"]), sp=sp, tp=tp), trainer=trainer) if sp * tp > 1 else []
+
+
 def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str], plot_note: Optional[str] = None) -> str:
     """``report.md``: what was searched, the best plan, the measured ranking, failures, pruned plans."""
     lines = ["# zeroplan tune report", ""]
@@ -237,6 +249,10 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
             + f", trial #{best['trial']}). Its DeepSpeed config is `ds_config.json`.",
             "",
         ]
+        steps = layout_steps(best, trainer=bool(meta.get("trainer")))
+        if steps:
+            lines += ["The probes ran the layout on the script's behalf; to train with it, the script does:", "",
+                      *(f"- {step}" for step in steps), ""]
     if len(ok) >= 3:
         # Spearman = Pearson on ranks (pandas' method="spearman" would need scipy).
         rho = ok["predicted_samples_per_second"].astype(float).rank().corr(ok["measured_samples_per_second"].astype(float).rank())
