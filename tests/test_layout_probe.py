@@ -56,7 +56,14 @@ def _losses(tmp_path: Path, name: str, gpus: int, *flags: str, micro_batch: int 
     proc = run_zeroplan("probe", str(SCRIPT), "--gpus", str(gpus), "--stage", "1", "--micro-batch", str(micro_batch), "--precision", "fp32",
                         "--steps", "1", "--warmup", "1", "--seq-len", "64", "--workdir", str(workdir), *flags, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return [json.loads(p.read_text())["losses"] for p in sorted(workdir.glob("rank-*.json"))]
+    ranks = [json.loads(p.read_text()) for p in sorted(workdir.glob("rank-*.json"))]
+    # Distinct samples per optimizer step: micro × data-parallel ranks (an AutoTP group trains one batch).
+    assert {r["samples_per_step"] for r in ranks} == {micro_batch * gpus // LAYOUT_DEGREE.get(flags[:2], 1)}, ranks
+    return [r["losses"] for r in ranks]
+
+
+#: The layout flags of _losses' callers and their sp × tp (the data-parallel degree is ranks / that).
+LAYOUT_DEGREE = {("--sp", "2"): 2, ("--tp", "2"): 2}
 
 
 @pytest.mark.slow
