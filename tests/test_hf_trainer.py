@@ -186,9 +186,10 @@ def test_trial_on_a_base_config_keeps_the_plans_layout(tmp_path):
 
     runner = ProbeRunner(script=EXAMPLE, nproc=2, training=TrainingSpec(global_batch=2, seq_len=64),
                          model=ModelSpec.from_params(1e8), workdir=tmp_path, base_config=HF_TEMPLATE)
-    # train_batch_size as DeepSpeed's assertion counts it: micro 2 × accumulation 1 × world 2 / sp
-    # (AutoTP's tp ranks each count: zeroplan.dsconfig.layout_keys).
-    for plan, layout, batch in ((Plan(stage=1, sp=2, micro_batch=2), Layout(sp=2), 2), (Plan(stage=1, tp=2, micro_batch=2), Layout(tp=2), 4)):
+    # train_batch_size: under sp "auto" (the Trainer would refuse micro × accumulation × dp: it
+    # counts every rank; accelerate then writes dp's count), under AutoTP the number DeepSpeed's
+    # assertion counts, micro 2 × accumulation 1 × world 2 (zeroplan.dsconfig.layout_keys).
+    for plan, layout, batch in ((Plan(stage=1, sp=2, micro_batch=2), Layout(sp=2), "auto"), (Plan(stage=1, tp=2, micro_batch=2), Layout(tp=2), 4)):
         cfg, errors = runner.build_config(plan)
         assert errors == [] and layout_of_config(cfg) == layout, (plan.layout_label, cfg)
         assert cfg["train_batch_size"] == batch

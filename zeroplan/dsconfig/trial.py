@@ -29,6 +29,7 @@ TUNED_ZERO_KEYS = ("stage", "offload_optimizer", "offload_param", *ZERO_DEFAULTS
 #: TrainingArguments (integrations/deepspeed.py ``HfTrainerDeepSpeedConfig``); the optimizer block
 #: makes DeepSpeed build its own optimizer (DeepSpeedCPUAdam under optimizer offload).
 HF_TEMPLATE: dict = {
+    "train_batch_size": "auto",
     "bf16": {"enabled": "auto"},
     "fp16": {"enabled": "auto"},
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
@@ -46,7 +47,8 @@ HF_TEMPLATE: dict = {
 def apply_plan_config(base: dict, plan_config: dict, plan: Plan) -> dict:
     """``base`` with the tuned keys of ``plan_config`` (the :func:`build_config` of ``plan``) written in.
 
-    * batch keys: the plan's numbers (Trainer checks them against the flags zeroplan passes);
+    * batch keys: the plan's numbers (Trainer checks them against the flags zeroplan passes), but
+      an ``"auto"`` ``train_batch_size`` stays under sequence parallelism (see below);
     * ``zero_optimization``: stage and offload blocks from the plan (an offload block the plan
       does not use is removed); a bucket size only where the plan itself sets it (``--bucket-sizes``
       tunes ``reduce_bucket_size``), so the base's own values and ``"auto"`` entries stay; every
@@ -58,6 +60,14 @@ def apply_plan_config(base: dict, plan_config: dict, plan: Plan) -> dict:
     """
     cfg = copy.deepcopy(base)
     for key in TUNED_TOP_LEVEL_KEYS:
+        if key == "train_batch_size" and plan.sp > 1 and base.get(key) == "auto":
+            # Under Ulysses the Trainer cannot be given the number: it checks train_batch_size
+            # against world × micro × accumulation (transformers integrations/deepspeed.py
+            # trainer_config_process, fill_match; measured: "ds train_batch_size=64 vs hf
+            # train_batch_size (calculated)=128" at sp 2 on 2 ranks), and accelerate rewrites it
+            # to micro × accumulation × dp before deepspeed.initialize (accelerator.py
+            # _prepare_deepspeed, "fix it at the last moment"). Left "auto", both agree.
+            continue
         cfg[key] = plan_config[key]
     zero = cfg.get("zero_optimization")
     zero = dict(zero) if isinstance(zero, dict) else {}
