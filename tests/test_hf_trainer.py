@@ -176,6 +176,28 @@ def test_probe_runner_builds_each_trial_from_the_base_config(tmp_path):
         assert cfg[key] == base[key], key
 
 
+def test_trial_on_a_base_config_keeps_the_plans_layout(tmp_path):
+    """tune --sp/--tp on a Trainer script (HF_TEMPLATE) or with --config: the trial config carries
+    the plan's degrees, which the rank reads to turn Ulysses/AutoTP on; a degree the plan does not
+    use leaves the base. (Without them an sp2/tp2 trial ran data parallelism under the label.)"""
+    from zeroplan.runtime.rank.layout import Layout, layout_of_config
+    from zeroplan.spec import ModelSpec
+    from zeroplan.tuner import ProbeRunner
+
+    runner = ProbeRunner(script=EXAMPLE, nproc=2, training=TrainingSpec(global_batch=2, seq_len=64),
+                         model=ModelSpec.from_params(1e8), workdir=tmp_path, base_config=HF_TEMPLATE)
+    # train_batch_size: under sp "auto" (the Trainer would refuse micro × accumulation × dp: it
+    # counts every rank; accelerate then writes dp's count), under AutoTP the number DeepSpeed's
+    # assertion counts, micro 2 × accumulation 1 × world 2 (zeroplan.dsconfig.layout_keys).
+    for plan, layout, batch in ((Plan(stage=1, sp=2, micro_batch=2), Layout(sp=2), "auto"), (Plan(stage=1, tp=2, micro_batch=2), Layout(tp=2), 4)):
+        cfg, errors = runner.build_config(plan)
+        assert errors == [] and layout_of_config(cfg) == layout, (plan.layout_label, cfg)
+        assert cfg["train_batch_size"] == batch
+    user = {**HF_TEMPLATE, "sequence_parallel_size": 2, "tensor_parallel": {"autotp_size": 2, "tp_overlap_comm": True}}
+    plain = apply_plan_config(user, build_config(Plan(stage=1), world_size=2, training=TrainingSpec(global_batch=2)), Plan(stage=1))
+    assert layout_of_config(plain) == Layout() and plain["tensor_parallel"] == {"tp_overlap_comm": True}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_tune_trainer_accumulation_plan_measures_under_the_default_early_stop(tmp_path):

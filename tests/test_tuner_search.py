@@ -460,3 +460,14 @@ def test_a_layout_only_space_is_searched_not_rejected_for_ever(tmp_path):
     tuner.run()
     # 3 trials, then the re-measurements of the two best: every probe at tp 2.
     assert len(runner.calls) >= 3 and all(p.tp == 2 for p in runner.calls)
+    # trials.csv carries the layout's degrees beside the plan's other fields.
+    import pandas as pd
+
+    write_results(tuner.study.get_trials(), tmp_path, {"script": "x.py", "plans": len(space.candidates), "pruned": 0})
+    csv = pd.read_csv(tmp_path / "trials.csv", dtype=str)
+    probed = csv[csv.status == "ok"]
+    # Whole numbers, as the stage's column.
+    assert len(probed) >= 3 and set(probed.tp) == {"2"} and set(probed.sp) == {"1"} and set(probed.ep) == {"1"}
+    assert all("tp2" in label for label in probed.plan)
+    # report.md says what the script must do for the layout the probes ran on its behalf.
+    assert "tensor parallelism (tp 2): DeepSpeed's AutoTP shards the model" in (tmp_path / "report.md").read_text()

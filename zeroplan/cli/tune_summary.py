@@ -100,10 +100,14 @@ def _validated_words(check: Any) -> str:
     )
 
 
-def _files_written(console: Any, output: Path, *, trainer: bool) -> None:
+def _files_written(console: Any, output: Path, *, trainer: bool, best: Any = None) -> None:
     for name in ("ds_config.json", "ds_config.trl.json", "trials.csv", "report.md", "throughput.png"):
         if (output / name).exists():
             console.print(f"  wrote {output / name}")
+    from zeroplan.tuner.results import layout_steps
+
+    for step in layout_steps(best, trainer=trainer) if best is not None else ():
+        console.print(f"  the script's part of the layout: {step}", markup=False)
     if trainer:
         cfg = json.loads((output / "ds_config.json").read_text())
         flags = (
@@ -152,4 +156,4 @@ def print_summary(console: Any, frame: Any, summary: Any, output: Path, world_si
     gap_line = gap_sentence(summary.gap)
     if gap_line:
         console.print(gap_line)
-    _files_written(console, output, trainer=trainer)
+    _files_written(console, output, trainer=trainer, best=best)

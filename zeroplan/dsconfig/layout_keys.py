@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from zeroplan.spec import Plan, SpecError
 
-__all__ = ["accelerate_parallelism_entries", "batch_world_size", "layout_from_config", "layout_keys", "parallelism_config", "trainer_layout_settings",
-           "with_layout"]
+__all__ = ["accelerate_parallelism_entries", "batch_world_size", "layout_from_config", "layout_keys", "parallelism_config", "script_layout_steps",
+           "trainer_layout_settings", "with_layout"]
 
 
 def layout_keys(plan: Plan) -> dict:
@@ -84,6 +84,28 @@ def trainer_layout_settings(plan: Plan) -> list[str]:
     if plan.tiled_mlp:
         out.append("TiledMLP: patch the model's MLP forward with deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP "
                    "(ALST; ArcticTraining's tiled_mlp) — it is not a config key")
+    return out
+
+
+def script_layout_steps(plan: Plan, *, trainer: bool) -> list[str]:
+    """What a script must do for ``plan``'s layout beyond the DeepSpeed config (``tune`` probed it
+    with the rank doing it on the script's behalf: zeroplan.runtime.rank.layout). A Trainer / TRL
+    script: :func:`trainer_layout_settings`. A plain DeepSpeed script: what accelerate does for the
+    Trainer (accelerator.py ``_prepare_deepspeed``), with DeepSpeed's own Ulysses API
+    (runtime/sequence_parallel/ulysses_sp.py), and AutoTP's one batch per tp group."""
+    if trainer:
+        return trainer_layout_settings(plan)
+    out = []
+    if plan.sp > 1:
+        out.append(f"sequence parallelism (sp {plan.sp}): sequence_parallel_size alone does not split the sequence; before "
+                   f"deepspeed.initialize, mpu = UlyssesSPAttentionHF.register_with_transformers(model_name_or_path=model, "
+                   f"core_attn_implementation='sdpa', sequence_parallel_size={plan.sp}, micro_batch_size=<the micro batch>, "
+                   f"seq_length_is_variable=True) and "
+                   f"deepspeed.initialize(..., mpu=mpu); each batch (with position_ids, length a multiple of {plan.sp}) through "
+                   f"UlyssesSPDataLoaderAdapter; the loss the sp group's token-weighted mean (transformers' deepspeed_sp_compute_loss)")
+    if plan.tp > 1:
+        out.append(f"tensor parallelism (tp {plan.tp}): DeepSpeed's AutoTP shards the model at deepspeed.initialize; the {plan.tp} ranks "
+                   f"of a tp group must feed the same batch (DeepSpeed checks it on the first step)")
     return out
 
 

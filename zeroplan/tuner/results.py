@@ -63,6 +63,9 @@ CSV_COLUMNS = [
     "checkpointing",
     "micro_batch",
     "gradient_accumulation_steps",
+    "sp",
+    "tp",
+    "ep",
     "predicted_rank",
     "predicted_samples_per_second",
     "measured_samples_per_second",
@@ -138,6 +141,8 @@ def trials_frame(trials: list[Any], remeasured: Optional[dict] = None) -> Any:
                 "checkpointing": plan.get("checkpointing"),
                 "micro_batch": plan.get("micro_batch"),
                 "gradient_accumulation_steps": plan.get("gradient_accumulation_steps"),
+                # The layout's degrees (Plan.as_dict lists only those above 1); none without a plan.
+                **{name: plan.get(name, 1) if plan else None for name in ("sp", "tp", "ep")},
                 # 1 = predicted fastest, as the console table and report.md number plans; a pruned
                 # plan (stored -1) has none.
                 "predicted_rank": rank + 1 if rank is not None and rank >= 0 else None,
@@ -172,7 +177,7 @@ def trials_frame(trials: list[Any], remeasured: Optional[dict] = None) -> Any:
             }
         )
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
-    for col in ("stage", "micro_batch", "gradient_accumulation_steps", "predicted_rank", "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "predicted_gpu_total_bytes", "host_peak_per_node",
+    for col in ("stage", "micro_batch", "gradient_accumulation_steps", "sp", "tp", "ep", "predicted_rank", "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "predicted_gpu_total_bytes", "host_peak_per_node",
                 "estimated_host_peak_per_node"):
         frame[col] = frame[col].astype("Int64")
     return frame.sort_values("trial").reset_index(drop=True)
@@ -204,6 +209,18 @@ def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
         return "–"
 
 
+def layout_steps(row: Any, *, trainer: bool) -> list[str]:
+    """What the script must do for the layout of a trials.csv row (none without sp/tp):
+    :func:`zeroplan.dsconfig.layout_keys.script_layout_steps`."""
+    import pandas as pd
+
+    from zeroplan.dsconfig.layout_keys import script_layout_steps
+    from zeroplan.spec import Plan
+
+    sp, tp = (1 if pd.isna(row.get(name)) else int(row[name]) for name in ("sp", "tp"))
+    return script_layout_steps(Plan(stage=int(row["stage"]), sp=sp, tp=tp), trainer=trainer) if sp * tp > 1 else []
+
+
 def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str], plot_note: Optional[str] = None) -> str:
     """``report.md``: what was searched, the best plan, the measured ranking, failures, pruned plans."""
     lines = ["# zeroplan tune report", ""]
@@ -232,6 +249,10 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
             + f", trial #{best['trial']}). Its DeepSpeed config is `ds_config.json`.",
             "",
         ]
+        steps = layout_steps(best, trainer=bool(meta.get("trainer")))
+        if steps:
+            lines += ["The probes ran the layout on the script's behalf; to train with it, the script does:", "",
+                      *(f"- {step}" for step in steps), ""]
     if len(ok) >= 3:
         # Spearman = Pearson on ranks (pandas' method="spearman" would need scipy).
         rho = ok["predicted_samples_per_second"].astype(float).rank().corr(ok["measured_samples_per_second"].astype(float).rank())

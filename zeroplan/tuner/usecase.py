@@ -98,6 +98,7 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         "time_model": time_model.removeprefix("time model: "),
         "plans": len(space.candidates),
         "pruned": len(space.pruned),
+        "trainer": trainer,
     }
     if not space.fitting:
         raise NothingFits(space)

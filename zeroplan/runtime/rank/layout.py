@@ -43,7 +43,8 @@ from pathlib import Path
 
 __all__ = [
     "Layout", "layout_of_config", "with_layout", "apply_probe_layout", "environment_for", "accelerate_environment",
-    "prepare_initialize", "adapt_engine", "init_comm_before_ulysses", "fix_gloo_all_gather", "check_probe_layout",
+    "prepare_initialize", "adapt_engine", "init_comm_before_ulysses", "fix_gloo_all_gather", "copy_sp_shards_on_cpu",
+    "check_probe_layout",
 ]
 
 
@@ -279,6 +280,39 @@ def init_comm_before_ulysses(layout: Layout) -> None:
         return original(cls, *args, **kwargs)
 
     UlyssesSPAttentionHF.register_with_transformers = classmethod(register_with_transformers)
+
+
+def copy_sp_shards_on_cpu(layout: Layout) -> None:
+    """Under sp, give each rank its sequence shard as its own tensor, as a GPU run has it.
+
+    DeepSpeed's ``UlyssesSPDataLoaderAdapter.refill`` cuts every tensor of the batch with
+    ``batch[k][:, start:end].cpu()`` (deepspeed 0.19.8 runtime/sequence_parallel/ulysses_sp.py,
+    the "batch sharding" loop) and the engine's device copy follows; on a GPU rank both copy, so
+    the shard is contiguous. On a CPU rank ``Tensor.cpu()`` and ``.to("cpu")`` return the same
+    strided view, and with more than one sample per micro batch the view spans rows: transformers'
+    ``ForCausalLMLoss`` then fails at ``shift_labels.view(-1)`` (loss/loss_utils.py; measured: tune
+    over ``--sp 1,2`` at micro batch 8, every sp plan "view size is not compatible"). The copy here
+    is the one the GPU run makes; on a GPU it finds contiguous tensors and copies nothing. Covers
+    the probe's own forward (``_sp_batch``) and accelerate's adapted data loader alike.
+    """
+    if layout.sp <= 1:
+        return
+    import torch
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    original = UlyssesSPDataLoaderAdapter.refill
+    if getattr(original, "_zeroplan_copies", False):
+        return
+
+    def refill(self):
+        original(self)
+        for shard in self.micro_batches:
+            for key, value in shard.items():
+                if torch.is_tensor(value) and not value.is_contiguous():
+                    shard[key] = value.contiguous()
+
+    refill._zeroplan_copies = True
+    UlyssesSPDataLoaderAdapter.refill = refill
 
 
 def fix_gloo_all_gather(layout: Layout) -> None:

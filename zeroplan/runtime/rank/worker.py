@@ -167,7 +167,15 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
 
         engine.backward = backward
         engine.step = step
-        meter.samples_per_step = int(engine.train_batch_size())
+        # Distinct samples per optimizer step: micro × accumulation × data-parallel ranks, the
+        # estimator's global batch. DeepSpeed's train_batch_size() is that under Ulysses (its mpu's
+        # data-parallel world is world/sp), but a plain script's AutoTP config is parsed without an
+        # mpu and counts each tp rank as data-parallel (zeroplan.dsconfig.layout_keys), though a tp
+        # group trains one batch: tp2 plans read twice their throughput (measured in tune).
+        import torch.distributed as dist
+
+        data_parallel = dist.get_world_size() // (layout.sp * layout.tp) if dist.is_initialized() else 1
+        meter.samples_per_step = int(engine.train_micro_batch_size_per_gpu()) * int(engine.gradient_accumulation_steps()) * data_parallel
         meter.grad_accum = int(engine.gradient_accumulation_steps())
         # What the engine runs, after Hugging Face filled any "auto" batch keys.
         state["engine_batch"] = [int(engine.train_micro_batch_size_per_gpu()), int(engine.gradient_accumulation_steps())]
@@ -255,10 +263,11 @@ def _run_script(spec: dict, meter: StepMeter, state: dict) -> None:
 
     state["layout"], state["config"] = environment_for(spec)
     _wrap_deepspeed(meter, state)
-    from zeroplan.runtime.rank.layout import fix_gloo_all_gather, init_comm_before_ulysses
+    from zeroplan.runtime.rank.layout import copy_sp_shards_on_cpu, fix_gloo_all_gather, init_comm_before_ulysses
 
     init_comm_before_ulysses(state["layout"])
     fix_gloo_all_gather(state["layout"])
+    copy_sp_shards_on_cpu(state["layout"])
     meter.report("imported")
     if state.get("host") is not None:
         state["host"].start()
