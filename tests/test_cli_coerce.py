@@ -96,5 +96,5 @@ def test_estimate_starts_without_pydantic_or_the_other_commands():
     assert "zeroplan.cli.estimate" in loaded and not loaded & other_commands, sorted(loaded)
     # what estimate itself uses: the shared options and its own option modules, nothing else
     assert loaded <= {"zeroplan.cli.coerce", "zeroplan.cli.common", "zeroplan.cli.estimate", "zeroplan.cli.jsontext", "zeroplan.cli.surface",
-                      "zeroplan.cli.expert_option", "zeroplan.cli.recipe_options", "zeroplan.cli.estimate_output",
+                      "zeroplan.cli.expert_option", "zeroplan.cli.context_option", "zeroplan.cli.recipe_options", "zeroplan.cli.estimate_output",
                       "zeroplan.cli.options"}, sorted(loaded)
