@@ -41,9 +41,9 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from zeroplan.estimator.engine_work import parameter_tensor_sizes
+from zeroplan.estimator.frozen import once
 from zeroplan.estimator.memory import largest_param_numel
 from zeroplan.estimator.plan_cache import PlanCache
 
@@ -192,7 +192,7 @@ class HostPhase:
         """Host bytes of the busiest rank (rank 0 when it gathers)."""
         return sum(self.per_rank.values()) + sum(self.rank0_only.values())
 
-    @cached_property
+    @once
     def per_node_bytes(self) -> int:
         """Host bytes of the whole node at this phase (computed once: phases are shared between plans)."""
         return self.ranks * sum(self.per_rank.values()) + sum(self.rank0_only.values())
@@ -218,7 +218,7 @@ class HostPhases:
     pinned: tuple[str, ...] = ()
     """Names of the items DeepSpeed pins when ``pin_memory`` is on (page-locked: never swapped out)."""
 
-    @cached_property
+    @once
     def worst(self) -> HostPhase:
         """The phase with the largest per-node bytes (the first of equals, in run order). Computed
         once: the phases are shared by every plan with the same host layout (:func:`plan_host_phases`)."""

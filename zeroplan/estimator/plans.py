@@ -9,6 +9,8 @@ from zeroplan.estimator.allocator import allocator_reserve
 from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.attention_kernel import with_attention_kernel
 from zeroplan.estimator.expert_parallel import expert_parallel_states
+from zeroplan.estimator.frozen import built
+from zeroplan.estimator.gc_pause import gc_paused
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import plan_host_phases
 from zeroplan.estimator.plan_cache import PlanCache
@@ -190,7 +192,8 @@ def estimate_plan(
     # The breakdown is a snapshot at the peak moment: gradients DeepSpeed has not allocated yet are
     # left out of ``gradients``, activations already freed out of ``activations``, and ``overhead``
     # holds the engine items alive then. ``model_states`` in the JSON keeps the paper's categories.
-    gpu = GpuMemory(
+    gpu = built(
+        GpuMemory,
         params=states.params,
         gradients=states.gradients - peak.absent_gradients,
         optimizer_states=states.optimizer_states,
@@ -262,7 +265,8 @@ def estimate_plan(
     )
     if judgement.verdict == "tight":
         notes.insert(0, tight_note(judgement))
-    return PlanEstimate(
+    return built(
+        PlanEstimate,
         plan=plan,
         gpu=gpu,
         overhead_items=overhead_items,
@@ -341,12 +345,14 @@ def estimate_all(
     model_build: Optional[str] = None,
 ) -> list[PlanEstimate]:
     """Estimate ``plans`` and sort best-first by verdict — plans that fit with margin, fastest
-    first; then tight plans, fastest first; then the rest by their GPU figure."""
-    estimates = [
-        estimate_plan(
-            model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
-            expandable_segments=expandable_segments, model_build=model_build,
-        )
-        for p in plans
-    ]
+    first; then tight plans, fastest first; then the rest by their GPU figure. The cyclic garbage
+    collector is held off meanwhile (:mod:`zeroplan.estimator.gc_pause`)."""
+    with gc_paused():
+        estimates = [
+            estimate_plan(
+                model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
+                expandable_segments=expandable_segments, model_build=model_build,
+            )
+            for p in plans
+        ]
     return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))
