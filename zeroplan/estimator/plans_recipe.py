@@ -304,4 +304,4 @@ def estimate_recipe_all(
 
     with gc_paused():
         estimates = [estimate_recipe_plan(model, cluster, training, p, recipe, **kwargs) for p in plans]
-    return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))
+        return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))
