@@ -161,9 +161,10 @@ def estimate_plan(
     # depends on each moment's transients too, so the reserved peak (and the breakdown, which adds
     # up to it) is the moment with the most live + reserved bytes, which may be another one.
     above = [m.allocated_above_states for m in moments]
-    by_allocated = moments[above.index(max(above))]
+    at = above.index(max(above))
+    by_allocated = moments[at]
     peak = by_allocated
-    allocated = states.total + always + by_allocated.allocated_above_states
+    allocated = states.total + always + above[at]
     reserve = 0
     held = 0
     allocator = None
@@ -172,8 +173,8 @@ def estimate_plan(
         # Each moment's reserve is the same block rounding (live_large) plus its stranded
         # transients (allocator_reserve): the reserved peak is the moment with the most live +
         # stranded bytes, and the held part (the rounding) is the same at every moment.
-        stranded = [0 if expandable_segments else sum(m.transients.values()) for m in moments]
-        at = max(range(len(moments)), key=lambda i: above[i] + stranded[i])
+        with_stranded = above if expandable_segments else [a + sum(m.transients.values()) for a, m in zip(above, moments)]
+        at = with_stranded.index(max(with_stranded))
         peak = moments[at]
         allocator = allocator_reserve(transients=peak.transients, live_large_tensors=live_large, expandable_segments=expandable_segments)
         unallocated = sum(timeline.unallocated.values())
@@ -187,7 +188,7 @@ def estimate_plan(
         overhead_items.update(embedding.items())
     if allocator is not None:
         overhead_items["allocator_fragmentation"] = allocator.total
-    at_peak = states.total + always + peak.allocated_above_states
+    at_peak = states.total + always + above[at]
     total = at_peak + reserve
     # The breakdown is a snapshot at the peak moment: gradients DeepSpeed has not allocated yet are
     # left out of ``gradients``, activations already freed out of ``activations``, and ``overhead``
