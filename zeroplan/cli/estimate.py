@@ -238,12 +238,15 @@ def _render_table(
     console = console or _table_console()
     rows = [_row(i, est, cluster) for i, est in enumerate(shown, 1)]
     table, dropped = _fitted_table(_title(model, cluster, training, estimates), rows, shown, console)
+    # Without colours (output piped) rich's highlighter only marks spans nothing draws
+    # (Style.render returns the text as is when color_system is None): skip it, same text.
+    highlight = False if console.color_system is None else None
     if recommend:
-        console.print(recommend, soft_wrap=True)
+        console.print(recommend, soft_wrap=True, highlight=highlight)
     console.print(table)
     for note in _table_notes(model, cluster, estimates, shown, total_plans=total_plans, extra_notes=extra_notes,
                              dropped=dropped, width=console.width):
-        console.print(f"[dim]• {note}[/dim]")
+        console.print(f"[dim]• {note}[/dim]", highlight=highlight)
 
 
 NoFlashOpt = Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")]
