@@ -1,5 +1,6 @@
-"""The width bound that lets estimate skip rich's measurement is an upper bound of rich's own
-measurement, and the table printed is the same with and without it, at every terminal width."""
+"""The width that lets estimate skip rich's measurement is rich's own measurement for plain cells
+and an upper bound of it otherwise, and the table printed is the same with and without it, at
+every terminal width."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from zeroplan.cli.table_fit import widest_table
+from zeroplan.cli.table_fit import plain_cells, widest_table
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def test_same_table_with_and_without_the_bound(estimates, monkeypatch):
     widths = range(70, 260, 9)
     with_bound = {w: _render(estimates, w) for w in widths}
     monkeypatch.setattr("zeroplan.cli.table_fit.widest_table", lambda *a, **k: 10**9)  # always measured by rich
+    monkeypatch.setattr("zeroplan.cli.table_fit.plain_cells", lambda *a, **k: False)
     for w in widths:
         assert _render(estimates, w) == with_bound[w], w
 
@@ -48,11 +50,44 @@ def test_same_table_with_and_without_the_bound(estimates, monkeypatch):
 def test_bound_is_at_least_richs_measurement(cells):
     columns = ["#", "stage", "verdict"]
     rows = [dict(zip(columns, cells)), dict(zip(columns, ("10", "z0", "fits 12 %")))]
+    assert widest_table(rows, columns, min_widths={"verdict": 10}) >= _measured(rows, columns)
+
+
+def _measured(rows, columns) -> int:
     table = Table(title="t")
     for column in columns:
         table.add_column(column, no_wrap=column != "verdict", min_width=10 if column == "verdict" else None)
     for row in rows:
         table.add_row(*(row[c] for c in columns))
     console = Console(file=io.StringIO(), width=200)
-    measured = console.measure(table, options=console.options.update(max_width=10_000)).maximum
-    assert widest_table(rows, columns, min_widths={"verdict": 10}) >= measured
+    return console.measure(table, options=console.options.update(max_width=10_000)).maximum
+
+
+@pytest.mark.parametrize("cells, plain", [
+    (["8", "z3+opt:cpu", "oom: GPU 81.2>80 CPU 600>512"], True),
+    (["1", "none/cpu", "fits 15% (CPU 12%)"], True),
+    (["", "a", "b"], True),
+    (["12", "全角の文字", "tight 3%"], True),  # wide characters: two cells each
+    (["1", "z0", "a very long verdict cell that rich would fold onto more lines at a narrow width"], True),
+    (["[bold]x[/bold]", "z0", "fits"], False),
+    (["1", ":thumbs_up: yes", "fits"], False),
+    (["1", "z0", "two\nlines"], False),
+])
+def test_plain_cells_are_measured_exactly(cells, plain):
+    columns = ["#", "stage", "verdict"]
+    rows = [dict(zip(columns, cells)), dict(zip(columns, ("10", "z0", "fits 12 %")))]
+    assert plain_cells(rows, columns) is plain
+    if plain:
+        assert widest_table(rows, columns, min_widths={"verdict": 10}) == _measured(rows, columns)
+
+
+def test_estimate_tables_are_plain_and_measured_exactly(estimates):
+    # The cells estimate itself prints, every column, as rich measures them.
+    from zeroplan.cli.estimate import _COLUMNS, _row
+
+    _, cluster, _, found = estimates
+    rows = [_row(i, est, cluster)[0] for i, est in enumerate(found[:40], 1)]
+    columns = [c for c in _COLUMNS if c != "layout"]
+    assert plain_cells(rows, columns)
+    for n in (len(columns), 10, 5):
+        assert widest_table(rows, columns[:n], min_widths={"verdict": 10}) == _measured(rows, columns[:n])

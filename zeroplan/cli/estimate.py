@@ -16,6 +16,7 @@ from zeroplan.cli.common import FormatOpt, OutputOpt, check_choice_option, write
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
+from zeroplan.estimator.gc_pause import gc_paused
 from zeroplan.estimator.usecase import EstimateRequest, check_model_build, resolve_checkpointing, run_estimate, with_training_choices
 from zeroplan.spec import GiB, SpecError, engine_facts, format_params
 
@@ -200,16 +201,17 @@ def _build_table(title: str, rows: list, columns: list[str]):
 
 def _fitted_table(title: str, rows: list, shown, console):
     """The table with the least important columns left out until it fits the console; (table, left out)."""
-    from zeroplan.cli.table_fit import widest_table
+    from zeroplan.cli.table_fit import plain_cells, widest_table
 
     # The layout column only when a shown plan is not pure data parallelism (data-parallel tables as before).
     columns = [c for c in _COLUMNS if c != "layout" or any(e.plan.layout_label for e in shown)]
     dropped: list[str] = []
     t = _build_table(title, rows, columns)
+    exact = plain_cells([cells for cells, _ in rows], columns)
     for col in _DROP_ORDER:
         if widest_table((cells for cells, _ in rows), columns, min_widths={"verdict": 10}) <= console.width:
-            break  # fits for certain (cli/table_fit.py); else rich measures it
-        if console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
+            break  # fits for certain (cli/table_fit.py); plain cells are too wide for certain, else rich measures them
+        if not exact and console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
             break
         columns.remove(col)
         dropped.append(col)
@@ -239,12 +241,15 @@ def _render_table(
     console = console or _table_console()
     rows = [_row(i, est, cluster) for i, est in enumerate(shown, 1)]
     table, dropped = _fitted_table(_title(model, cluster, training, estimates), rows, shown, console)
+    # Without colours (output piped) rich's highlighter only marks spans nothing draws
+    # (Style.render returns the text as is when color_system is None): skip it, same text.
+    highlight = False if console.color_system is None else None
     if recommend:
-        console.print(recommend, soft_wrap=True)
+        console.print(recommend, soft_wrap=True, highlight=highlight)
     console.print(table)
     for note in _table_notes(model, cluster, estimates, shown, total_plans=total_plans, extra_notes=extra_notes,
                              dropped=dropped, width=console.width):
-        console.print(f"[dim]• {note}[/dim]")
+        console.print(f"[dim]• {note}[/dim]", highlight=highlight)
 
 
 NoFlashOpt = Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")]
@@ -357,23 +362,24 @@ def estimate(
         expandable_segments=expandable_segments, model_build=model_build, activation_bytes=traced, recipe=recipe_spec,
         recipe_models=recipe_models(recipe_spec) if recipe_spec is not None else {},
     )
-    outcome = run_estimate(request)
-    estimates = outcome.estimates
-    if fmt == "json":
-        write_output(dumps_indented(_json_doc(request, outcome, trace_note=trace_note)), output)
-    elif fmt == "csv":
-        import pandas as pd
+    with gc_paused():  # the estimates and what is written from them are many small objects (estimator/gc_pause.py)
+        outcome = run_estimate(request)
+        estimates = outcome.estimates
+        if fmt == "json":
+            write_output(dumps_indented(_json_doc(request, outcome, trace_note=trace_note)), output)
+        elif fmt == "csv":
+            import pandas as pd
 
-        write_output(pd.DataFrame(estimates_to_rows(estimates)).to_csv(index=False), output)
-    else:
-        if output is not None:
-            raise SpecError("--output needs --format json or csv (the table prints to the terminal)")
-        shown = (estimates if all_plans else summarize(estimates))[: top or None]
-        options = _export_options(model_opts, cluster_opts, training_opts, peft_opts, engine_opts, recipe_spec, gpus=gpus,
-                                  nvme_plan=any("nvme" in (e.plan.offload_param, e.plan.offload_optimizer) for e in estimates[:1]))
-        _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates),
-                      extra_notes=[n for n in (alias_note, trace_note, outcome.layout_note, recipe_spec and f"recipe {recipe_spec.label}") if n],
-                      recommend=recommendation(estimates, options))
+            write_output(pd.DataFrame(estimates_to_rows(estimates)).to_csv(index=False), output)
+        else:
+            if output is not None:
+                raise SpecError("--output needs --format json or csv (the table prints to the terminal)")
+            shown = (estimates if all_plans else summarize(estimates))[: top or None]
+            options = _export_options(model_opts, cluster_opts, training_opts, peft_opts, engine_opts, recipe_spec, gpus=gpus,
+                                      nvme_plan=any("nvme" in (e.plan.offload_param, e.plan.offload_optimizer) for e in estimates[:1]))
+            _render_table(model_spec, cluster, training, estimates, shown, total_plans=len(estimates),
+                          extra_notes=[n for n in (alias_note, trace_note, outcome.layout_note, recipe_spec and f"recipe {recipe_spec.label}") if n],
+                          recommend=recommendation(estimates, options))
     if plot is not None:
         from zeroplan.cli.estimate_plot import plot_plans
 

@@ -41,46 +41,62 @@ def dumps_indented(obj: Any, *, indent: int = 2) -> str:
     pieces: list[str] = []
     put = pieces.append
 
-    def write(value: Any, newline: str) -> None:
+    def scalar(value: Any) -> str:
+        # Text, numbers, bools and None as json writes them; _NotPlain for anything else.
         kind = type(value)
         if kind is str:
-            put(_quote(value))
-        elif kind is int:
-            put(int.__repr__(value))
-        elif kind is float:
-            put(_number(value))
-        elif value is None:
-            put("null")
-        elif value is True:
-            put("true")
-        elif value is False:
-            put("false")
-        elif kind is dict:
+            return _quote(value)
+        if kind is int:
+            return int.__repr__(value)
+        if kind is float:
+            return _number(value)
+        if value is None:
+            return "null"
+        if value is True:
+            return "true"
+        if value is False:
+            return "false"
+        raise _NotPlain
+
+    def write(value: Any, newline: str) -> None:
+        kind = type(value)
+        if kind is dict:
             if not value:
                 put("{}")
                 return
             inner = newline + pad
-            opening = "{"
+            opening = "{" + inner
+            between = "," + inner
             for key, item in value.items():
                 if type(key) is not str:
                     raise _NotPlain
-                put(opening + inner + _quote(key) + ": ")
-                opening = ","
-                write(item, inner)
+                kind = type(item)
+                # Containers recurse; the scalars, most of the values, are written in place.
+                if kind is dict or kind is list or kind is tuple:
+                    put(opening + _quote(key) + ": ")
+                    write(item, inner)
+                else:
+                    put(opening + _quote(key) + ": " + scalar(item))
+                opening = between
             put(newline + "}")
         elif kind is list or kind is tuple:
             if not value:
                 put("[]")
                 return
             inner = newline + pad
-            opening = "["
+            opening = "[" + inner
+            between = "," + inner
             for item in value:
-                put(opening + inner)
-                opening = ","
-                write(item, inner)
+                kind = type(item)
+                if kind is dict or kind is list or kind is tuple:
+                    put(opening)
+                    write(item, inner)
+                else:
+                    put(opening + scalar(item))
+                opening = between
             put(newline + "]")
         else:
-            raise _NotPlain
+            put(scalar(value))
 
     try:
         write(obj, "\n")

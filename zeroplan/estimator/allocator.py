@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.estimator.frozen import built
+
 __all__ = ["AllocatorReserve", "allocator_reserve", "ROUND_LARGE_BYTES"]
 
 #: kRoundLarge in c10/cuda/CUDACachingAllocator.cpp: large segments are multiples of 2 MiB.
@@ -99,7 +101,8 @@ def allocator_reserve(
         raise ValueError("allocator_reserve needs non-negative counts and bytes")
     rounding = live_large_tensors * (ROUND_LARGE_BYTES // 2)
     stranded = 0 if expandable_segments else sum(transients.values())
-    return AllocatorReserve(
+    return built(
+        AllocatorReserve,
         block_rounding=rounding,
         stranded_transients=stranded,
         largest_transient=max(transients.values(), default=0),

@@ -41,9 +41,10 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import lru_cache
 
 from zeroplan.estimator.engine_work import parameter_tensor_sizes
+from zeroplan.estimator.frozen import once
 from zeroplan.estimator.memory import largest_param_numel
 from zeroplan.estimator.plan_cache import PlanCache
 
@@ -155,11 +156,21 @@ def zero3_pinned_param_blocks(sizes: tuple[int, ...], *, world_size: int, bytes_
     ``empty_cache`` unpins them. They stay resident beside the flat buffer.
     """
     blocks: dict[int, int] = {}
-    for numel in sizes:
+    for numel, count in _numel_counts(sizes):
         if numel > persistence_threshold:
             block = pinned_bytes(bytes_per_param * -(-numel // world_size))
-            blocks[block] = blocks.get(block, 0) + 1
+            blocks[block] = blocks.get(block, 0) + count
     return blocks
+
+
+@lru_cache(maxsize=64)
+def _numel_counts(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(numel, how many tensors have it), in first-seen order: a model repeats a few shapes per
+    block, so its ~1,000 tensors are a dozen distinct sizes (read once per model, not per plan)."""
+    counts: dict[int, int] = {}
+    for numel in sizes:
+        counts[numel] = counts.get(numel, 0) + 1
+    return tuple(counts.items())
 
 
 def reuse_cached_blocks(cached: dict[int, int], request_bytes: int) -> int:
@@ -192,7 +203,7 @@ class HostPhase:
         """Host bytes of the busiest rank (rank 0 when it gathers)."""
         return sum(self.per_rank.values()) + sum(self.rank0_only.values())
 
-    @cached_property
+    @once
     def per_node_bytes(self) -> int:
         """Host bytes of the whole node at this phase (computed once: phases are shared between plans)."""
         return self.ranks * sum(self.per_rank.values()) + sum(self.rank0_only.values())
@@ -218,7 +229,7 @@ class HostPhases:
     pinned: tuple[str, ...] = ()
     """Names of the items DeepSpeed pins when ``pin_memory`` is on (page-locked: never swapped out)."""
 
-    @cached_property
+    @once
     def worst(self) -> HostPhase:
         """The phase with the largest per-node bytes (the first of equals, in run order). Computed
         once: the phases are shared by every plan with the same host layout (:func:`plan_host_phases`)."""

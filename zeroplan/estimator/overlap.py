@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.estimator.frozen import built
+
 __all__ = ["CommOverlap", "comm_overlap"]
 
 
@@ -87,7 +89,8 @@ def comm_overlap(
     """
     other = max(0.0, communication_s - gradient_reduce_s - param_gather_s)
     if stage == 0 or not comm_stream:
-        return CommOverlap(gradient_reduce_s, 0.0, param_gather_s, 0.0, other)
+        return built(CommOverlap, gradient_reduce_s=gradient_reduce_s, gradient_hidden_s=0.0, param_gather_s=param_gather_s,
+                     gather_hidden_s=0.0, other_s=other)
     grad_hidden = 0.0
     if overlap_comm and reducing_passes > 0:
         per_pass = gradient_reduce_s / reducing_passes
@@ -97,4 +100,5 @@ def comm_overlap(
     if stage == 3 and gather_calls > 0 and param_gather_s > 0:
         first = param_gather_s * min(gather_passes, gather_calls) / gather_calls
         gather_hidden = min(param_gather_s - first, max(0.0, forward_s + backward_s - grad_hidden))
-    return CommOverlap(gradient_reduce_s, grad_hidden, param_gather_s, gather_hidden, other)
+    return built(CommOverlap, gradient_reduce_s=gradient_reduce_s, gradient_hidden_s=grad_hidden, param_gather_s=param_gather_s,
+                 gather_hidden_s=gather_hidden, other_s=other)

@@ -21,6 +21,8 @@ from zeroplan.spec import Plan
 
 __all__ = ["PlanCache"]
 
+_MISSING = object()
+
 
 class PlanCache:
     """``function(model, cluster, training, plan, **options)``, once per key (see the module docstring)."""
@@ -36,17 +38,39 @@ class PlanCache:
         # the work it saved for the cheaper functions).
         self._plan_key = attrgetter(*self.keyed_fields)
         self.size = size
-        self._entries: dict[tuple, tuple[Any, Any, Any, Any]] = {}
+        self._count = 0
+        #: (id(model), id(cluster), id(training)) -> (model, cluster, training, {plan key: value}).
+        self._by_specs: dict[tuple[int, int, int], tuple[Any, Any, Any, dict[tuple, Any]]] = {}
+        # The specs of the last call and their entries: an estimate asks for one model, cluster
+        # and training spec many times in a row, so most calls skip the lookup by identity.
+        self._last: tuple[Any, Any, Any, dict[tuple, Any]] = (None, None, None, {})
+
+    def _entries_for(self, model: Any, cluster: Any, training: Any) -> dict[tuple, Any]:
+        specs = (id(model), id(cluster), id(training))
+        found = self._by_specs.get(specs)
+        if found is None or found[0] is not model or found[1] is not cluster or found[2] is not training:
+            found = (model, cluster, training, {})
+            self._by_specs[specs] = found
+        self._last = found
+        return found[3]
 
     def __call__(self, model: Any, cluster: Any, training: Any, plan: Plan, **options: Any) -> Any:
+        last = self._last
+        if last[0] is model and last[1] is cluster and last[2] is training:
+            entries = last[3]
+        else:
+            entries = self._entries_for(model, cluster, training)
         # Options in the caller's keyword order: one call site always gives the same order (another
         # order only misses the cache).
-        key = (id(model), id(cluster), id(training), self._plan_key(plan), tuple(options.items()))
-        found = self._entries.get(key)
-        if found is not None and found[0] is model and found[1] is cluster and found[2] is training:
-            return found[3]
-        if len(self._entries) >= self.size:
-            self._entries.clear()
+        key = (self._plan_key(plan), tuple(options.items()))
+        value = entries.get(key, _MISSING)
+        if value is not _MISSING:
+            return value
+        if self._count >= self.size:
+            self._by_specs.clear()
+            self._count = 0
+            entries = self._entries_for(model, cluster, training)
         value = self.function(model, cluster, training, plan, **options)
-        self._entries[key] = (model, cluster, training, value)
+        entries[key] = value
+        self._count += 1
         return value

@@ -9,6 +9,8 @@ from zeroplan.estimator.allocator import allocator_reserve
 from zeroplan.estimator.comm import comm_volume
 from zeroplan.estimator.attention_kernel import with_attention_kernel
 from zeroplan.estimator.expert_parallel import expert_parallel_states
+from zeroplan.estimator.frozen import built
+from zeroplan.estimator.gc_pause import gc_paused
 from zeroplan.estimator.embedding_backward import embedding_backward
 from zeroplan.estimator.host import plan_host_phases
 from zeroplan.estimator.plan_cache import PlanCache
@@ -157,9 +159,10 @@ def estimate_plan(
     # depends on each moment's transients too, so the reserved peak (and the breakdown, which adds
     # up to it) is the moment with the most live + reserved bytes, which may be another one.
     above = [m.allocated_above_states for m in moments]
-    by_allocated = moments[above.index(max(above))]
+    at = above.index(max(above))
+    by_allocated = moments[at]
     peak = by_allocated
-    allocated = states.total + always + by_allocated.allocated_above_states
+    allocated = states.total + always + above[at]
     reserve = 0
     held = 0
     allocator = None
@@ -168,8 +171,8 @@ def estimate_plan(
         # Each moment's reserve is the same block rounding (live_large) plus its stranded
         # transients (allocator_reserve): the reserved peak is the moment with the most live +
         # stranded bytes, and the held part (the rounding) is the same at every moment.
-        stranded = [0 if expandable_segments else sum(m.transients.values()) for m in moments]
-        at = max(range(len(moments)), key=lambda i: above[i] + stranded[i])
+        with_stranded = above if expandable_segments else [a + sum(m.transients.values()) for a, m in zip(above, moments)]
+        at = with_stranded.index(max(with_stranded))
         peak = moments[at]
         allocator = allocator_reserve(transients=peak.transients, live_large_tensors=live_large, expandable_segments=expandable_segments)
         unallocated = sum(timeline.unallocated.values())
@@ -183,12 +186,13 @@ def estimate_plan(
         overhead_items.update(embedding.items())
     if allocator is not None:
         overhead_items["allocator_fragmentation"] = allocator.total
-    at_peak = states.total + always + peak.allocated_above_states
+    at_peak = states.total + always + above[at]
     total = at_peak + reserve
     # The breakdown is a snapshot at the peak moment: gradients DeepSpeed has not allocated yet are
     # left out of ``gradients``, activations already freed out of ``activations``, and ``overhead``
     # holds the engine items alive then. ``model_states`` in the JSON keeps the paper's categories.
-    gpu = GpuMemory(
+    gpu = built(
+        GpuMemory,
         params=states.params,
         gradients=states.gradients - peak.absent_gradients,
         optimizer_states=states.optimizer_states,
@@ -260,7 +264,8 @@ def estimate_plan(
     )
     if judgement.verdict == "tight":
         notes.insert(0, tight_note(judgement))
-    return PlanEstimate(
+    return built(
+        PlanEstimate,
         plan=plan,
         gpu=gpu,
         overhead_items=overhead_items,
@@ -339,12 +344,14 @@ def estimate_all(
     model_build: Optional[str] = None,
 ) -> list[PlanEstimate]:
     """Estimate ``plans`` and sort best-first by verdict — plans that fit with margin, fastest
-    first; then tight plans, fastest first; then the rest by their GPU figure."""
-    estimates = [
-        estimate_plan(
-            model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
-            expandable_segments=expandable_segments, model_build=model_build,
-        )
-        for p in plans
-    ]
-    return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))
+    first; then tight plans, fastest first; then the rest by their GPU figure. The cyclic garbage
+    collector is held off meanwhile (:mod:`zeroplan.estimator.gc_pause`)."""
+    with gc_paused():
+        estimates = [
+            estimate_plan(
+                model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
+                expandable_segments=expandable_segments, model_build=model_build,
+            )
+            for p in plans
+        ]
+        return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))

@@ -298,6 +298,10 @@ def estimate_recipe_plan(
 def estimate_recipe_all(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: Iterable[Plan], recipe: Optional[Recipe], **kwargs,
 ) -> list[PlanEstimate]:
-    """:func:`estimate_recipe_plan` for every plan, ranked as :func:`~zeroplan.estimator.estimate_all` ranks."""
-    estimates = [estimate_recipe_plan(model, cluster, training, p, recipe, **kwargs) for p in plans]
-    return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))
+    """:func:`estimate_recipe_plan` for every plan, ranked as :func:`~zeroplan.estimator.estimate_all` ranks
+    (the cyclic garbage collector held off meanwhile, as there: :mod:`zeroplan.estimator.gc_pause`)."""
+    from zeroplan.estimator.gc_pause import gc_paused
+
+    with gc_paused():
+        estimates = [estimate_recipe_plan(model, cluster, training, p, recipe, **kwargs) for p in plans]
+        return sorted(estimates, key=lambda e: (verdict_rank(e.verdict), -e.tokens_per_second if e.fits else e.gpu.required))

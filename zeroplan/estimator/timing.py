@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.estimator.comm import CommVolume, collective_time
+from zeroplan.estimator.frozen import built
 from zeroplan.estimator.overlap import CommOverlap, comm_overlap
 from zeroplan.estimator.plan_cache import PlanCache
 from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, compute_precision, optimizer_state_bytes_per_param
@@ -128,7 +129,8 @@ def step_time(
 
         all_to_all = expert_all_to_all(model, cluster, training, plan).time_s
         communication, exposed = communication + all_to_all, exposed + all_to_all
-    return StepTime(
+    return built(
+        StepTime,
         compute=compute,
         communication=communication,
         exposed_communication=exposed,

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from zeroplan.estimator.frozen import built
+
 __all__ = [
     "VERDICTS",
     "TIGHT_MARGIN",
@@ -176,17 +178,18 @@ def plan_verdict(
     ``cpu_memory_per_node_bytes`` 0: host RAM not known, no host verdict.
     """
     gpu_v = judge(gpu_required_bytes, gpu_memory_bytes, margin=margin)
-    gpu = Headroom("gpu.required", gpu_required_bytes, gpu_memory_bytes, gpu_v, gpu_uncertain if gpu_v == "tight" else ())
+    gpu = built(Headroom, figure="gpu.required", figure_bytes=gpu_required_bytes, capacity_bytes=gpu_memory_bytes, verdict=gpu_v,
+                uncertain=gpu_uncertain if gpu_v == "tight" else ())
     host = None
     verdicts = [gpu_v]
     if cpu_memory_per_node_bytes > 0:
         host_v = judge(cpu_per_node_bytes, cpu_memory_per_node_bytes, margin=margin)
-        host = Headroom("cpu_per_node", cpu_per_node_bytes, cpu_memory_per_node_bytes, host_v,
-                        host_uncertain if host_v == "tight" else ())
+        host = built(Headroom, figure="cpu_per_node", figure_bytes=cpu_per_node_bytes, capacity_bytes=cpu_memory_per_node_bytes,
+                     verdict=host_v, uncertain=host_uncertain if host_v == "tight" else ())
         verdicts.append(host_v)
     if nvme_short:
         verdicts.append("oom")
-    return PlanVerdict(verdict=max(verdicts, key=verdict_rank), gpu=gpu, host=host, nvme_short=nvme_short, margin=margin)
+    return built(PlanVerdict, verdict=max(verdicts, key=verdict_rank), gpu=gpu, host=host, nvme_short=nvme_short, margin=margin)
 
 
 def judge_plan(
@@ -204,15 +207,19 @@ def judge_plan(
     build_defaulted: bool,
 ) -> PlanVerdict:
     """A plan's :class:`PlanVerdict` (both engines): ``gpu.required`` against ``cluster``'s GPU,
-    host RAM per node against its node, with the terms that make a tight side uncertain."""
-    gpu_terms = uncertain_terms(
-        expandable_segments=expandable_segments, stranded_bytes=stranded_bytes,
-        optimizer_temporary_bytes=optimizer_temporary_bytes, peak_phase=peak_phase, device=device,
-    )
+    host RAM per node against its node, with the terms that make a tight side uncertain (listed
+    only for a tight side, as :func:`plan_verdict` keeps them: built only then)."""
+    gpu_terms: tuple[tuple[str, int], ...] = ()
+    if judge(gpu_required_bytes, cluster.gpu_memory_bytes) == "tight":
+        gpu_terms = uncertain_terms(
+            expandable_segments=expandable_segments, stranded_bytes=stranded_bytes,
+            optimizer_temporary_bytes=optimizer_temporary_bytes, peak_phase=peak_phase, device=device,
+        )
     host_terms: list[tuple[str, int]] = []
-    if build_defaulted:
-        host_terms.append((f"how the model is loaded (assumed {model_build}; --model-build)", 0))
-    host_terms += [("dataset and tokenizer in host memory", 0), ("data-loader worker processes", 0)]
+    if cluster.cpu_memory_per_node_bytes > 0 and judge(cpu_per_node_bytes, cluster.cpu_memory_per_node_bytes) == "tight":
+        if build_defaulted:
+            host_terms.append((f"how the model is loaded (assumed {model_build}; --model-build)", 0))
+        host_terms += [("dataset and tokenizer in host memory", 0), ("data-loader worker processes", 0)]
     return plan_verdict(
         gpu_required_bytes=gpu_required_bytes, gpu_memory_bytes=cluster.gpu_memory_bytes,
         cpu_per_node_bytes=cpu_per_node_bytes, cpu_memory_per_node_bytes=cluster.cpu_memory_per_node_bytes,
