@@ -215,3 +215,21 @@ def test_trainer_save_is_every_ranks_clone_of_the_16bit_state_dict():
     assert "trainer_state_dict_on_host" not in estimate_plan(TINY, cl, TrainingSpec(), z2, device="cpu").host_phases.get("checkpoint_save").per_rank
     with pytest.raises(ValueError, match="model_save"):
         host_phases(TINY, cl, TrainingSpec(), z2, model_save="disk")
+
+
+def test_model_save_flag_sets_the_save_phase_and_bad_values_are_one_line(capsys):
+    from helpers import run_main
+
+    args = ["estimate", "--model", "llama-2-7b", "--gpus", "8", "--stage", "2", "--offload-optimizer", "cpu", "--model-build", "meta",
+            "--format", "json", "--top", "1"]
+    per_node = {}
+    for save in ("trainer", "engine"):
+        code, out, _ = run_main([*args, "--model-save", save], capsys)
+        doc = json.loads(out)
+        plan, params = doc["plans"][0], doc["model"]["params"]
+        per_node[save] = (plan["cpu_phases"]["checkpoint_save"]["per_node"], plan["cpu_phases"]["step"]["per_node"])
+    save_t, step_t = per_node["trainer"]
+    save_e, step_e = per_node["engine"]
+    assert step_t == step_e == save_e and save_t - step_t == 8 * 2 * params == 8 * 2 * 6_738_415_616
+    code, out, err = run_main([*args, "--model-save", "disk"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err and "Traceback" not in err
