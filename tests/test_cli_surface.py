@@ -24,7 +24,7 @@ SURFACE = {
     "estimate": ((), {
         "--adapter", "--all", "--base-quant", "--checkpointing", "--cpu-memory", "--engine", "--expandable-segments", "--format",
         "--global-batch", "--gpu", "--gpu-memory", "--gpus", "--gpus-per-node", "--grad-accum", "--lora-alpha",
-        "--lora-rank", "--lora-targets", "--micro-batch", "--model", "--model-build", "--no-flash", "--node", "--nvme",
+        "--lora-rank", "--lora-targets", "--micro-batch", "--model", "--model-build", "--model-save", "--no-flash", "--node", "--nvme",
         "--offload-optimizer", "--offload-param", "--optimizer", "--optimizer-impl", "--output", "--params",
         "--plot", "--precision", "--seq-len", "--stage", "--top", "--trace", "--trainable-params", "-o",
         "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size",

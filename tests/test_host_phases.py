@@ -134,11 +134,15 @@ def test_pinning_counts_only_on_cuda():
 
 
 def test_worst_phase_named_and_used_for_fit():
-    """Stage 2 builds the fp32 model on every rank: 8 × 4Ψ at build beats the offloaded states."""
+    """Stage 2 builds the fp32 model on every rank: 8 × 4Ψ at build beats the offloaded states when
+    the script saves through the engine; the Trainer's save adds 8 × 2Ψ to the step's and wins."""
     model = ModelSpec.from_params(13e9)
     plan = Plan(stage=2, offload_optimizer="cpu", micro_batch=1, checkpointing="full")
     cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100, cpu_memory_per_node_bytes=256 * GiB)
-    est = estimate_plan(model, cl, TrainingSpec(), plan)
+    trainer = estimate_plan(model, cl, TrainingSpec(), plan)
+    step = trainer.host_phases.get("step")
+    assert trainer.cpu_worst_phase == "checkpoint_save" and trainer.cpu_per_node == step.per_node_bytes + 8 * 2 * model.params
+    est = estimate_plan(model, cl, TrainingSpec(), plan, model_save="engine")
     build = est.host_phases.get("model_build")
     assert est.cpu_worst_phase == "model_build" and est.cpu_per_node == build.per_node_bytes
     assert build.per_rank["model_fp32"] == 4 * model.params
@@ -182,3 +186,50 @@ def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_rea
     b = plan_host_phases(model, cluster, training, Plan(stage=3, offload_optimizer="cpu", offload_param="cpu"), device="cuda", build=None,
                          checkpoint_bytes_on_cpu=0)
     assert a != b
+
+
+def test_trainer_save_is_every_ranks_clone_of_the_16bit_state_dict():
+    """At ZeRO 0-2 the Hugging Face Trainer's save_model calls accelerate's get_state_dict on every
+    rank, which is DeepSpeed's clone_tensors_for_torch_save of the module's state dict to the CPU
+    (zeroplan.estimator.host_save): the save phase's item is that clone's bytes, on every rank."""
+    torch = pytest.importorskip("torch")
+    from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+
+    module = torch.nn.Sequential(torch.nn.Embedding(V, H), torch.nn.Linear(H, F, bias=False), torch.nn.Linear(F, H, bias=False))
+    state = module.to(torch.bfloat16).state_dict()
+    clone = clone_tensors_for_torch_save(state)
+    assert all(c.data_ptr() != t.data_ptr() for c, t in zip(clone.values(), state.values()))  # copies, not views
+    cloned = sum(t.numel() * t.element_size() for t in clone.values())
+    cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100)
+    z2 = Plan(stage=2, offload_optimizer="cpu", micro_batch=1)
+    step = host_phases(TINY, cl, TrainingSpec(), z2).get("step")
+    save = host_phases(TINY, cl, TrainingSpec(), z2, model_save="trainer").get("checkpoint_save")
+    assert save.per_rank["trainer_state_dict_on_host"] == cloned
+    assert save.per_node_bytes - step.per_node_bytes == 8 * cloned
+    assert host_phases(TINY, cl, TrainingSpec(), z2, model_save="engine").get("checkpoint_save").per_node_bytes == step.per_node_bytes
+    # Stage 3 gathers on rank 0 only (gathered_16bit_model), not a clone per rank.
+    z3 = Plan(stage=3, offload_optimizer="cpu", offload_param="cpu", micro_batch=1)
+    assert "trainer_state_dict_on_host" not in host_phases(TINY, cl, TrainingSpec(), z3, model_save="trainer").get("checkpoint_save").per_rank
+    # GPU estimates assume the Trainer; CPU estimates (compared with probes) the engine's own save.
+    assert "trainer_state_dict_on_host" in estimate_plan(TINY, cl, TrainingSpec(), z2).host_phases.get("checkpoint_save").per_rank
+    assert "trainer_state_dict_on_host" not in estimate_plan(TINY, cl, TrainingSpec(), z2, device="cpu").host_phases.get("checkpoint_save").per_rank
+    with pytest.raises(ValueError, match="model_save"):
+        host_phases(TINY, cl, TrainingSpec(), z2, model_save="disk")
+
+
+def test_model_save_flag_sets_the_save_phase_and_bad_values_are_one_line(capsys):
+    from helpers import run_main
+
+    args = ["estimate", "--model", "llama-2-7b", "--gpus", "8", "--stage", "2", "--offload-optimizer", "cpu", "--model-build", "meta",
+            "--format", "json", "--top", "1"]
+    per_node = {}
+    for save in ("trainer", "engine"):
+        code, out, _ = run_main([*args, "--model-save", save], capsys)
+        doc = json.loads(out)
+        plan, params = doc["plans"][0], doc["model"]["params"]
+        per_node[save] = (plan["cpu_phases"]["checkpoint_save"]["per_node"], plan["cpu_phases"]["step"]["per_node"])
+    save_t, step_t = per_node["trainer"]
+    save_e, step_e = per_node["engine"]
+    assert step_t == step_e == save_e and save_t - step_t == 8 * 2 * params == 8 * 2 * 6_738_415_616
+    code, out, err = run_main([*args, "--model-save", "disk"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err and "Traceback" not in err

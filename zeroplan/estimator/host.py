@@ -45,6 +45,7 @@ from functools import lru_cache
 
 from zeroplan.estimator.engine_work import parameter_tensor_sizes
 from zeroplan.estimator.frozen import once
+from zeroplan.estimator.host_save import MODEL_SAVES, trainer_save_bytes
 from zeroplan.estimator.memory import largest_param_numel
 from zeroplan.estimator.plan_cache import PlanCache
 
@@ -292,6 +293,7 @@ def host_phases(
     checkpoint_bytes_on_cpu: int = 0,
     dynamo_in_baseline: bool = False,
     built_params: int | None = None,
+    model_save: str = "engine",
 ) -> HostPhases:
     """Host bytes per rank and per node of ``plan``, phase by phase (sources in the module docstring).
 
@@ -313,7 +315,8 @@ def host_phases(
     * step: engine_init (less the transient) + Adam's two fp32 moments 8s (CPU Adam allocates them
       at the first step).
     * checkpoint_save: step + the 16-bit model gathered on rank 0 (p·Ψ) with
-      ``gather_16bit_on_save``.
+      ``gather_16bit_on_save``; ``model_save="trainer"`` (the Hugging Face Trainer) at stages 0-2:
+      + p·Ψ on every rank (:func:`~zeroplan.estimator.host_save.trainer_save_bytes`).
 
     Pinned buffers count as :func:`pinned_bytes` on CUDA (power-of-two blocks); on ``device="cpu"``
     DeepSpeed's CPU accelerator pins nothing. ``device="cpu"`` (a CPU probe, where the "device" is
@@ -333,6 +336,8 @@ def host_phases(
         build = default_build(model, plan)
     if build not in BUILDS:
         raise ValueError(f"build={build!r}: choose one of {', '.join(BUILDS)}")
+    if model_save not in MODEL_SAVES:
+        raise ValueError(f"model_save={model_save!r}: choose one of {', '.join(MODEL_SAVES)}")
     if build == "zero_init" and plan.stage != 3:
         raise ValueError("build='zero_init' needs stage 3 (deepspeed.zero.Init partitions only stage-3 parameters)")
     n = plan.zero_group_size(cluster.gpus)  # ZeRO's partitions: world/tp (Plan.zero_group_size)
@@ -462,6 +467,9 @@ def host_phases(
 
     # -- checkpoint save ----------------------------------------------------------------------
     save = dict(step)
+    if model_save == "trainer":
+        quantized = model.peft is not None and model.peft.base_quant != "none"
+        save.update(trainer_save_bytes(stage=plan.stage, total_params=psi, bytes_per_param=p, tp=plan.tp, quantized_base=quantized))
     rank0 = {"gathered_16bit_model": p * psi} if (gather_16bit_on_save and plan.stage == 3) else {}
 
     phases = (
@@ -482,10 +490,10 @@ _HOST_CACHE = PlanCache(host_phases, ignores=_NOT_ON_HOST)
 
 def plan_host_phases(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, *, device: str, build: str | None,
-    checkpoint_bytes_on_cpu: int, built_params: int | None = None,
+    checkpoint_bytes_on_cpu: int, built_params: int | None = None, model_save: str = "engine",
 ) -> HostPhases:
     """:func:`host_phases` with its other defaults, computed once for the plans that differ only in
     micro-batch, accumulation or checkpointing (an estimate's 196 plans have a dozen host layouts;
     :class:`~zeroplan.estimator.plan_cache.PlanCache`). The result is shared: read it, do not change it."""
     return _HOST_CACHE(model, cluster, training, plan, device=device, build=build, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu,
-                       built_params=built_params)
+                       built_params=built_params, model_save=model_save)

@@ -61,6 +61,7 @@ def estimate_plan(
     optimizer_impl: Optional[str] = None,
     expandable_segments: bool = False,
     model_build: Optional[str] = None,
+    model_save: Optional[str] = None,
 ) -> PlanEstimate:
     """Memory, traffic, time and verdict of ``plan`` on ``cluster``.
 
@@ -80,7 +81,9 @@ def estimate_plan(
     ``activation_bytes`` replaces the Korthikanti formula with traced numbers
     (``zeroplan estimate --trace``). ``model_build`` says how each rank builds or loads the model on
     the host (:data:`~zeroplan.estimator.host.BUILDS`; None: the engine's default,
-    :func:`~zeroplan.estimator.host.default_build`).
+    :func:`~zeroplan.estimator.host.default_build`). ``model_save`` says how checkpoints are saved
+    (:data:`~zeroplan.estimator.host_save.MODEL_SAVES`; None:
+    :func:`~zeroplan.estimator.host_save.default_model_save`).
 
     The verdict (:mod:`zeroplan.estimator.verdict`) compares ``gpu.required`` with the GPU's memory
     and host RAM per node with the node's: ``fits``, ``tight`` or ``oom``; ``fits`` (bool) is
@@ -96,6 +99,12 @@ def estimate_plan(
                         f"single process only, not {engine}; use --engine fsdp --stage 0")
     # A model whose attention cannot run a fused kernel here saves the a·s² probabilities (gpt-oss, MLA on CPU).
     training = with_attention_kernel(model, training, device)
+    from zeroplan.estimator.host_save import MODEL_SAVES, default_model_save
+
+    if model_save is None:
+        model_save = default_model_save(device)
+    elif model_save not in MODEL_SAVES:
+        raise SpecError(f"model_save={model_save!r} is not valid; choose one of {', '.join(MODEL_SAVES)}")
     if model_build is not None:
         from zeroplan.estimator.host import BUILDS
 
@@ -211,7 +220,7 @@ def estimate_plan(
         )
     host = _HOST_MEMORY(model, cluster, training, plan, states=states, checkpoint_bytes_on_cpu=act_on_cpu)
     phases = plan_host_phases(model, cluster, training, plan, device=device, checkpoint_bytes_on_cpu=act_on_cpu, build=model_build,
-                              built_params=full_model.total_params if plan.tp > 1 else None)
+                              built_params=full_model.total_params if plan.tp > 1 else None, model_save=model_save)
     worst = phases.worst
     comm = _COMM_VOLUME(model, cluster, training, plan)
     timing = step_time(model, cluster, training, plan, comm)
@@ -342,6 +351,7 @@ def estimate_all(
     optimizer_impl: Optional[str] = None,
     expandable_segments: bool = False,
     model_build: Optional[str] = None,
+    model_save: Optional[str] = None,
 ) -> list[PlanEstimate]:
     """Estimate ``plans`` and sort best-first by verdict — plans that fit with margin, fastest
     first; then tight plans, fastest first; then the rest by their GPU figure. The cyclic garbage
@@ -350,7 +360,7 @@ def estimate_all(
         estimates = [
             estimate_plan(
                 model, cluster, training, p, device=device, activation_bytes=activation_bytes, engine=engine, optimizer_impl=optimizer_impl,
-                expandable_segments=expandable_segments, model_build=model_build,
+                expandable_segments=expandable_segments, model_build=model_build, model_save=model_save,
             )
             for p in plans
         ]

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from zeroplan.spec import CHECKPOINTING_ALIASES, ClusterSpec, ModelSpec, SpecError, TrainingSpec
 
-__all__ = ["EstimateOutcome", "EstimateRequest", "check_model_build", "resolve_checkpointing", "run_estimate", "with_training_choices"]
+__all__ = ["EstimateOutcome", "EstimateRequest", "check_model_build", "check_model_save", "resolve_checkpointing", "run_estimate", "with_training_choices"]
 
 
 def check_model_build(model_build: Optional[str], *, engine: str, stage: Optional[int]) -> None:
@@ -25,6 +25,14 @@ def check_model_build(model_build: Optional[str], *, engine: str, stage: Optiona
         raise SpecError(f"--model-build {model_build!r} is not valid; choose one of {', '.join(BUILDS)}")
     if model_build == "zero_init" and (engine != "deepspeed" or stage in (0, 1, 2)):
         raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
+
+
+def check_model_save(model_save: Optional[str]) -> None:
+    """``--model-save``: one of :data:`~zeroplan.estimator.host_save.MODEL_SAVES`."""
+    from zeroplan.estimator.host_save import MODEL_SAVES
+
+    if model_save is not None and model_save not in MODEL_SAVES:
+        raise SpecError(f"--model-save {model_save!r} is not valid; choose one of {', '.join(MODEL_SAVES)}")
 
 
 def resolve_checkpointing(model: ModelSpec, training: TrainingSpec, checkpointing: Optional[str]) -> tuple[Optional[str], Optional[str]]:
@@ -68,6 +76,8 @@ class EstimateRequest:
     buckets: dict = field(default_factory=dict, hash=False)
     expandable_segments: bool = False
     model_build: Optional[str] = None
+    #: ``--model-save``: how checkpoints are saved (:data:`~zeroplan.estimator.host_save.MODEL_SAVES`; None: the Trainer on GPUs).
+    model_save: Optional[str] = None
     #: A traced activation override (``zeroplan.trace``), or None for the formula.
     activation_bytes: Any = None
     #: A post-training recipe and its extra models (``zeroplan.profiles.recipe_models``).
@@ -99,7 +109,8 @@ def run_estimate(request: EstimateRequest) -> EstimateOutcome:
                           offload_param=r.offload_param, checkpointing=r.checkpointing, engine=r.engine,
                           optimizer_impl=r.optimizer_impl, buckets=r.buckets, tiled_mlp=r.tiled_mlp),
         estimate_options=dict(activation_bytes=r.activation_bytes, engine=r.engine, optimizer_impl=r.optimizer_impl,
-                              expandable_segments=r.expandable_segments, model_build=r.model_build),
+                              expandable_segments=r.expandable_segments, model_build=r.model_build,
+                              model_save=r.model_save),
         estimate_many=None if recipe is None else (
             lambda m, c, t, plans, **kw: estimate_recipe_all(m, c, t, plans, recipe, **kw, **r.recipe_models)),
         expand=lambda plans: with_expert_degrees(plans, r.model, r.cluster.gpus, parse_expert_degrees(r.ep, engine=r.engine)),
