@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from helpers import run_main
+from helpers import ROOT, run_main
 
 COMMANDS = ("estimate", "validate", "export", "probe", "tune", "calibrate", "profiles", "doctor")
 
@@ -257,3 +257,13 @@ def test_probe_says_why_an_nvme_config_reads_as_cpu_offload(tmp_path):
     assert plan_from_config(ds, 2).label == "z2+opt:cpu/ckpt:none/mb2/ga2"
     notes = check_probe_config(ds, config, world_size=2)
     assert [n.split(":")[0] for n in notes] == ["ZP204"] and "keep optimizer states in CPU RAM" in notes[0]
+
+
+def test_probe_workdir_that_is_a_file_is_one_line(tmp_path, capsys):
+    # It raised FileExistsError from mkdir, with a traceback, after the launch had been prepared.
+    taken = tmp_path / "taken"
+    taken.write_text("keep me\n")
+    code, out, err = run(["probe", str(ROOT / "examples" / "train_deepspeed.py"), "--gpus", "1", "--workdir", str(taken)], capsys)
+    assert (code, out) == (2, "")
+    assert err == f"zeroplan: error: --workdir {taken} is a file; give a folder (created if missing)\n"
+    assert taken.read_text() == "keep me\n"

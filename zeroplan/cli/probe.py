@@ -217,6 +217,8 @@ def probe(
     torchrun_args = tuple(torchrun_arg or ())
     nproc, nodes = resolve_nodes(gpus=gpus, gpus_per_node=cluster_opts.gpus_per_node, nnodes=nnodes, launcher=launcher,
                                  node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout, legacy_torchrun_args=torchrun_args)
+    if workdir is not None and workdir.exists() and not workdir.is_dir():
+        raise SpecError(f"--workdir {workdir} is a file; give a folder (created if missing)")
     if nodes is not None and workdir is None:
         raise SpecError("a multi-node probe needs --workdir DIR: a folder every node sees at the same path (a shared file system)")
     if nodes is not None:
