@@ -54,7 +54,6 @@ __all__ = [
     "ring_comm",
     "ring_comm_seconds",
     "valid_cp_degrees",
-    "widen_to_context_parallel",
 ]
 
 #: ``set_rotate_method`` / torchtitan's ``context_parallel_rotate_method``; the first is the default.
@@ -246,27 +245,3 @@ def valid_cp_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     if not out:
         raise first_error or SpecError("no valid --cp degree for these GPUs and sequence")
     return out
-
-
-def widen_to_context_parallel(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, estimates: list, *,
-                              plan_options: dict, estimate) -> tuple[list, str | None]:
-    """Nothing fits under ``--engine fsdp`` with data parallelism: the plans of every cp > 1 the
-    GPUs and sequence accept (``--cp auto``), estimated with ``estimate`` (plans -> estimates).
-    Returns those with a note when one fits, else ``estimates`` with a note that cp did not help
-    either (None when no cp > 1 is valid)."""
-    from zeroplan.estimator.plan_space import enumerate_plans
-
-    try:
-        wider = [p for p in enumerate_plans(model, cluster, training, cp="auto", **plan_options) if p.cp > 1]
-    except SpecError:
-        wider = []
-    if not wider:
-        return estimates, None
-    widened = estimate(wider)
-    degrees = ", ".join(str(d) for d in sorted({p.cp for p in wider}))
-    if not any(e.fits for e in widened):
-        return estimates, (f"no plan fits with data parallelism alone, nor with context parallelism (--cp {degrees} tried): "
-                           "more GPUs or a shorter --seq-len")
-    best = next(e for e in widened if e.fits)
-    return widened, (f"no plan fits with data parallelism alone at seq {training.seq_len}; showing context-parallel layouts "
-                     f"(--cp auto: ring attention, best {best.plan.label_for('fsdp')}); --cp 1 keeps to data parallelism")

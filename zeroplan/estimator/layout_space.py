@@ -173,24 +173,41 @@ def estimate_with_layouts(model: ModelSpec, cluster: ClusterSpec, training: Trai
     estimate_all = estimate_many or estimate_all
     plans = expand(enumerate_plans(model, cluster, training, sp=sp or (1,), tp=tp or (1,), cp=cp or (1,), **plan_options))
     estimates = estimate_all(model, cluster, training, plans, **estimate_options)
-    if cp is None and sp is None and tp is None and not any(e.fits for e in estimates) and estimate_options.get("engine") == "fsdp":
-        from zeroplan.estimator.context_parallel import widen_to_context_parallel
-
-        return widen_to_context_parallel(model, cluster, training, estimates, plan_options=plan_options,
-                                         estimate=lambda plans: estimate_all(model, cluster, training, expand(plans), **estimate_options))
-    if cp is not None or sp is not None or tp is not None or any(e.fits for e in estimates) or estimate_options.get("engine", "deepspeed") != "deepspeed":
+    if cp is not None or sp is not None or tp is not None or any(e.fits for e in estimates):
         return estimates, None
+    engine = estimate_options.get("engine", "deepspeed")
+    if engine == "fsdp":
+        # Context parallelism (ring attention, zeroplan.estimator.context_parallel): every cp > 1.
+        return _widen(estimates, lambda: [p for p in enumerate_plans(model, cluster, training, cp=AUTO, **plan_options) if p.cp > 1],
+                      lambda plans: estimate_all(model, cluster, training, expand(plans), **estimate_options),
+                      axis="cp", kind="context", method="ring attention", remedy="more GPUs or a shorter --seq-len",
+                      label=lambda plan: plan.label_for("fsdp"), seq_len=training.seq_len)
+    if engine != "deepspeed":
+        return estimates, None
+    return _widen(estimates, lambda: expand([p for p in enumerate_plans(model, cluster, training, sp=AUTO, tp=(1,), **plan_options) if p.sp > 1]),
+                  lambda plans: estimate_all(model, cluster, training, plans, **estimate_options),
+                  axis="sp", kind="sequence", method="Ulysses", remedy="more GPUs, a shorter --seq-len or --loss tiled / --tiled-mlp",
+                  label=lambda plan: plan.label, seq_len=training.seq_len)
+
+
+def _widen(estimates: list, wider_plans, estimate, *, axis: str, kind: str, method: str, remedy: str, label,
+           seq_len: int) -> tuple[list, Optional[str]]:
+    """Nothing fits with data parallelism: the plans ``wider_plans()`` gives (every degree > 1 of
+    ``axis`` the model, GPUs and sequence accept; a SpecError or none: no note), estimated with
+    ``estimate`` (plans -> estimates best first). Returns those with a note when one fits, else
+    ``estimates`` with a note that ``kind`` parallelism did not help either."""
     try:
-        wider = expand([p for p in enumerate_plans(model, cluster, training, sp=AUTO, tp=(1,), **plan_options) if p.sp > 1])
+        wider = wider_plans()
     except SpecError:
         wider = []
     if not wider:
         return estimates, None
-    widened = estimate_all(model, cluster, training, wider, **estimate_options)
+    widened = estimate(wider)
     if not any(e.fits for e in widened):
-        return estimates, (f"no plan fits with data parallelism alone, nor with sequence parallelism (--sp {', '.join(str(d) for d in sorted({p.sp for p in wider}))} "
-                           "tried): more GPUs, a shorter --seq-len or --loss tiled / --tiled-mlp")
+        degrees = ", ".join(str(d) for d in sorted({getattr(p, axis) for p in wider}))
+        return estimates, (f"no plan fits with data parallelism alone, nor with {kind} parallelism (--{axis} {degrees} "
+                           f"tried): {remedy}")
     best = next(e for e in widened if e.fits)
-    return widened, (f"no plan fits with data parallelism alone at seq {training.seq_len}; showing sequence-parallel layouts "
-                     f"(--sp auto: Ulysses, best {best.plan.label}); --sp 1 keeps to data parallelism")
+    return widened, (f"no plan fits with data parallelism alone at seq {seq_len}; showing {kind}-parallel layouts "
+                     f"(--{axis} auto: {method}, best {label(best.plan)}); --{axis} 1 keeps to data parallelism")
 
