@@ -25,7 +25,7 @@ from zeroplan.spec import ModelSpec, SpecError
 
 __all__ = [
     "ACTIVATION_SOURCES", "ACTIVATION_SOURCE_WORDS", "DISCOVERY_FILE", "DiscoveredModel", "activation_source", "discover_model", "discovered_or_cached",
-    "discovery_config", "WATCHED",
+    "discovery_config", "trace_if_not_transformer", "WATCHED",
 ]
 
 #: Where discovery's answer is cached, inside the output folder.
@@ -74,6 +74,24 @@ def activation_source(model: dict) -> str:
     if model.get("shape") and not inferred & {"vocab_size", "num_layers", "hidden_size"}:
         return "module-tree"
     return "traced"
+
+
+def trace_if_not_transformer(into: dict, model: dict, module, args: tuple, kwargs: dict) -> None:
+    """A discovered model (``model``: :func:`describe_model`'s dict) that is not a transformer
+    zeroplan recognises (:func:`activation_source` ``traced``) gets its activations traced from its
+    own forward + backward on this first batch's shapes under FakeTensorMode
+    (:func:`zeroplan.trace.module.trace_module`; no memory allocated) into ``into["activations"]``;
+    a failed trace is recorded as ``into["activations_error"]`` (its activations are then not
+    modelled). Used by the discovery run and by a probe rank that discovers its model."""
+    if activation_source(model) != "traced":
+        return
+    from zeroplan.spec import SpecError
+    from zeroplan.trace.module import trace_module
+
+    try:
+        into["activations"] = trace_module(module, args, kwargs).as_dict()
+    except SpecError as exc:
+        into["activations_error"] = str(exc)
 
 
 @dataclass(frozen=True)

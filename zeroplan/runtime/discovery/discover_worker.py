@@ -238,21 +238,6 @@ def watch_entry_points(
     fsdp.fully_shard = fully_shard
 
 
-def _trace_if_not_transformer(result: dict, module: Any, args: tuple, kwargs: dict) -> None:
-    """Trace the activations of a model that is not a transformer zeroplan recognises
-    (:func:`zeroplan.runtime.discovery.discover.activation_source`) on this first batch; a failed trace is
-    recorded as ``activations_error`` (the model's activations are then not modelled)."""
-    from zeroplan.runtime.discovery.discover import activation_source
-    from zeroplan.spec import SpecError
-    from zeroplan.trace.module import trace_module
-
-    if activation_source(result.get("model") or {}) != "traced":
-        return
-    try:
-        result["activations"] = trace_module(module, args, kwargs).as_dict()
-    except SpecError as exc:
-        result["activations_error"] = str(exc)
-
 
 class _Found(BaseException):
     """Stops the script once the model and its first batch are known (not an ``Exception``)."""
@@ -297,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         def record(args: tuple, kwargs: dict) -> None:
             micro, seq = batch_shape(args, kwargs)
             result.update(status="ok", micro_batch=micro, seq_len=seq)
-            _trace_if_not_transformer(result, getattr(engine, "module", engine), args, kwargs)
+            from zeroplan.runtime.discovery.discover import trace_if_not_transformer
+
+            trace_if_not_transformer(result, result.get("model") or {}, getattr(engine, "module", engine), args, kwargs)
             _write(result_path, result)
             raise _Found()
 

@@ -102,13 +102,14 @@ def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
         engine = outputs[0]
         adapt_engine(engine, layout, sp_state)
         if state.get("discover") and "first_batch" not in state:
+            from zeroplan.runtime.discovery.discover import trace_if_not_transformer
             from zeroplan.runtime.discovery.discover_worker import batch_shape
 
             def first_batch(module, hook_args, hook_kwargs):
                 if "first_batch" in state:
                     return
                 state["first_batch"] = batch_shape(hook_args, hook_kwargs)
-                _trace_if_not_transformer(state, module.module, hook_args, hook_kwargs)
+                trace_if_not_transformer(state, state.get("discovered") or {}, module.module, hook_args, hook_kwargs)
 
             engine.register_forward_pre_hook(first_batch, with_kwargs=True)
         state["initialized"] = True
@@ -192,22 +193,6 @@ def _record_loss(state: dict, loss) -> None:
     if len(losses) < 4 and hasattr(loss, "detach"):
         losses.append(float(loss.detach().float()))
 
-
-def _trace_if_not_transformer(state: dict, module, args: tuple, kwargs: dict) -> None:
-    """A discovered model that is not a transformer zeroplan recognises gets its activations traced
-    here, from its own forward + backward on the first batch's shapes under FakeTensorMode
-    (:func:`zeroplan.trace.module.trace_module`; no memory allocated, the rank's tracker set aside)."""
-    from zeroplan.runtime.discovery.discover import activation_source
-
-    if activation_source(state.get("discovered") or {}) != "traced":
-        return
-    from zeroplan.spec import SpecError
-    from zeroplan.trace.module import trace_module
-
-    try:
-        state["activations"] = trace_module(module, args, kwargs).as_dict()
-    except SpecError as exc:
-        state["activations_error"] = str(exc)
 
 
 def _build_kind(model) -> str | None:
