@@ -17,8 +17,9 @@ from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
 from zeroplan.estimator.gc_pause import gc_paused
+from zeroplan.estimator.host_save import MODEL_SAVES
 from zeroplan.estimator.usecase import (
-    EstimateRequest, check_model_build, check_model_save, resolve_checkpointing, run_estimate, with_training_choices,
+    EstimateRequest, check_model_build, resolve_checkpointing, run_estimate, with_training_choices,
 )
 from zeroplan.spec import GiB, SpecError, engine_facts, format_params
 
@@ -348,7 +349,7 @@ def estimate(
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
     check_model_build(model_build, engine=engine_opts.name, stage=plan_opts.stage)
-    check_model_save(model_save)
+    check_choice_option("--model-save", model_save, MODEL_SAVES)
     from zeroplan.profiles.recipe_models import recipe_models
 
     model_spec = model_opts.resolve(peft_opts, precision=training_opts.precision)

@@ -22,6 +22,7 @@ from zeroplan.estimator.plan_space import BUCKET_CONVENTIONS, DEFAULT_MICRO_BATC
 from zeroplan.estimator.timing import step_time
 from zeroplan.estimator.verdict import judge_plan, tight_note, verdict_rank
 from zeroplan.spec import ENGINES, PURE_PRECISION_ENGINES, TORCH_ENGINES, ClusterSpec, GiB, ModelSpec, Plan, SpecError, TrainingSpec, resolve_engine_knobs
+from zeroplan.spec.errors import check_choice
 
 __all__ = [
     "BUCKET_CONVENTIONS",
@@ -103,8 +104,8 @@ def estimate_plan(
 
     if model_save is None:
         model_save = default_model_save(device)
-    elif model_save not in MODEL_SAVES:
-        raise SpecError(f"model_save={model_save!r} is not valid; choose one of {', '.join(MODEL_SAVES)}")
+    else:
+        check_choice("model_save", model_save, MODEL_SAVES)
     if model_build is not None:
         from zeroplan.estimator.host import BUILDS
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from zeroplan.spec import CHECKPOINTING_ALIASES, ClusterSpec, ModelSpec, SpecError, TrainingSpec
 
-__all__ = ["EstimateOutcome", "EstimateRequest", "check_model_build", "check_model_save", "resolve_checkpointing", "run_estimate", "with_training_choices"]
+__all__ = ["EstimateOutcome", "EstimateRequest", "check_model_build", "resolve_checkpointing", "run_estimate", "with_training_choices"]
 
 
 def check_model_build(model_build: Optional[str], *, engine: str, stage: Optional[int]) -> None:
@@ -25,14 +25,6 @@ def check_model_build(model_build: Optional[str], *, engine: str, stage: Optiona
         raise SpecError(f"--model-build {model_build!r} is not valid; choose one of {', '.join(BUILDS)}")
     if model_build == "zero_init" and (engine != "deepspeed" or stage in (0, 1, 2)):
         raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
-
-
-def check_model_save(model_save: Optional[str]) -> None:
-    """``--model-save``: one of :data:`~zeroplan.estimator.host_save.MODEL_SAVES`."""
-    from zeroplan.estimator.host_save import MODEL_SAVES
-
-    if model_save is not None and model_save not in MODEL_SAVES:
-        raise SpecError(f"--model-save {model_save!r} is not valid; choose one of {', '.join(MODEL_SAVES)}")
 
 
 def resolve_checkpointing(model: ModelSpec, training: TrainingSpec, checkpointing: Optional[str]) -> tuple[Optional[str], Optional[str]]:
