@@ -17,7 +17,7 @@ from zeroplan.dsconfig.trial import HF_TEMPLATE, apply_plan_config
 from zeroplan.runtime.rank.trainer import is_trainer_script, trainer_batch_args, trainer_precision
 from zeroplan.spec import Plan, TrainingSpec
 
-from helpers import ROOT, example
+from helpers import ROOT, example, run_zeroplan
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
 EXAMPLE = ROOT / "examples" / "train_hf_trainer.py"
 
@@ -128,6 +128,25 @@ def test_probe_trl_sft_example(tmp_path):
     assert doc["status"] == "ok" and doc["steps"] == 2
     assert doc["discovered_model"]["total_params"] == _example_params()  # the same tiny Llama as the Trainer example
     assert doc["estimated_peak_memory"] and doc["estimate_note"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_probe_trainer_script_from_a_plan_without_a_config(tmp_path):
+    """`probe SCRIPT --stage 2 --micro-batch 2` on a Trainer script: the config zeroplan writes is
+    the Trainer's "auto" template with the plan's keys (as tune's trials), so the Trainer accepts
+    it; before, its fixed learning rate, scheduler and bf16 were refused ("Please correct the
+    following DeepSpeed config values that mismatch TrainingArguments values")."""
+    workdir = tmp_path / "w"
+    r = run_zeroplan("probe", str(ROOT / "examples" / "train_hf_trainer.py"), "--gpus", "2", "--stage", "2", "--micro-batch", "2",
+                     "--steps", "2", "--warmup", "1", "--format", "json", "--workdir", str(workdir), "--", "--use_cpu", "--report_to", "none",
+                     timeout=380)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "ok" and doc["steps"] == 2
+    cfg = json.loads((workdir / "ds_config.json").read_text())
+    assert cfg["optimizer"]["params"]["lr"] == "auto" and cfg["zero_optimization"]["stage"] == 2
+    assert cfg["train_micro_batch_size_per_gpu"] == 2
 
 
 @pytest.mark.slow

@@ -196,6 +196,14 @@ def run_probe(request: ProbeRequest, *, on_line: Callable[[str], None] | None = 
             from zeroplan.runtime.rank.layout import with_layout
 
             config = with_layout(config, sp=request.plan.sp, tp=request.plan.tp, world_size=request.world_size)
+        from zeroplan.runtime.rank.trainer import is_trainer_script
+
+        if is_trainer_script(script):
+            # A Trainer checks the config's optimizer, scheduler and precision against its own
+            # TrainingArguments: the plan's keys go into the same "auto" template tune's trials use.
+            from zeroplan.dsconfig.trial import apply_plan_config, base_for_script
+
+            config = apply_plan_config(base_for_script(None, trainer=True), config, request.plan)
     if config is not None:
         config_path = workdir / "ds_config.json"
         config_path.write_text(json.dumps(config, indent=2))
