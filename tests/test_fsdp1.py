@@ -97,3 +97,88 @@ def test_cli_engine_fsdp1_estimates_and_export_refuses_it():
     assert out["fsdp1", "3"]["gpu"]["required"] - out["fsdp", "3"]["gpu"]["required"] >= 2 * blocks * 0.95
     r = run_zeroplan("export", "--engine", "fsdp1", "--model", "llama-2-7b", "--gpus", "2")
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_full_shard_regathers_every_block_in_backward_as_comm_volume_counts():
+    """FSDP1's FULL_SHARD (its stage 3) all-gathers each wrapped block twice a step — before
+    forward and again before backward, having freed it after forward — and the root once (torch's
+    _post_forward_reshard keeps the root): counted on a real FSDP1 of world size 2 (rank 0 over
+    torch's fake process group) by wrapping the ``dist.all_gather`` FSDP1 calls
+    for CPU tensors (torch 2.13 distributed/fsdp/_flat_param.py:1466-1474).
+    comm_volume counts the same for ``fsdp1`` as for FSDP2 at stage 3: two gathers of Ψ per
+    micro-step (psi_multiple 1 + 2), not DeepSpeed's reuse rule."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from zeroplan.estimator.comm import comm_volume
+    from zeroplan.profiles import load_gpu
+    from zeroplan.spec import ClusterSpec, Plan, TrainingSpec, derive_shape_from_params
+
+    class Block(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.lin = nn.Linear(width, width)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    # Units of distinct sizes, so each gather names its unit: root 16x16+16, blocks 16, 17, 18 wide
+    # (padded to the world size by FSDP; the counts below round up the same way).
+    widths = (16, 17, 18)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), Block(16), nn.Linear(16, 17), Block(17),
+                          nn.Linear(17, 18), Block(18))
+    root_numel = sum(p.numel() for p in model.parameters()) - sum(w * w + w for w in widths)
+    gathered: list[int] = []
+    real = dist.all_gather
+
+    def counting(tensor_list, tensor, *args, **kwargs):
+        gathered.append(sum(t.numel() for t in tensor_list))
+        return real(tensor_list, tensor, *args, **kwargs)
+
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), sharding_strategy=ShardingStrategy.FULL_SHARD,
+                       device_id=torch.device("cpu"))
+        dist.all_gather = counting
+        try:
+            wrapped(torch.randn(2, 16)).sum().backward()
+        finally:
+            dist.all_gather = real
+    finally:
+        dist.destroy_process_group()
+
+    def padded(n):
+        return n + n % 2
+
+    blocks = [padded(w * w + w) for w in widths]
+    root = padded(root_numel)
+    assert sorted(gathered) == sorted([root] + blocks + blocks)
+
+    model_spec = derive_shape_from_params(1.3e9)
+    cluster = ClusterSpec(gpus=8, gpus_per_node=8, gpu=load_gpu("a100-80gb"), gpu_memory_bytes=80 * 2**30,
+                          cpu_memory_per_node_bytes=1024 * 2**30)
+    plan = Plan(stage=3, micro_batch=1, gradient_accumulation_steps=1)
+    fsdp1 = comm_volume(model_spec, cluster, TrainingSpec(), plan, engine="fsdp1")
+    fsdp2 = comm_volume(model_spec, cluster, TrainingSpec(), plan, engine="fsdp")
+    assert fsdp1.psi_multiple == fsdp2.psi_multiple == 1.0 + 2.0
+    assert fsdp1.param_allgather == fsdp2.param_allgather
+
+
+def test_fsdp1_builds_the_model_as_the_fsdp_recipes_do():
+    """With no --model-build, FSDP1 takes the FSDP recipes' build (rank 0 loads, the rest on the
+    meta device: accelerate's cpu_ram_efficient_loading serves FSDP1 and FSDP2 alike), not
+    DeepSpeed's fp32 build on every rank."""
+    from zeroplan.estimator.host import default_build
+    from zeroplan.spec import Plan, derive_shape_from_params
+
+    model = derive_shape_from_params(7e9)
+    for stage in (0, 2, 3):
+        plan = Plan(stage=stage, micro_batch=1, gradient_accumulation_steps=1)
+        assert default_build(model, plan, engine="fsdp1") == default_build(model, plan, engine="fsdp") == "rank0"
+    assert default_build(model, Plan(stage=2, micro_batch=1, gradient_accumulation_steps=1)) == "fp32"

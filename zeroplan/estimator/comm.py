@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param
+from zeroplan.spec.engines import engine_facts
 
 __all__ = ["CommVolume", "CollectiveSplit", "comm_volume", "split_collective", "ring_time", "collective_time", "bus_bandwidth"]
 
@@ -121,9 +122,12 @@ def comm_volume(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     from zeroplan.estimator.engine_work import engine_work
 
     work = engine_work(model, plan, world_size=n, precision=training.precision)
-    # FSDP2's fully_shard (reshard_after_forward=True) frees every unit after forward and gathers
-    # it again in backward: the paper's f = 1. DeepSpeed keeps what its reuse rule keeps.
-    regathered = 1.0 if engine == "fsdp" else work.stage3_regathered_fraction
+    # FSDP2's fully_shard (reshard_after_forward=True) and FSDP1's FULL_SHARD (its stage 3:
+    # torch 2.13 distributed/fsdp/_runtime_utils.py:486-500 _post_forward_reshard frees every
+    # unit but the root after forward) gather every unit again in backward: the paper's f = 1
+    # (FSDP1's root, embeddings and head, is the small exception). DeepSpeed keeps what its
+    # reuse rule keeps.
+    regathered = 1.0 if engine_facts(engine).torch else work.stage3_regathered_fraction
     if plan.stage <= 1:
         grad_mult, gather_mult = 1.0, 1.0
     elif plan.stage == 2:

@@ -46,6 +46,7 @@ from functools import lru_cache
 from zeroplan.estimator.engine_work import parameter_tensor_sizes
 from zeroplan.estimator.frozen import once
 from zeroplan.estimator.host_save import MODEL_SAVES, trainer_save_bytes
+from zeroplan.spec.engines import engine_facts
 from zeroplan.estimator.memory import largest_param_numel
 from zeroplan.estimator.plan_cache import PlanCache
 
@@ -256,8 +257,8 @@ def default_build(model: ModelSpec, plan: Plan, *, engine: str = "deepspeed") ->
 
     * A quantized base: ``meta`` — ``from_pretrained(quantization_config=...)`` loads and quantizes
       tensor by tensor, never the whole model in fp32.
-    * ``engine="fsdp"``: ``rank0`` — the FSDP recipes load on rank 0 and broadcast, or build on
-      the meta device: accelerate with ``fsdp_cpu_ram_efficient_loading`` (accelerate 1.15
+    * PyTorch's engines (``fsdp``, ``fsdp1``): ``rank0`` — the FSDP recipes load on rank 0 and
+      broadcast, or build on the meta device: accelerate with ``fsdp_cpu_ram_efficient_loading`` (accelerate 1.15
       utils/dataclasses.py:1975-1977 reads FSDP_CPU_RAM_EFFICIENT_LOADING; its FSDP guides and the
       Hugging Face 70B/405B posts turn it on), torchtune's ``full_finetune_distributed`` /
       ``lora_finetune_distributed`` (model built under ``torch.device("meta")``, the memory-mapped
@@ -271,7 +272,7 @@ def default_build(model: ModelSpec, plan: Plan, *, engine: str = "deepspeed") ->
     """
     if model.peft is not None and model.peft.base_quant != "none":
         return "meta"
-    if engine == "fsdp":
+    if engine_facts(engine).torch:
         return "rank0"
     return "zero_init" if plan.stage == 3 else "fp32"
 
