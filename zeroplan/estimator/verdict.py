@@ -44,7 +44,7 @@ VERDICTS = ("fits", "tight", "oom")
 
 #: Fraction of the capacity below it where a plan is called tight (module docstring: chosen on the
 #: tuning half of benchmarks/public_runs.json; see docs/estimate.md, "The verdict and its margin").
-TIGHT_MARGIN = 0.14
+TIGHT_MARGIN = 0.12
 
 GiB = 1024**3
 
