@@ -233,3 +233,80 @@ def test_model_save_flag_sets_the_save_phase_and_bad_values_are_one_line(capsys)
     assert step_t == step_e == save_e and save_t - step_t == 8 * 2 * params == 8 * 2 * 6_738_415_616
     code, out, err = run_main([*args, "--model-save", "disk"], capsys)
     assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err and "Traceback" not in err
+
+
+def test_export_takes_model_save_into_its_choice_and_fit(capsys):
+    """On 250 GiB nodes a 7B model at ZeRO-2 with optimizer offload fits the host only when the run
+    saves through engine.save_checkpoint: the Trainer's save adds its 16-bit copy on all 8 ranks
+    (257 GiB per node at the save, model build 231 GiB)."""
+    from helpers import run_main
+
+    args = ["export", "--params", "7e9", "--gpus", "8", "--gpu", "a100-80gb", "--stage", "2", "--offload-optimizer", "cpu",
+            "--offload-param", "none", "--checkpointing", "full", "--cpu-memory", "250"]
+    code, out, err = run_main(args, capsys)
+    assert code == 1 and "no plan fits" in err
+    code, out, err = run_main([*args, "--model-save", "engine"], capsys)
+    assert code == 0 and json.loads(out)["zero_optimization"]["stage"] == 2 and "chose" in err
+    # An explicit plan is written as asked; its fit note (ZP702) judges the same save.
+    explicit = [*args, "--micro-batch", "1"]
+    notes = {}
+    for save in ("trainer", "engine"):
+        code, out, err = run_main([*explicit, "--model-save", save], capsys)
+        assert code == 0
+        notes[save] = err
+    assert "checkpoint save" in notes["trainer"] and "tight" in notes["engine"] and "checkpoint save" not in notes["engine"]
+    code, out, err = run_main([*args, "--model-save", "disk"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err
+
+
+@pytest.mark.parametrize(
+    ("source", "given", "expected"),
+    [
+        ("from transformers import Trainer, TrainingArguments\n", None, "trainer"),
+        ("import deepspeed\nengine, *_ = deepspeed.initialize(model=None)\n", None, "engine"),
+        ("from transformers import Trainer, TrainingArguments\n", "engine", "engine"),
+    ],
+    ids=["trainer-script", "deepspeed-script", "flag-wins"],
+)
+def test_tune_estimates_the_save_of_the_script_it_runs(tmp_path, monkeypatch, source, given, expected):
+    """run_tune hands the space the script's own save: a Trainer script's save_model clone, a plain
+    DeepSpeed script's engine.save_checkpoint; --model-save wins. The space is stopped before any probe."""
+    import zeroplan.tuner.usecase as usecase
+    from zeroplan.tuner.request import TuneRequest
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def space(request, listener, runner, model, cluster, training, space_options, **kw):
+        seen.update(space_options)
+        raise Stop
+
+    monkeypatch.setattr(usecase, "_space", space)
+    request = TuneRequest(script=script, script_kind="script", gpus=2, nproc=2, params=1e8, global_batch=8,
+                          output=tmp_path / "out", model_save=given)
+    with pytest.raises(Stop):
+        usecase.run_tune(request)
+    assert seen["model_save"] == expected
+
+
+def test_tune_space_estimates_the_save_it_is_given():
+    from zeroplan.profiles import resolve_model
+    from zeroplan.tuner import tune_space
+
+    cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100)
+    model = resolve_model(7e9, None)
+    training = TrainingSpec(global_batch=8)
+    by_save = {}
+    for save in ("trainer", "engine"):
+        space = tune_space(model, cl, training, script_kind="script", stage=2, offload_optimizer="cpu", offload_param="none",
+                           device="cuda", model_save=save)
+        by_save[save] = {c.key: c for c in space.candidates}
+        for c in space.candidates:
+            assert c.predicted_host_bytes_per_node == estimate_plan(model, cl, training, c.plan, model_save=save).cpu_per_node
+    assert by_save["trainer"].keys() == by_save["engine"].keys()
+    # The Trainer's save (step + 8 ranks × 2 bytes × Ψ) is above the fp32 model build here.
+    assert all(by_save["trainer"][k].predicted_host_bytes_per_node > by_save["engine"][k].predicted_host_bytes_per_node for k in by_save["engine"])
