@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from zeroplan.estimator import estimate_plan, host_phases, pinned_bytes
+from zeroplan.estimator.host import offload_accumulation_bytes
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
 from zeroplan import profiles
 
@@ -66,6 +67,14 @@ for name, z in zero.items():
     out[name] = {"engine_init": at_init, "moments_at_init": moments_before, "optimizer_moments": nbytes(moments)}
     if name == "z2":  # the first initialize imports the runtime; this model's tensors are < 1 MiB
         out["runtime_anon"] = status_kib("RssAnon") * 1024 - before_initialize
+# ZeRO-2 with CPU offload over two micro-steps: the host buffers of accumulated gradients.
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(V, H), torch.nn.Linear(H, F, bias=False), torch.nn.Linear(F, H, bias=False))
+engine, _, _, _ = deepspeed.initialize(model=model, config={**base, "gradient_accumulation_steps": 2, "zero_optimization": zero["z2"]},
+                                       model_parameters=model.parameters())
+for _ in range(2):
+    loss = engine(torch.randint(0, V, (2, 8))).float().pow(2).mean(); engine.backward(loss); engine.step()
+out["z2_ga2"] = {"offload_grad_accumulation": nbytes(list(engine.optimizer.accumulated_grads_in_cpu.values()))}
 out["after_imports"] = after_imports
 json.dump(out, open(sys.argv[1], "w"))
 """
@@ -102,6 +111,39 @@ def test_items_equal_deepspeeds_buffers(engine_buffers, name, plan):
     assert measured["moments_at_init"] == 0  # lazy: nothing before the first step
     step = phases.get("step").per_rank
     assert step["optimizer_moments"] == measured["optimizer_moments"] and "optimizer_moments" not in init
+
+
+@pytest.mark.slow
+def test_accumulation_buffers_equal_deepspeeds(engine_buffers):
+    """ZeRO-2 with CPU offload at two micro-steps keeps each parameter's gradient on the host
+    (accumulated_grads_in_cpu); at one micro-step there is none (zeroplan.estimator.host.offload_accumulation_bytes)."""
+    plan = Plan(stage=2, offload_optimizer="cpu", micro_batch=2, gradient_accumulation_steps=2)
+    step = host_phases(TINY, _cluster(), TrainingSpec(precision="bf16"), plan, device="cpu", baseline_bytes=0).get("step").per_rank
+    assert step["offload_grad_accumulation"] == engine_buffers["z2_ga2"]["offload_grad_accumulation"] == 2 * TINY.params
+    one = host_phases(TINY, _cluster(), TrainingSpec(precision="bf16"), Plan(stage=2, offload_optimizer="cpu", micro_batch=2),
+                      device="cpu", baseline_bytes=0).get("step").per_rank
+    assert "offload_grad_accumulation" not in one
+
+
+def test_accumulation_buffers_pinned_per_tensor():
+    """On CUDA each buffer is its own pinned block: a 768 × 2048 bf16 expert projection (3 MiB)
+    holds 4 MiB; the rank holds 1/N of the tensors."""
+    sizes = (768 * 2048,) * 6 + (4096 * 2048,)
+    assert offload_accumulation_bytes(sizes, world_size=2, bytes_per_param=2, pinned=True) == (6 * 4 + 16) * 2**20 // 2
+    assert offload_accumulation_bytes(sizes, world_size=2, bytes_per_param=2, pinned=False) == 2 * sum(sizes) // 2
+    model = ModelSpec.from_params(7e9)
+    cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100)
+    z2 = Plan(stage=2, offload_optimizer="cpu", micro_batch=1, gradient_accumulation_steps=4)
+    # Keyed by the accumulation too: the cached phases of the one-micro-step plan are not reused.
+    from zeroplan.estimator.host import plan_host_phases
+
+    common = dict(device="cuda", build=None, checkpoint_bytes_on_cpu=0)
+    assert "offload_grad_accumulation" not in plan_host_phases(model, cl, TrainingSpec(), Plan(stage=2, offload_optimizer="cpu", micro_batch=1),
+                                                               **common).get("step").per_rank
+    item = plan_host_phases(model, cl, TrainingSpec(), z2, **common).get("step").per_rank["offload_grad_accumulation"]
+    assert item >= 2 * -(-model.params // 8)
+    z1 = Plan(stage=1, offload_optimizer="cpu", micro_batch=1, gradient_accumulation_steps=4)
+    assert "offload_grad_accumulation" not in host_phases(model, cl, TrainingSpec(), z1).get("step").per_rank
 
 
 @pytest.mark.e2e
@@ -162,7 +204,8 @@ def test_zero3_gather_on_save_is_rank0_only():
 
 def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_read():
     """estimate_plan computes host phases once per host layout (plan_host_phases); the fields it
-    leaves out of the key must not change host_phases' answer, and every other field must key it."""
+    leaves out of the key must not change host_phases' answer, and every other field must key it.
+    Accumulation keys it only as one micro-step or more (ZeRO-2's offload accumulation buffers)."""
     from dataclasses import replace
 
     from zeroplan.estimator.host import _HOST_CACHE, _NOT_ON_HOST, plan_host_phases
@@ -175,12 +218,18 @@ def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_rea
     assert set(varied) == _NOT_ON_HOST
     assert set(_HOST_CACHE.keyed_fields) | _NOT_ON_HOST == set(Plan.__dataclass_fields__)
     for stage, opt, par in ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme"), (0, "none", "none")):
-        plan = Plan(stage=stage, offload_optimizer=opt, offload_param=par)
+        plan = Plan(stage=stage, offload_optimizer=opt, offload_param=par, gradient_accumulation_steps=2)
         other = replace(plan, **varied)
         assert host_phases(model, cluster, training, plan) == host_phases(model, cluster, training, other)
         shared = plan_host_phases(model, cluster, training, plan, device="cuda", build=None, checkpoint_bytes_on_cpu=0)
         assert plan_host_phases(model, cluster, training, other, device="cuda", build=None, checkpoint_bytes_on_cpu=0) is shared
         assert shared == host_phases(model, cluster, training, plan)
+    # One micro-step against several: ZeRO-2 with offload keeps its accumulation buffers only with several.
+    z2 = Plan(stage=2, offload_optimizer="cpu")
+    single = plan_host_phases(model, cluster, training, z2, device="cuda", build=None, checkpoint_bytes_on_cpu=0)
+    several = plan_host_phases(model, cluster, training, replace(z2, gradient_accumulation_steps=2), device="cuda", build=None,
+                               checkpoint_bytes_on_cpu=0)
+    assert "offload_grad_accumulation" in several.get("step").per_rank and "offload_grad_accumulation" not in single.get("step").per_rank
     # A field host_phases reads keys a layout of its own.
     a = plan_host_phases(model, cluster, training, Plan(stage=3, offload_optimizer="cpu"), device="cuda", build=None, checkpoint_bytes_on_cpu=0)
     b = plan_host_phases(model, cluster, training, Plan(stage=3, offload_optimizer="cpu", offload_param="cpu"), device="cuda", build=None,

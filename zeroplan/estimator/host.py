@@ -11,6 +11,12 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 * ``zero/stage_1_and_2.py``: ``__init__`` lines 557-575 (fp32 master partition, 16-bit staging
   buffer), 653-661 (gradient staging), ``initialize_optimizer_states`` lines 935-941 (fp32
   gradient partition); with ``offload_optimizer`` ``self.device = 'cpu'`` (line 278).
+* ``zero/stage_1_and_2.py`` at stage 2 with CPU offload and more than one micro-step per optimizer step:
+  ``copy_grads_in_partition`` calls ``async_accumulate_grad_in_cpu_via_gpu`` (0.18.2 lines
+  1421-1425 and 1286-1330; 0.19.8 lines 2160-2168 and 1809-1853), which keeps in
+  ``accumulated_grads_in_cpu`` one host buffer per parameter of the rank's partition, the
+  parameter's whole gradient in its dtype (``torch.zeros(param.numel(), dtype=param.dtype,
+  device=self.device)``, pinned with ``pin_memory``): :func:`offload_accumulation_bytes`.
 * ``zero/stage3.py``: lines 789-795 (``grad_partitions_flat_buffer``), 898-908 (16-bit parameter
   partitions on the host with ``offload_param``), 1148-1152 (fp32 master partition),
   ``initialize_optimizer_states`` lines 1303-1342 (a transient fp32 buffer of the largest
@@ -74,6 +80,7 @@ __all__ = [
     "allocator_retention_bytes",
     "default_build",
     "host_phases",
+    "offload_accumulation_bytes",
     "pinned_bytes",
 ]
 
@@ -138,6 +145,34 @@ def pinned_bytes(nbytes: int) -> int:
     if nbytes <= 0:
         return 0
     return 1 << (nbytes - 1).bit_length()
+
+
+def offload_accumulation_bytes(sizes: tuple[int, ...], *, world_size: int, bytes_per_param: int, pinned: bool) -> int:
+    """Host bytes per rank of ZeRO-2's gradient-accumulation buffers with ``offload_optimizer`` and
+    ``gradient_accumulation_steps`` > 1 (DeepSpeed's ``accumulated_grads_in_cpu``).
+
+    DeepSpeed 0.18.2 zero/stage_1_and_2.py:1421-1425 (``copy_grads_in_partition``: with
+    ``cpu_offload`` and ``gradient_accumulation_steps > 1`` every parameter of the rank's partition
+    goes through ``async_accumulate_grad_in_cpu_via_gpu``) and 1295-1298, 1325-1326 (its first call
+    allocates ``torch.zeros(param.numel(), dtype=param.dtype, device=self.device)`` — the whole
+    parameter's gradient, not its slice — pinned with ``get_accelerator().pin_memory`` when
+    ``pin_memory``); 0.19.8 the same (lines 2160-2168, 1822-1826, 1852-1853) unless the gradient
+    accumulation dtype is fp32 over a 16-bit model (its compact partition buffer instead). Kept for
+    the rest of the run, so the save phase holds them too. Measured (DeepSpeed 0.19.8, CPU, 2 gloo
+    ranks, a tiny Qwen3-MoE: benchmarks/results/offload_accumulation_host.txt): the engine's own
+    buffers 86,316,544 and 86,839,808 bytes per rank against 86,316,032 here at ZeRO-2; none at
+    ZeRO-1, whose reduction runs only at the accumulation boundary, where 0.19.8 keeps no buffer
+    (line 2166); 0.18.2 allocated them at ZeRO-1 too (its test is ``gradient_accumulation_steps > 1``
+    alone), not modelled. Each of the ``sizes`` (elements of the
+    trainable tensors) is ``bytes_per_param`` per element, a power-of-two block when ``pinned``
+    (:func:`pinned_bytes`); a rank holds the parameters of its partition, about 1/``world_size`` of
+    them (a parameter that straddles two partitions has a buffer on both ranks; not counted).
+    """
+    if pinned:
+        total = sum(count * pinned_bytes(bytes_per_param * numel) for numel, count in _numel_counts(sizes))
+    else:
+        total = bytes_per_param * sum(sizes)
+    return -(-total // world_size)
 
 
 def zero3_pinned_param_blocks(sizes: tuple[int, ...], *, world_size: int, bytes_per_param: int, persistence_threshold: int) -> dict[int, int]:
@@ -294,6 +329,7 @@ def host_phases(
     dynamo_in_baseline: bool = False,
     built_params: int | None = None,
     model_save: str = "engine",
+    accumulates: bool | None = None,
 ) -> HostPhases:
     """Host bytes per rank and per node of ``plan``, phase by phase (sources in the module docstring).
 
@@ -313,7 +349,10 @@ def host_phases(
       (:func:`zero3_pinned_param_blocks`; model_build under ``zero_init`` holds those blocks).
       NVMe: the pinned swap buffers.
     * step: engine_init (less the transient) + Adam's two fp32 moments 8s (CPU Adam allocates them
-      at the first step).
+      at the first step); stage 2 with CPU offload and more than one micro-step per optimizer
+      step (``accumulates``; None: ``plan.gradient_accumulation_steps > 1``): + one host buffer per
+      parameter of the partition, about p·s (:func:`offload_accumulation_bytes`, each pinned block a
+      power of two).
     * checkpoint_save: step + the 16-bit model gathered on rank 0 (p·Ψ) with
       ``gather_16bit_on_save``; ``model_save="trainer"`` (the Hugging Face Trainer) at stages 0-2:
       + p·Ψ on every rank (:func:`~zeroplan.estimator.host_save.trainer_save_bytes`).
@@ -456,6 +495,16 @@ def host_phases(
         moments = optimizer_state_bytes_per_param(training.optimizer, "bf16") - 4
         if moments:
             step["optimizer_moments"] = moments * s_t
+    if accumulates is None:
+        accumulates = plan.gradient_accumulation_steps > 1
+    if accumulates and plan.stage == 2 and plan.offload_optimizer in ("cpu", "nvme"):
+        # Unpinned, p·s_t; pinned, each tensor's power-of-two block. A LoRA run's trainable tensors are
+        # its adapters: counted unrounded (their shapes are not listed here).
+        step["offload_grad_accumulation"] = (
+            offload_accumulation_bytes(parameter_tensor_sizes(model), world_size=n, bytes_per_param=p, pinned=True)
+            if pinned_on and model.peft is None else p * s_t
+        )
+        pinned_names.append("offload_grad_accumulation")
 
     if device == "cpu":
         # The step's device temporaries are host memory here, served and kept by glibc's heap; on a
@@ -483,7 +532,8 @@ def host_phases(
 
 #: Plan fields :func:`host_phases` does not read: micro-batch, accumulation and recomputation
 #: change activations and time, not the host's buffers (checkpoints kept on the CPU come in as
-#: ``checkpoint_bytes_on_cpu``). Every other field, including one added later, keys the cache.
+#: ``checkpoint_bytes_on_cpu``; whether there is more than one micro-step, which adds ZeRO-2's
+#: offload accumulation buffers, as ``accumulates``). Every other field, including one added later, keys the cache.
 _NOT_ON_HOST = frozenset({"micro_batch", "gradient_accumulation_steps", "checkpointing"})
 _HOST_CACHE = PlanCache(host_phases, ignores=_NOT_ON_HOST)
 
@@ -496,4 +546,4 @@ def plan_host_phases(
     micro-batch, accumulation or checkpointing (an estimate's 196 plans have a dozen host layouts;
     :class:`~zeroplan.estimator.plan_cache.PlanCache`). The result is shared: read it, do not change it."""
     return _HOST_CACHE(model, cluster, training, plan, device=device, build=build, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu,
-                       built_params=built_params, model_save=model_save)
+                       built_params=built_params, model_save=model_save, accumulates=plan.gradient_accumulation_steps > 1)
