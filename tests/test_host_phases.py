@@ -359,3 +359,10 @@ def test_tune_space_estimates_the_save_it_is_given():
     assert by_save["trainer"].keys() == by_save["engine"].keys()
     # The Trainer's save (step + 8 ranks × 2 bytes × Ψ) is above the fp32 model build here.
     assert all(by_save["trainer"][k].predicted_host_bytes_per_node > by_save["engine"][k].predicted_host_bytes_per_node for k in by_save["engine"])
+
+
+def test_tune_refuses_a_bad_model_save_in_one_line(capsys, repo_root):
+    from helpers import run_main
+
+    code, out, err = run_main(["tune", str(repo_root / "examples" / "gpt_task.py"), "--gpus", "2", "--model-save", "disk"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err and "Traceback" not in err
