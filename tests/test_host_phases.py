@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from zeroplan.estimator import estimate_plan, host_phases, pinned_bytes
+from zeroplan.estimator.host import offload_accumulation_bytes
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
 from zeroplan import profiles
 
@@ -66,6 +67,14 @@ for name, z in zero.items():
     out[name] = {"engine_init": at_init, "moments_at_init": moments_before, "optimizer_moments": nbytes(moments)}
     if name == "z2":  # the first initialize imports the runtime; this model's tensors are < 1 MiB
         out["runtime_anon"] = status_kib("RssAnon") * 1024 - before_initialize
+# ZeRO-2 with CPU offload over two micro-steps: the host buffers of accumulated gradients.
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(V, H), torch.nn.Linear(H, F, bias=False), torch.nn.Linear(F, H, bias=False))
+engine, _, _, _ = deepspeed.initialize(model=model, config={**base, "gradient_accumulation_steps": 2, "zero_optimization": zero["z2"]},
+                                       model_parameters=model.parameters())
+for _ in range(2):
+    loss = engine(torch.randint(0, V, (2, 8))).float().pow(2).mean(); engine.backward(loss); engine.step()
+out["z2_ga2"] = {"offload_grad_accumulation": nbytes(list(engine.optimizer.accumulated_grads_in_cpu.values()))}
 out["after_imports"] = after_imports
 json.dump(out, open(sys.argv[1], "w"))
 """
@@ -102,6 +111,39 @@ def test_items_equal_deepspeeds_buffers(engine_buffers, name, plan):
     assert measured["moments_at_init"] == 0  # lazy: nothing before the first step
     step = phases.get("step").per_rank
     assert step["optimizer_moments"] == measured["optimizer_moments"] and "optimizer_moments" not in init
+
+
+@pytest.mark.slow
+def test_accumulation_buffers_equal_deepspeeds(engine_buffers):
+    """ZeRO-2 with CPU offload at two micro-steps keeps each parameter's gradient on the host
+    (accumulated_grads_in_cpu); at one micro-step there is none (zeroplan.estimator.host.offload_accumulation_bytes)."""
+    plan = Plan(stage=2, offload_optimizer="cpu", micro_batch=2, gradient_accumulation_steps=2)
+    step = host_phases(TINY, _cluster(), TrainingSpec(precision="bf16"), plan, device="cpu", baseline_bytes=0).get("step").per_rank
+    assert step["offload_grad_accumulation"] == engine_buffers["z2_ga2"]["offload_grad_accumulation"] == 2 * TINY.params
+    one = host_phases(TINY, _cluster(), TrainingSpec(precision="bf16"), Plan(stage=2, offload_optimizer="cpu", micro_batch=2),
+                      device="cpu", baseline_bytes=0).get("step").per_rank
+    assert "offload_grad_accumulation" not in one
+
+
+def test_accumulation_buffers_pinned_per_tensor():
+    """On CUDA each buffer is its own pinned block: a 768 × 2048 bf16 expert projection (3 MiB)
+    holds 4 MiB; the rank holds 1/N of the tensors."""
+    sizes = (768 * 2048,) * 6 + (4096 * 2048,)
+    assert offload_accumulation_bytes(sizes, world_size=2, bytes_per_param=2, pinned=True) == (6 * 4 + 16) * 2**20 // 2
+    assert offload_accumulation_bytes(sizes, world_size=2, bytes_per_param=2, pinned=False) == 2 * sum(sizes) // 2
+    model = ModelSpec.from_params(7e9)
+    cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100)
+    z2 = Plan(stage=2, offload_optimizer="cpu", micro_batch=1, gradient_accumulation_steps=4)
+    # Keyed by the accumulation too: the cached phases of the one-micro-step plan are not reused.
+    from zeroplan.estimator.host import plan_host_phases
+
+    common = dict(device="cuda", build=None, checkpoint_bytes_on_cpu=0)
+    assert "offload_grad_accumulation" not in plan_host_phases(model, cl, TrainingSpec(), Plan(stage=2, offload_optimizer="cpu", micro_batch=1),
+                                                               **common).get("step").per_rank
+    item = plan_host_phases(model, cl, TrainingSpec(), z2, **common).get("step").per_rank["offload_grad_accumulation"]
+    assert item >= 2 * -(-model.params // 8)
+    z1 = Plan(stage=1, offload_optimizer="cpu", micro_batch=1, gradient_accumulation_steps=4)
+    assert "offload_grad_accumulation" not in host_phases(model, cl, TrainingSpec(), z1).get("step").per_rank
 
 
 @pytest.mark.e2e
@@ -162,7 +204,8 @@ def test_zero3_gather_on_save_is_rank0_only():
 
 def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_read():
     """estimate_plan computes host phases once per host layout (plan_host_phases); the fields it
-    leaves out of the key must not change host_phases' answer, and every other field must key it."""
+    leaves out of the key must not change host_phases' answer, and every other field must key it.
+    Accumulation keys it only as one micro-step or more (ZeRO-2's offload accumulation buffers)."""
     from dataclasses import replace
 
     from zeroplan.estimator.host import _HOST_CACHE, _NOT_ON_HOST, plan_host_phases
@@ -175,12 +218,18 @@ def test_estimates_share_host_phases_only_across_fields_host_phases_does_not_rea
     assert set(varied) == _NOT_ON_HOST
     assert set(_HOST_CACHE.keyed_fields) | _NOT_ON_HOST == set(Plan.__dataclass_fields__)
     for stage, opt, par in ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme"), (0, "none", "none")):
-        plan = Plan(stage=stage, offload_optimizer=opt, offload_param=par)
+        plan = Plan(stage=stage, offload_optimizer=opt, offload_param=par, gradient_accumulation_steps=2)
         other = replace(plan, **varied)
         assert host_phases(model, cluster, training, plan) == host_phases(model, cluster, training, other)
         shared = plan_host_phases(model, cluster, training, plan, device="cuda", build=None, checkpoint_bytes_on_cpu=0)
         assert plan_host_phases(model, cluster, training, other, device="cuda", build=None, checkpoint_bytes_on_cpu=0) is shared
         assert shared == host_phases(model, cluster, training, plan)
+    # One micro-step against several: ZeRO-2 with offload keeps its accumulation buffers only with several.
+    z2 = Plan(stage=2, offload_optimizer="cpu")
+    single = plan_host_phases(model, cluster, training, z2, device="cuda", build=None, checkpoint_bytes_on_cpu=0)
+    several = plan_host_phases(model, cluster, training, replace(z2, gradient_accumulation_steps=2), device="cuda", build=None,
+                               checkpoint_bytes_on_cpu=0)
+    assert "offload_grad_accumulation" in several.get("step").per_rank and "offload_grad_accumulation" not in single.get("step").per_rank
     # A field host_phases reads keys a layout of its own.
     a = plan_host_phases(model, cluster, training, Plan(stage=3, offload_optimizer="cpu"), device="cuda", build=None, checkpoint_bytes_on_cpu=0)
     b = plan_host_phases(model, cluster, training, Plan(stage=3, offload_optimizer="cpu", offload_param="cpu"), device="cuda", build=None,
@@ -232,4 +281,88 @@ def test_model_save_flag_sets_the_save_phase_and_bad_values_are_one_line(capsys)
     save_e, step_e = per_node["engine"]
     assert step_t == step_e == save_e and save_t - step_t == 8 * 2 * params == 8 * 2 * 6_738_415_616
     code, out, err = run_main([*args, "--model-save", "disk"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err and "Traceback" not in err
+
+
+def test_export_takes_model_save_into_its_choice_and_fit(capsys):
+    """On 250 GiB nodes a 7B model at ZeRO-2 with optimizer offload fits the host only when the run
+    saves through engine.save_checkpoint: the Trainer's save adds its 16-bit copy on all 8 ranks
+    (257 GiB per node at the save, model build 231 GiB)."""
+    from helpers import run_main
+
+    args = ["export", "--params", "7e9", "--gpus", "8", "--gpu", "a100-80gb", "--stage", "2", "--offload-optimizer", "cpu",
+            "--offload-param", "none", "--checkpointing", "full", "--cpu-memory", "250"]
+    code, out, err = run_main(args, capsys)
+    assert code == 1 and "no plan fits" in err
+    code, out, err = run_main([*args, "--model-save", "engine"], capsys)
+    assert code == 0 and json.loads(out)["zero_optimization"]["stage"] == 2 and "chose" in err
+    # An explicit plan is written as asked; its fit note (ZP702) judges the same save.
+    explicit = [*args, "--micro-batch", "1"]
+    notes = {}
+    for save in ("trainer", "engine"):
+        code, out, err = run_main([*explicit, "--model-save", save], capsys)
+        assert code == 0
+        notes[save] = err
+    assert "checkpoint save" in notes["trainer"] and "tight" in notes["engine"] and "checkpoint save" not in notes["engine"]
+    code, out, err = run_main([*args, "--model-save", "disk"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err
+
+
+@pytest.mark.parametrize(
+    ("source", "given", "expected"),
+    [
+        ("from transformers import Trainer, TrainingArguments\n", None, "trainer"),
+        ("import deepspeed\nengine, *_ = deepspeed.initialize(model=None)\n", None, "engine"),
+        ("from transformers import Trainer, TrainingArguments\n", "engine", "engine"),
+    ],
+    ids=["trainer-script", "deepspeed-script", "flag-wins"],
+)
+def test_tune_estimates_the_save_of_the_script_it_runs(tmp_path, monkeypatch, source, given, expected):
+    """run_tune hands the space the script's own save: a Trainer script's save_model clone, a plain
+    DeepSpeed script's engine.save_checkpoint; --model-save wins. The space is stopped before any probe."""
+    import zeroplan.tuner.usecase as usecase
+    from zeroplan.tuner.request import TuneRequest
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def space(request, listener, runner, model, cluster, training, space_options, **kw):
+        seen.update(space_options)
+        raise Stop
+
+    monkeypatch.setattr(usecase, "_space", space)
+    request = TuneRequest(script=script, script_kind="script", gpus=2, nproc=2, params=1e8, global_batch=8,
+                          output=tmp_path / "out", model_save=given)
+    with pytest.raises(Stop):
+        usecase.run_tune(request)
+    assert seen["model_save"] == expected
+
+
+def test_tune_space_estimates_the_save_it_is_given():
+    from zeroplan.profiles import resolve_model
+    from zeroplan.tuner import tune_space
+
+    cl = ClusterSpec(gpus=8, gpus_per_node=8, gpu=A100)
+    model = resolve_model(7e9, None)
+    training = TrainingSpec(global_batch=8)
+    by_save = {}
+    for save in ("trainer", "engine"):
+        space = tune_space(model, cl, training, script_kind="script", stage=2, offload_optimizer="cpu", offload_param="none",
+                           device="cuda", model_save=save)
+        by_save[save] = {c.key: c for c in space.candidates}
+        for c in space.candidates:
+            assert c.predicted_host_bytes_per_node == estimate_plan(model, cl, training, c.plan, model_save=save).cpu_per_node
+    assert by_save["trainer"].keys() == by_save["engine"].keys()
+    # The Trainer's save (step + 8 ranks × 2 bytes × Ψ) is above the fp32 model build here.
+    assert all(by_save["trainer"][k].predicted_host_bytes_per_node > by_save["engine"][k].predicted_host_bytes_per_node for k in by_save["engine"])
+
+
+def test_tune_refuses_a_bad_model_save_in_one_line(capsys, repo_root):
+    from helpers import run_main
+
+    code, out, err = run_main(["tune", str(repo_root / "examples" / "gpt_task.py"), "--gpus", "2", "--model-save", "disk"], capsys)
     assert code == 2 and err.strip().count("\n") == 0 and "--model-save 'disk' is not valid" in err and "Traceback" not in err

@@ -155,7 +155,8 @@ KNOWN_DISAGREEMENTS = {
     # below; it read fits, 67.6 GiB, with the offload its text states.)
     # ms-swift#6473: Qwen3-30B-A3B full SFT under ZeRO-2 with optimizer offload on 8 H200 and 1.5 TB
     # of host RAM; training and validation ran, the host ran out at the final save. Estimated: host
-    # 1,027 GiB per node of 1,397 at its worst phase, the save: the step's 572 GiB plus every rank's
+    # 1,099 GiB per node of 1,397 at its worst phase, the save: the step's 644 GiB (ZeRO-2's offload
+    # accumulation buffers at swift's default two micro-steps included) plus every rank's
     # copy of the bf16 model that the Trainer's save_model takes through accelerate's get_state_dict
     # (zeroplan.estimator.host_save; DeepSpeed's ZeRO-2 state_dict itself returns views). GPU 63 of
     # 140 GiB. What the save allocates beyond that is not found in the sources read.

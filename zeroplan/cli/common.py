@@ -214,6 +214,10 @@ OverlapCommOpt = Annotated[
     Optional[str],
     typer.Option("--overlap-comm", help="on | off: DeepSpeed's overlap_comm — stages 1-2 keep two reduce buffers when on, one when off; written into exported configs [default: on].", rich_help_panel=_PLAN),
 ]
+ModelSaveOpt = Annotated[
+    Optional[str],
+    typer.Option("--model-save", help="trainer | engine: how the run saves checkpoints, for the host's save phase: trainer (Hugging Face Trainer / accelerate: every rank copies the 16-bit model to the host at ZeRO 0-2) or engine (the script calls engine.save_checkpoint) [default: trainer; tune: the script's own, trainer for a Trainer script, else engine] (docs/host-memory.md).", rich_help_panel=_PLAN),
+]
 
 
 def resolve_layout_options(sp: Optional[str], tp: Optional[str]) -> tuple:

@@ -55,7 +55,8 @@ AccelerateOpt = Annotated[
 ]
 #: export's ``--engine`` says what each engine's file is.
 ExportEngine = Annotated[EngineOptions, Take(
-    only=("optimizer_impl", "loss", "buckets", "reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "overlap_comm", "engine"),
+    only=("optimizer_impl", "loss", "buckets", "reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "overlap_comm", "engine",
+          "model_save"),
     options={"engine": Annotated[str, typer.Option("--engine", help="deepspeed (a DeepSpeed JSON config) | fsdp (PyTorch DDP/FSDP2 settings as JSON: fully_shard, mixed precision, offload).", rich_help_panel="Output")]},
 )]
 
@@ -135,7 +136,7 @@ def export(
         tiled_mlp=plan_opts.tiled_mlp, expert_degrees=expert_degrees, cpu_checkpointing=cpu_checkpointing, engine=engine,
         optimizer_impl=engine_opts.optimizer_impl, buckets=plan_buckets, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps,
         nvme_path=nvme_path, target=target, recipe=recipe_spec, recipe_models=recipe_models(recipe_spec) if recipe_spec is not None else {},
-        accelerate_config_for=str(Path(output).resolve()) if accelerate_config is not None else None,
+        accelerate_config_for=str(Path(output).resolve()) if accelerate_config is not None else None, model_save=engine_opts.model_save,
     )
     outcome = run_export(request)
     if outcome.chose:

@@ -207,7 +207,9 @@ BackendAliasOpt = Annotated[Optional[str], typer.Option("--backend", hidden=True
 
 @dataclass(frozen=True)
 class EngineOptions(OptionGroup):
-    """The engine and what depends on it: optimizer implementation, loss, buckets, overlap."""
+    """The engine and what depends on it: optimizer implementation, loss, buckets, overlap, and how
+    the run saves checkpoints (``--model-save``: the Trainer's save or the engine's own; not on probe,
+    which measures the script's save as it runs)."""
 
     optimizer_impl: Optional[str] = _opt(c.OptimizerImplOpt)
     loss: Optional[str] = _opt(c.LossOpt)
@@ -218,6 +220,7 @@ class EngineOptions(OptionGroup):
     overlap_comm: Optional[str] = _opt(c.OverlapCommOpt)
     engine: str = _opt(EngineOpt, "deepspeed")
     backend: Optional[str] = _opt(BackendAliasOpt)
+    model_save: Optional[str] = _opt(c.ModelSaveOpt)
 
     @classmethod
     def from_parsed(cls, values: dict[str, Any], *, given: frozenset[str]) -> "EngineOptions":
@@ -250,7 +253,11 @@ class EngineOptions(OptionGroup):
         return self.buckets != "hf" or any(v is not None for v in (self.reduce_bucket_size, self.allgather_bucket_size, self.prefetch_bucket_size))
 
     def resolve(self, plan: Optional[PlanOptions] = None) -> dict:
-        """The checks of :func:`zeroplan.cli.common.resolve_engine_options`; the plan's bucket fields."""
+        """The checks of :func:`zeroplan.cli.common.resolve_engine_options` and of ``--model-save``;
+        the plan's bucket fields."""
+        from zeroplan.estimator.host_save import MODEL_SAVES
+
+        c.check_choice_option("--model-save", self.model_save, MODEL_SAVES)
         return c.resolve_engine_options(
             engine=self.name, engine_flag=self.flag, optimizer_impl=self.optimizer_impl, loss=self.loss,
             offload_optimizer=plan.offload_optimizer if plan else None, offload_param=plan.offload_param if plan else None,

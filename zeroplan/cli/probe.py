@@ -126,8 +126,11 @@ def _render_table(result, plan, console) -> None:
     console.print(f"workdir: {result.workdir}")
 
 
-#: probe's engine options: ``--engine`` (its old name ``--backend`` hidden) under the Probe panel.
-ProbeEngine = Annotated[EngineOptions, Take(options={"engine": Annotated[str, typer.Option(
+#: probe's engine options: ``--engine`` (its old name ``--backend`` hidden) under the Probe panel; not
+#: ``--model-save`` (a probe runs the script's own save and measures it).
+ProbeEngine = Annotated[EngineOptions, Take(only=("optimizer_impl", "loss", "buckets", "reduce_bucket_size", "allgather_bucket_size",
+                                                  "prefetch_bucket_size", "overlap_comm", "engine", "backend"),
+                                            options={"engine": Annotated[str, typer.Option(
     "--engine", help="deepspeed | fsdp (fsdp runs zeroplan tasks only); as in estimate and export (old name: --backend).", rich_help_panel=_PROBE)]})]
 ProbeCluster = Annotated[ClusterOptions, Take(only=("gpus", "gpus_per_node"), options={"gpus": RunGpusOpt})]
 ProbeTraining = Annotated[TrainingOptions, Take(only=("seq_len", "micro_batch", "grad_accum", "precision", "optimizer"),

@@ -55,6 +55,9 @@ class ExportRequest:
     recipe_models: dict = field(default_factory=dict, hash=False)
     #: Where the config is written, when an accelerate YAML is asked for (it points there).
     accelerate_config_for: Optional[str] = None
+    #: How the run saves checkpoints, for the host's save phase (``trainer`` | ``engine``,
+    #: :data:`~zeroplan.estimator.host_save.MODEL_SAVES`; None: the Trainer's, as estimate assumes on GPUs).
+    model_save: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not engine_facts(self.engine).runs:
@@ -126,6 +129,7 @@ def choose_export_plan(r: ExportRequest) -> tuple[Optional[Plan], str]:
         r.model, r.cluster, r.training, stage=r.stage, offload_optimizer=r.offload_optimizer, offload_param=r.offload_param,
         checkpointing=r.checkpointing, engine=r.engine, optimizer_impl=r.optimizer_impl, buckets=r.buckets, sp=r.sp or (1,),
         tp=r.tp or (1,), tiled_mlp=r.tiled_mlp, expert_degrees=r.expert_degrees, recipe=r.recipe, recipe_models=r.recipe_models,
+        model_save=r.model_save,
     )
     if choice.best is None:
         return None, f"no plan fits {r.model.name} on {r.gpus} × {r.cluster.gpu.name}; nothing written (see `zeroplan estimate`)"
@@ -163,7 +167,7 @@ def run_export(r: ExportRequest) -> ExportOutcome:
     # An explicit plan is written as asked; the estimator only says whether it fits.
     cluster_for_fit = r.cluster if r.model is not None and r.explicit else None
     findings = validate_config(cfg, world_size=r.gpus, model=r.model, cluster=cluster_for_fit, training=r.training,
-                               checkpointing=plan.checkpointing, recipe=r.recipe)
+                               checkpointing=plan.checkpointing, recipe=r.recipe, model_save=r.model_save)
     fit = [f for f in findings if f.rule_id in ("ZP702", "ZP251") or f.rule_id.startswith("ZP95")]
     findings = [f for f in findings if f not in fit]
     if has_errors(findings):

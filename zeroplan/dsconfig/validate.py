@@ -22,6 +22,7 @@ def validate_config(
     accelerator: str | None = None,
     attn_implementation: str | None = None,
     recipe: Recipe | None = None,
+    model_save: str | None = None,
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
@@ -37,6 +38,8 @@ def validate_config(
     ``attn_implementation`` is the model's Hugging Face attention (``sdpa``, ``eager``, …), for
     Ulysses' refusal of eager (ZP264).
     ``recipe`` (DPO/GRPO/PPO) enables the ZP95x rules and makes ZP702 estimate the recipe's memory.
+    ``model_save`` (``trainer`` | ``engine``) is how the run saves checkpoints, for ZP702's host save
+    phase (:mod:`zeroplan.estimator.host_save`; None: the Trainer's, the estimator's GPU default).
     """
     if not isinstance(cfg, dict):
         raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
@@ -64,6 +67,7 @@ def validate_config(
         accelerator=accelerator,
         attn_implementation=attn_implementation,
         recipe=recipe,
+        model_save=model_save,
     )
     findings: list[Finding] = []
     for rule in RULES.values():

@@ -44,6 +44,7 @@ def best_plan(
     expert_degrees=None,
     recipe=None,
     recipe_models: Optional[dict] = None,
+    model_save: Optional[str] = None,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
@@ -55,7 +56,8 @@ def best_plan(
     adds the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`). ``recipe`` (a :class:`~zeroplan.spec.recipe.Recipe`)
     estimates each plan under it (:func:`~zeroplan.estimator.plans_recipe.estimate_recipe_all`,
     ``recipe_models``: PPO's critic and reward) and keeps only plans whose batch TRL accepts
-    (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`).
+    (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`). ``model_save`` says how the run saves
+    checkpoints, for the host's save phase (:mod:`zeroplan.estimator.host_save`; None: the device's default).
     """
     plans = enumerate_plans(
         model, cluster, training,
@@ -71,9 +73,9 @@ def best_plan(
 
         plans = [p for p in plans if trl_accepts(p, cluster.gpus, recipe)]
         ranked = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, activation_bytes=activation_bytes,
-                                     engine=engine, optimizer_impl=optimizer_impl, **(recipe_models or {}))
+                                     engine=engine, optimizer_impl=optimizer_impl, model_save=model_save, **(recipe_models or {}))
     else:
         ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
-                              optimizer_impl=optimizer_impl)
+                              optimizer_impl=optimizer_impl, model_save=model_save)
     fitting = [e for e in ranked if e.fits]
     return PlanChoice(best=fitting[0] if fitting else None, fitting=len(fitting), considered=len(ranked))

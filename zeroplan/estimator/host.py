@@ -11,6 +11,12 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 * ``zero/stage_1_and_2.py``: ``__init__`` lines 557-575 (fp32 master partition, 16-bit staging
   buffer), 653-661 (gradient staging), ``initialize_optimizer_states`` lines 935-941 (fp32
   gradient partition); with ``offload_optimizer`` ``self.device = 'cpu'`` (line 278).
+* ``zero/stage_1_and_2.py`` at stage 2 with CPU offload and more than one micro-step per optimizer step:
+  ``copy_grads_in_partition`` calls ``async_accumulate_grad_in_cpu_via_gpu`` (0.18.2 lines
+  1421-1425 and 1286-1330; 0.19.8 lines 2160-2168 and 1809-1853), which keeps in
+  ``accumulated_grads_in_cpu`` one host buffer per parameter of the rank's partition, the
+  parameter's whole gradient in its dtype (``torch.zeros(param.numel(), dtype=param.dtype,
+  device=self.device)``, pinned with ``pin_memory``): :func:`offload_accumulation_bytes`.
 * ``zero/stage3.py``: lines 789-795 (``grad_partitions_flat_buffer``), 898-908 (16-bit parameter
   partitions on the host with ``offload_param``), 1148-1152 (fp32 master partition),
   ``initialize_optimizer_states`` lines 1303-1342 (a transient fp32 buffer of the largest
@@ -41,10 +47,11 @@ Sources (DeepSpeed 0.19, ``deepspeed/runtime/...``; PyTorch 2.x), cited per item
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from zeroplan.estimator.engine_work import parameter_tensor_sizes
 from zeroplan.estimator.frozen import once
+# The per-tensor and pinned-block buffers (re-exported here: zeroplan.estimator.host.pinned_bytes etc.).
+from zeroplan.estimator.host_blocks import offload_accumulation_bytes, pinned_bytes, reuse_cached_blocks, zero3_pinned_param_blocks
 from zeroplan.estimator.host_save import MODEL_SAVES, trainer_save_bytes
 from zeroplan.spec.engines import engine_facts
 from zeroplan.estimator.memory import largest_param_numel
@@ -75,6 +82,7 @@ __all__ = [
     "allocator_retention_bytes",
     "default_build",
     "host_phases",
+    "offload_accumulation_bytes",
     "pinned_bytes",
 ]
 
@@ -131,59 +139,6 @@ def allocator_retention_bytes(*, stage: int, params: int, trainable_params: int,
     gradients = max(trainable_params - mmapped, 0)
     gathered = 2 * max(params - mmapped, 0) if stage == 3 else 0
     return bytes_per_param * (gradients + gathered)
-
-
-def pinned_bytes(nbytes: int) -> int:
-    """Host bytes a pinned (page-locked) buffer of ``nbytes`` holds: the next power of two
-    (PyTorch CachingHostAllocator, ``PowerOf2Ceil``)."""
-    if nbytes <= 0:
-        return 0
-    return 1 << (nbytes - 1).bit_length()
-
-
-def zero3_pinned_param_blocks(sizes: tuple[int, ...], *, world_size: int, bytes_per_param: int, persistence_threshold: int) -> dict[int, int]:
-    """Pinned host blocks (block bytes → count) that ZeRO-3 with ``offload_param`` cpu and
-    ``pin_memory`` leaves behind, one per parameter.
-
-    DeepSpeed 0.19.8 zero/partition_parameters.py:1836-1843 (``_partition_param``): each
-    parameter's partition, ⌈numel/N⌉ elements, is its own ``torch.empty`` on the CPU, pinned with
-    ``get_accelerator().pin_memory`` — one CachingHostAllocator block per parameter, rounded up to a
-    power of two (:func:`pinned_bytes`). Parameters of at most ``stage3_param_persistence_threshold``
-    elements stay whole on the device (``ds_persist``, line 1830). zero/stage3.py:975-1000 then pins
-    one flat buffer per trainable parameter group (``_create_param_groups_fp16_flat_cpu_memory``,
-    line 906) and ``_move_to_flat_buffer`` (lines 856-884: ``dest.data.copy_(src.data); src.data =
-    dest.data``) points every trainable partition into it, so their own blocks are freed (a frozen
-    parameter's stays in use) — to the allocator's free list: ATen/core/CachingHostAllocator.h ``maybe_cache_block``
-    caches every freed block up to ``pinned_max_cached_size`` (unlimited by default), and only
-    ``empty_cache`` unpins them. They stay resident beside the flat buffer.
-    """
-    blocks: dict[int, int] = {}
-    for numel, count in _numel_counts(sizes):
-        if numel > persistence_threshold:
-            block = pinned_bytes(bytes_per_param * -(-numel // world_size))
-            blocks[block] = blocks.get(block, 0) + count
-    return blocks
-
-
-@lru_cache(maxsize=64)
-def _numel_counts(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """(numel, how many tensors have it), in first-seen order: a model repeats a few shapes per
-    block, so its ~1,000 tensors are a dozen distinct sizes (read once per model, not per plan)."""
-    counts: dict[int, int] = {}
-    for numel in sizes:
-        counts[numel] = counts.get(numel, 0) + 1
-    return tuple(counts.items())
-
-
-def reuse_cached_blocks(cached: dict[int, int], request_bytes: int) -> int:
-    """Bytes a new pinned request of ``request_bytes`` adds, given freed blocks ``cached`` (bytes →
-    count, consumed here): the caching host allocator serves a request from a free block of its own
-    power-of-two size (CachingHostAllocator.h ``get_free_block(roundSize)``), else pins a new one."""
-    block = pinned_bytes(request_bytes)
-    if cached.get(block, 0) > 0:
-        cached[block] -= 1
-        return 0
-    return block
 
 
 @dataclass(frozen=True)
@@ -295,6 +250,7 @@ def host_phases(
     dynamo_in_baseline: bool = False,
     built_params: int | None = None,
     model_save: str = "engine",
+    accumulates: bool | None = None,
 ) -> HostPhases:
     """Host bytes per rank and per node of ``plan``, phase by phase (sources in the module docstring).
 
@@ -314,7 +270,10 @@ def host_phases(
       (:func:`zero3_pinned_param_blocks`; model_build under ``zero_init`` holds those blocks).
       NVMe: the pinned swap buffers.
     * step: engine_init (less the transient) + Adam's two fp32 moments 8s (CPU Adam allocates them
-      at the first step).
+      at the first step); stage 2 with CPU offload and more than one micro-step per optimizer
+      step (``accumulates``; None: ``plan.gradient_accumulation_steps > 1``): + one host buffer per
+      parameter of the partition, about p·s (:func:`offload_accumulation_bytes`, each pinned block a
+      power of two).
     * checkpoint_save: step + the 16-bit model gathered on rank 0 (p·Ψ) with
       ``gather_16bit_on_save``; ``model_save="trainer"`` (the Hugging Face Trainer) at stages 0-2:
       + p·Ψ on every rank (:func:`~zeroplan.estimator.host_save.trainer_save_bytes`).
@@ -457,6 +416,16 @@ def host_phases(
         moments = optimizer_state_bytes_per_param(training.optimizer, "bf16") - 4
         if moments:
             step["optimizer_moments"] = moments * s_t
+    if accumulates is None:
+        accumulates = plan.gradient_accumulation_steps > 1
+    if accumulates and plan.stage == 2 and plan.offload_optimizer in ("cpu", "nvme"):
+        # Unpinned, p·s_t; pinned, each tensor's power-of-two block. A LoRA run's trainable tensors are
+        # its adapters: counted unrounded (their shapes are not listed here).
+        step["offload_grad_accumulation"] = (
+            offload_accumulation_bytes(parameter_tensor_sizes(model), world_size=n, bytes_per_param=p, pinned=True)
+            if pinned_on and model.peft is None else p * s_t
+        )
+        pinned_names.append("offload_grad_accumulation")
 
     if device == "cpu":
         # The step's device temporaries are host memory here, served and kept by glibc's heap; on a
@@ -484,7 +453,8 @@ def host_phases(
 
 #: Plan fields :func:`host_phases` does not read: micro-batch, accumulation and recomputation
 #: change activations and time, not the host's buffers (checkpoints kept on the CPU come in as
-#: ``checkpoint_bytes_on_cpu``). Every other field, including one added later, keys the cache.
+#: ``checkpoint_bytes_on_cpu``; whether there is more than one micro-step, which adds ZeRO-2's
+#: offload accumulation buffers, as ``accumulates``). Every other field, including one added later, keys the cache.
 _NOT_ON_HOST = frozenset({"micro_batch", "gradient_accumulation_steps", "checkpointing"})
 _HOST_CACHE = PlanCache(host_phases, ignores=_NOT_ON_HOST)
 
@@ -497,4 +467,4 @@ def plan_host_phases(
     micro-batch, accumulation or checkpointing (an estimate's 196 plans have a dozen host layouts;
     :class:`~zeroplan.estimator.plan_cache.PlanCache`). The result is shared: read it, do not change it."""
     return _HOST_CACHE(model, cluster, training, plan, device=device, build=build, checkpoint_bytes_on_cpu=checkpoint_bytes_on_cpu,
-                       built_params=built_params, model_save=model_save)
+                       built_params=built_params, model_save=model_save, accumulates=plan.gradient_accumulation_steps > 1)

@@ -10,9 +10,14 @@ Two paths save a DeepSpeed run (:data:`MODEL_SAVES`):
   1.11.0 accelerator.py:3932; 1.8.1 accelerator.py:3732; 1.15.0 accelerator.py:4095), and DeepSpeed's helper moves every tensor
   to ``device='cpu'`` with ``item.detach().to(device)`` (deepspeed 0.18.2 and 0.19.8
   checkpoint/utils.py:53-59): each rank of the node holds the whole 16-bit model on the host at
-  once, p·Ψ per rank. The copies live until ``save_model`` returns (the other ranks) or until
-  ``save_pretrained`` has written them shard by shard (rank 0: transformers 4.52.4
-  modeling_utils.py:3688-3690 ``del state_dict[tensor]``). At stage 3 accelerate calls
+  once, p·Ψ per rank. The copies live until ``save_model`` returns, on rank 0 too: its
+  ``save_pretrained`` deletes each written tensor from its own re-keyed dict (transformers 4.52.4
+  modeling_utils.py:4794 ``_fix_state_dict_keys_on_save`` builds a new dict; lines 3688-3690
+  ``del state_dict[tensor]``) while ``save_model``'s ``state_dict`` still holds them all. Rank 0
+  also builds each safetensors shard's bytes before writing it with safetensors ≤ 0.5
+  (torch.py ``save_file`` → ``_flatten`` → ``_tobytes``: at most ``max_shard_size``, "5GB" in
+  transformers 4.52.4; later versions pass pointers): not counted, the run's safetensors version
+  being unknown. At stage 3 accelerate calls
   ``_zero3_consolidated_16bit_state_dict``, which fills the dict on rank 0 only (counted by
   :func:`zeroplan.estimator.host.host_phases` as ``gathered_16bit_model``).
 * ``engine``: a script that calls ``engine.save_checkpoint`` itself. DeepSpeed's ZeRO-1/2

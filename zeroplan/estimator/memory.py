@@ -443,6 +443,10 @@ def host_memory(
             # the largest parameter's gradient (lines 653-658).
             cpu["bit16_partition_buffer"] = g * p * -(-psi // plan.zero_group_size(cluster.gpus))
             cpu["offload_grad_staging"] = g * p * largest_param_numel(model)
+            if plan.stage == 2 and plan.gradient_accumulation_steps > 1:
+                # accumulated_grads_in_cpu: each partition parameter's whole gradient, kept on the host
+                # between micro-steps (zeroplan.estimator.host.offload_accumulation_bytes, unpinned sizes).
+                cpu["offload_grad_accumulation"] = g * p * -(-psi // plan.zero_group_size(cluster.gpus))
         elif plan.stage == 3:
             # stage3.py lines 791-795: grad_partitions_flat_buffer, the rank's gradient partition in
             # the gradient-accumulation dtype, on self.device = cpu with offload_optimizer (pinned).

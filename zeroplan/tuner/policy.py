@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec
 from zeroplan.tuner.space import SearchSpace, build_space
 
-__all__ = ["tune_space", "prove_winner", "WinnerCheck", "SCRIPT_KINDS"]
+__all__ = ["tune_space", "prove_winner", "script_model_save", "WinnerCheck", "SCRIPT_KINDS"]
 
 #: ``task`` (defines ``zeroplan_task()``) or ``script`` (a plain DeepSpeed script).
 SCRIPT_KINDS = ("task", "script")
@@ -47,6 +47,7 @@ def tune_space(
     tp=None,
     recipe=None,
     ep=None,
+    model_save: Optional[str] = None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
@@ -59,7 +60,8 @@ def tune_space(
     does not describe it (its trace). ``sp``/``tp``: the parallel degrees searched (None: 1; a tuple
     or ``"auto"``). ``recipe`` the post-training recipe the plans are estimated under (zeroplan.spec.recipe; None:
     plain SFT). ``ep``: the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.parse_expert_degrees`;
-    None: 1). SpecError for nvme without a path."""
+    None: 1). ``model_save``: how the script saves checkpoints (:func:`script_model_save`; None: the
+    device's default). SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -92,7 +94,19 @@ def tune_space(
         **({"max_micro_batch": max_micro_batch} if max_micro_batch is not None else {}),
         recipe=recipe,
         ep=ep,
+        model_save=model_save,
     )
+
+
+def script_model_save(*, trainer: bool, given: Optional[str] = None) -> str:
+    """How a tuned script saves its checkpoints, for the host's save phase of its plans:
+    ``given`` (``--model-save``) when set, else ``trainer`` for a Hugging Face Trainer script (its
+    ``save_model`` copies the 16-bit model to the host on every rank at ZeRO 0-2:
+    :func:`zeroplan.estimator.host_save.trainer_save_bytes`) and ``engine`` for a plain DeepSpeed
+    script or a zeroplan task (``engine.save_checkpoint``: the step's buffers, written in place)."""
+    if given is not None:
+        return given
+    return "trainer" if trainer else "engine"
 
 
 def _with_base_buckets(buckets: Optional[dict], base_config: Optional[dict]) -> Optional[dict]:

@@ -90,6 +90,9 @@ class TuneRequest:
     recipe: Any = None
     """The post-training recipe (:class:`zeroplan.spec.recipe.Recipe`) the plans are estimated
     under; None: plain SFT."""
+    model_save: Optional[str] = None
+    """``--model-save``: how the script saves checkpoints (``trainer`` | ``engine``); None: by the
+    script (:func:`zeroplan.tuner.policy.script_model_save`)."""
     # -- search -----------------------------------------------------------------------------------
     settings: TuneSettings = field(default_factory=TuneSettings)
     """Trials, time budget, estimator picks and probe timeout (checked where they are built)."""
@@ -126,6 +129,7 @@ class TuneRequest:
         options["sp"], options["tp"] = (self.layout[0] or (1,)), (self.layout[1] or (1,))
         options["recipe"] = self.recipe
         options["ep"] = self.expert_degrees
+        options["model_save"] = self.model_save  # None: run_tune decides by the script (policy.script_model_save)
         return options
 
     def __post_init__(self) -> None:

@@ -306,6 +306,7 @@ def build_space(
     tp: Any = (1,),
     recipe=None,
     ep=None,
+    model_save: Optional[str] = None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -327,6 +328,8 @@ def build_space(
     :func:`~zeroplan.estimator.expert_parallel.with_expert_degrees`); where AutoEP cannot start
     with the installed transformers and DeepSpeed (validate's ZP251), plans of ep > 1 are estimated
     and ranked but pruned with that reason, and a space of such plans only is a SpecError.
+    ``model_save`` how the script saves checkpoints, for the host's save phase (``trainer`` |
+    ``engine``: :mod:`zeroplan.estimator.host_save`; None: the device's default).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
     from zeroplan.runtime.measure.prediction import comparable_estimate
@@ -381,10 +384,11 @@ def build_space(
             raise SpecError(f"no micro-batch × accumulation gives a generation batch divisible by --generations {recipe.generations}; "
                             "change --global-batch or --generations")
         estimates = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, engine=engine,
-                                        optimizer_impl=optimizer_impl, activation_bytes=activation_bytes)
+                                        optimizer_impl=optimizer_impl, activation_bytes=activation_bytes, model_save=model_save)
     else:
         estimates = estimate_all(
             model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl, activation_bytes=activation_bytes,
+            model_save=model_save,
         )
     fitting: list[Candidate] = []
     pruned: list[Candidate] = []

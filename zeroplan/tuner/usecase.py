@@ -69,9 +69,11 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         target_ci=request.ci or None, base_config=base_config, optimizer_impl=request.optimizer_impl,
         loss=request.loss or known["task_loss"], launcher=request.launcher,
     )
+    from zeroplan.tuner.policy import script_model_save
+
     space_options = dict(
         request.space_options(), device="cuda" if on_cuda else "cpu", base_config=base_config,
-        activation_bytes=known["activation_bytes"],
+        activation_bytes=known["activation_bytes"], model_save=script_model_save(trainer=trainer, given=request.model_save),
     )
     if request.checkpointing is None and (known.get("trl") or {}).get("gradient_checkpointing"):
         # The Trainer checkpoints every block itself (gradient_checkpointing=True): the plans it runs are ckpt:full.
@@ -99,6 +101,7 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         "plans": len(space.candidates),
         "pruned": len(space.pruned),
         "trainer": trainer,
+        "model_save": space_options["model_save"],
     }
     if not space.fitting:
         raise NothingFits(space)

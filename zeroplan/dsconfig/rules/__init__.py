@@ -67,6 +67,8 @@ class Context:
     """The model's Hugging Face ``attn_implementation`` (``sdpa``, ``eager``, …); None: unknown."""
     recipe: Recipe | None = None
     """The post-training recipe (``--recipe``); None: plain SFT (the ZP95x rules stay silent)."""
+    model_save: str | None = None
+    """How the run saves checkpoints (``trainer`` | ``engine``) for ZP702's host save phase; None: the estimator's default."""
 
     @property
     def zero(self) -> dict:

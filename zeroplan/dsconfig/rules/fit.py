@@ -105,7 +105,7 @@ def _fits(ctx: Context) -> Iterator[Finding]:
 
     try:
         # Plain SFT (recipe None) is estimate_plan's own estimate.
-        est = estimate_recipe_plan(ctx.model, ctx.cluster, training, plan, ctx.recipe)
+        est = estimate_recipe_plan(ctx.model, ctx.cluster, training, plan, ctx.recipe, model_save=ctx.model_save)
     except (SpecError, ArithmeticError) as exc:
         yield _f("ZP702", "", f"memory fit not checked: {exc}", "fix the values the estimator cannot use", severity="info")
         return
