@@ -161,7 +161,8 @@ def test_only_a_probe_whose_rank_loads_the_op_being_built_has_its_clock_stopped(
         script = tmp_path / "no_op.py"
         script.write_text(textwrap.dedent(NO_OP_HANG))
         started = time.monotonic()
-        r = run_probe(ProbeRequest(script=script, ds_config=CONFIG, timeout_s=timeout_s, workdir=tmp_path / "w1", env=env, steps=1, warmup=0, nproc=1))
+        r = run_probe(ProbeRequest(script=script, ds_config=CONFIG, timeout_s=timeout_s, workdir=tmp_path / "w1", env=env, steps=1,
+                                   warmup=0, nproc=1))
         took = time.monotonic() - started
         assert r.status == "timeout", (r.status, r.error, r.log_tail[-2000:])
         assert "op build" not in r.waits_s and took < timeout_s + 15, (took, r.waits_s)
@@ -188,7 +189,8 @@ def test_only_a_probe_whose_rank_loads_the_op_being_built_has_its_clock_stopped(
         started = time.monotonic()
         builder = threading.Thread(target=finish_build, daemon=True)
         builder.start()
-        r = run_probe(ProbeRequest(script=script, ds_config=CONFIG, timeout_s=timeout_s, workdir=workdir, env=env, steps=1, warmup=0, nproc=1))
+        r = run_probe(ProbeRequest(script=script, ds_config=CONFIG, timeout_s=timeout_s, workdir=workdir, env=env, steps=1, warmup=0,
+                                   nproc=1))
         took = time.monotonic() - started
         builder.join(timeout=60)
         assert entered and entered[0] < started + timeout_s, "the rank did not reach the op's load within the probe's limit"

@@ -5,8 +5,9 @@ storage. Before probing, a trial writes a *claim* into its user attrs — the pl
 (``host:pid``) and a deadline — and then re-reads the study: a finished claim on the plan wins, then
 the lowest-numbered live one, except that a higher-numbered claim already checked (its worker read
 the study before this claim was written, and went on) wins too, and one not yet checked is waited
-for (:meth:`ClaimsLedger.confirm`); so no plan is probed twice, nor one past ``--trials``. A claim of a RUNNING trial stops counting when
-its worker is provably gone (a dead pid on this host) or its deadline has passed.
+for (:meth:`ClaimsLedger.confirm`); so no plan is probed twice, nor one past ``--trials``. A claim
+of a RUNNING trial stops counting when its worker is provably gone (a dead pid on this host) or its
+deadline has passed.
 
 Every call into the storage goes through :func:`storage_call`, which turns the storage's own
 failures (SQLAlchemy, SQLite, a journal file) into one :class:`StorageError` line; nothing outside
@@ -27,8 +28,8 @@ from zeroplan.spec import SpecError
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.storage import StorageError, this_worker
 
-__all__ = ["CHECKED", "CHECK_WAIT_S", "ClaimsLedger", "ENQUEUED_PARAMS", "REMEASURED_ATTR", "UNCLAIMED_GRACE_S", "remeasurements", "storage_call", "trial_status",
-           "trial_reason", "first_line"]
+__all__ = ["CHECKED", "CHECK_WAIT_S", "ClaimsLedger", "ENQUEUED_PARAMS", "REMEASURED_ATTR", "UNCLAIMED_GRACE_S", "remeasurements",
+           "storage_call", "trial_status", "trial_reason", "first_line"]
 
 #: User attr of an enqueued trial holding its parameters (read back by :meth:`ClaimsLedger.waiting_params`).
 ENQUEUED_PARAMS = "enqueued_params"

@@ -118,7 +118,7 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
                     heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
                 )
             if url.startswith("sqlite:"):
-                _use_wal(storage.engine)
+                _configure_sqlite(storage.engine)
             # zeroplan runs ask/tell and beats the heartbeat itself (see heartbeat()); Optuna's
             # warning on every ask() is about callers that do not.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize", category=UserWarning)
@@ -134,7 +134,7 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
     raise AssertionError("unreachable")
 
 
-def _use_wal(engine: Any) -> None:
+def _configure_sqlite(engine: Any) -> None:
     """SQLite in write-ahead-log mode: readers never block the writer (several workers), and a
     commit is one append instead of an fsync'd rewrite (every trial writes a dozen attributes).
     ``synchronous=NORMAL`` keeps every commit across a process crash (the case --resume handles).

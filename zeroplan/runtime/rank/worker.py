@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                       on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None,
                       target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
                       agree=_agreement(world_size))
-    state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover")), "memory": memory, "result_dir": spec["result_dir"], "rank": rank}
+    state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover")), "memory": memory,
+                   "result_dir": spec["result_dir"], "rank": rank}
     _phase_at_engine_ready(meter, state)
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.launch.multinode)
