@@ -134,3 +134,102 @@ def test_unreachable_storage_exits_2_and_leaves_the_study_intact(tmp_path):
         assert r.returncode == 2, r.stdout + r.stderr
         assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert journal.read_bytes() == before
+
+
+def test_two_workers_never_pop_the_same_enqueued_trial_on_sqlite(tmp_path):
+    """Optuna pops an enqueued trial by reading its state and writing RUNNING only if it read
+    WAITING (``RDBStorage.set_trial_state_values``; ``SELECT ... FOR UPDATE``, which SQLite
+    ignores). Through pysqlite the read runs outside the write's transaction, so a worker paused
+    between its read and its write, while another pops the same trial, wrote RUNNING over it and
+    both probed one trial (seen under load as "Cannot tell a COMPLETE trial" / "Trial#N has already
+    finished", or one probe too many). Two storages on one file, two threads, the interleaving
+    forced with SQLAlchemy's statement hook: exactly one of them gets the enqueued trial."""
+    import threading
+
+    import optuna
+    import sqlalchemy
+
+    url = storage_url(None, tmp_path)
+    open_study(url, resume=False, sampler=None).enqueue_trial({"x": 1})
+    storages = [open_storage(url) for _ in range(2)]
+    studies = [optuna.load_study(storage=storage, study_name="zeroplan") for storage in storages]
+    b_between_read_and_write, a_done = threading.Event(), threading.Event()
+
+    def pause_before_popping(conn, cursor, statement, parameters, context, executemany):
+        if statement.startswith("UPDATE trials SET state") and not b_between_read_and_write.is_set():
+            b_between_read_and_write.set()
+            a_done.wait(timeout=3.0)  # with the fix worker A cannot pop while B holds its transaction
+
+    sqlalchemy.event.listen(storages[1].engine, "before_cursor_execute", pause_before_popping)
+    asked: dict[str, int] = {}
+
+    def ask(name: str, study) -> None:
+        asked[name] = study.ask().number
+        if name == "a":
+            a_done.set()
+
+    b = threading.Thread(target=ask, args=("b", studies[1]))
+    b.start()
+    assert b_between_read_and_write.wait(timeout=60)
+    a = threading.Thread(target=ask, args=("a", studies[0]))
+    a.start()
+    a.join(timeout=60)
+    b.join(timeout=60)
+    assert sorted(asked.values()) == [0, 1], f"both workers popped trial #{asked.get('a')}: {asked}"
+    trials = studies[0].get_trials()
+    assert [t.state.name for t in trials] == ["RUNNING", "RUNNING"]
+    assert trials[0].system_attrs["fixed_params"] == {"x": 1} and "fixed_params" not in trials[1].system_attrs
+
+
+def _two_claimants(tmp_path):
+    """Two workers' ledgers on one journal study (other hosts' workers: alive while their deadline
+    runs), each with a trial asked: (study, [(ledger, trial), (ledger, trial)]) in trial order."""
+    from zeroplan.tuner.ledger import ClaimsLedger
+
+    study = open_study(storage_url(str(tmp_path / "study.journal"), tmp_path), resume=False, sampler=None)
+    out = []
+    for worker in ("node-a:1", "node-b:2"):
+        ledger = ClaimsLedger(study, clock=time.time, worker=worker)
+        out.append((ledger, ledger.ask()))
+    return study, out
+
+
+def _claim(ledger, trial, key):
+    ledger.claim(trial, {"plan_key": key}, deadline_s=300)
+
+
+@pytest.mark.parametrize("keys, limit", [(("z1/mb4", "z1/mb4"), 8), (("z1/mb4", "z2/mb8"), 1)], ids=["one plan", "the last slot"])
+def test_a_claim_read_before_a_lower_numbered_claim_was_written_still_wins_alone(tmp_path, keys, limit):
+    """Worker B (trial #1) claims and reads the study before worker A (trial #0, asked first but
+    slowed down) has written its claim, so B sees no rival and goes on; A then claims, reads, and
+    finds only a higher-numbered claim. Lower-numbered-wins alone let A go on too: one plan probed
+    twice, or one probe past --trials (seen with two tune processes on a loaded machine). B's
+    claim is checked, so A yields to it."""
+    study, ((a, trial_a), (b, trial_b)) = _two_claimants(tmp_path)
+    _claim(b, trial_b, keys[1])
+    assert b.confirm(trial_b, keys[1], trials_limit=limit) is None  # B saw no other claim
+    _claim(a, trial_a, keys[0])
+    why_not = a.confirm(trial_a, keys[0], trials_limit=limit)
+    assert why_not is not None, "both workers went on to probe"
+    assert why_not == ("plan already claimed by trial #1" if keys[0] == keys[1] else "--trials reached by other workers")
+
+
+def test_a_lower_numbered_claim_waits_for_a_higher_ones_check_and_wins(tmp_path):
+    """Both claims written before either reads: A (#0) finds B's claim unchecked, so B's read is
+    still to come and will see A's claim; A waits for it, B yields to the lower number, A goes on."""
+    import threading
+
+    from optuna.trial import TrialState
+
+    study, ((a, trial_a), (b, trial_b)) = _two_claimants(tmp_path)
+    _claim(a, trial_a, "z1/mb4")
+    _claim(b, trial_b, "z1/mb4")
+    verdict: dict[str, object] = {}
+    waiter = threading.Thread(target=lambda: verdict.setdefault("a", a.confirm(trial_a, "z1/mb4", trials_limit=8)))
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive() and "a" not in verdict  # waiting on B's check
+    assert b.confirm(trial_b, "z1/mb4", trials_limit=8) == "plan already claimed by trial #0"
+    b.tell(trial_b, state=TrialState.FAIL)  # what the loop's rejection does
+    waiter.join(timeout=30)
+    assert verdict == {"a": None}

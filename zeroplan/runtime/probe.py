@@ -361,13 +361,15 @@ def _run_job(launcher: Launcher, job: LaunchJob, *, timeout_s: float, started: f
     sampler = NodeRssSampler(process.pids).start()
     try:
         # The timeout covers the job from its launch (torchrun's and the workers' imports
-        # included), not the launcher's start above, nor a DeepSpeed op being compiled while the
-        # ranks wait to load it: a timeout must never kill that build half-way (the next probe
-        # would start it over).
-        from zeroplan.runtime.rank.dsops import op_build_in_progress
+        # included), not the launcher's start above, nor the time one of its ranks spends inside
+        # the load of a DeepSpeed op that is being built (waiting on the build's lock, or running
+        # the build): a timeout must never kill that build half-way (the next probe would start it
+        # over). An op building meanwhile for someone else stops no clock of a probe whose ranks
+        # are not loading it (dsops.rank_waits_on_op_build).
+        from zeroplan.runtime.rank.dsops import rank_waits_on_op_build
 
         returncode, timed_out = launcher.wait(handle, max(timeout_s - (time.monotonic() - handle.started_at), 0.1),
-                                              not_charged=lambda: op_build_in_progress(env=job.env))
+                                              not_charged=lambda: rank_waits_on_op_build(job.workdir, since_unix=started_unix))
         if getattr(process, "not_charged_s", 0.0) > 0:
             waits_s["op build"] = round(process.not_charged_s, 3)
         sampler.stop()

@@ -2,9 +2,12 @@
 
 Several ``zeroplan tune`` processes (one per node, or several on one machine) may share one
 storage. Before probing, a trial writes a *claim* into its user attrs — the plan key, the worker
-(``host:pid``) and a deadline — and then re-reads the study: the lowest-numbered live or finished
-claim on a plan wins, so no plan is probed twice. A claim of a RUNNING trial stops counting when
-its worker is provably gone (a dead pid on this host) or its deadline has passed.
+(``host:pid``) and a deadline — and then re-reads the study: a finished claim on the plan wins, then
+the lowest-numbered live one, except that a higher-numbered claim already checked (its worker read
+the study before this claim was written, and went on) wins too, and one not yet checked is waited
+for (:meth:`ClaimsLedger.confirm`); so no plan is probed twice, nor one past ``--trials``. A claim
+of a RUNNING trial stops counting when its worker is provably gone (a dead pid on this host) or its
+deadline has passed.
 
 Every call into the storage goes through :func:`storage_call`, which turns the storage's own
 failures (SQLAlchemy, SQLite, a journal file) into one :class:`StorageError` line; nothing outside
@@ -25,8 +28,8 @@ from zeroplan.spec import SpecError
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.storage import StorageError, this_worker
 
-__all__ = ["ClaimsLedger", "ENQUEUED_PARAMS", "REMEASURED_ATTR", "UNCLAIMED_GRACE_S", "remeasurements", "storage_call", "trial_status",
-           "trial_reason", "first_line"]
+__all__ = ["CHECKED", "CHECK_WAIT_S", "ClaimsLedger", "ENQUEUED_PARAMS", "REMEASURED_ATTR", "UNCLAIMED_GRACE_S", "remeasurements",
+           "storage_call", "trial_status", "trial_reason", "first_line"]
 
 #: User attr of an enqueued trial holding its parameters (read back by :meth:`ClaimsLedger.waiting_params`).
 ENQUEUED_PARAMS = "enqueued_params"
@@ -60,6 +63,12 @@ def remeasurements(study_attrs: dict[str, Any]) -> dict[str, list[float]]:
 
 #: Trials this long in RUNNING without a claim are considered abandoned (crash between ask and claim).
 UNCLAIMED_GRACE_S = 300.0
+
+#: User attr a claimant writes once it has read the study after its claim and goes on to probe.
+CHECKED = "claim_checked"
+
+#: Longest wait for a higher-numbered trial's claim to be checked (:meth:`ClaimsLedger.settle`).
+CHECK_WAIT_S = 60.0
 
 
 def first_line(exc: BaseException) -> str:
@@ -236,26 +245,71 @@ class ClaimsLedger:
         now = self.clock()
         self.set_attrs(trial, attrs | {"worker": self.worker, "claimed_at_unix": now, "deadline_unix": now + deadline_s})
 
-    def earlier_claim(self, number: int, key: str) -> Optional[int]:
-        """A finished claim on ``key``, or a live one by a lower-numbered trial (which wins)."""
+    # Two claimants of one plan (or of the last slot) each write their claim, then read the study.
+    # The lower-numbered one wins, but only if the other sees it: a higher-numbered claimant that
+    # read the study before the lower one's claim was written went on to probe, and the lower one,
+    # finding only a higher-numbered rival, went on too (a plan probed twice, or --trials + 1
+    # probes: seen with two workers under load). So a claimant that goes on marks its trial
+    # :data:`CHECKED`, and the lower-numbered one, reading after its own claim, counts a
+    # higher-numbered claim that is checked (it read before this claim existed) and waits for one
+    # that is not (its read is still to come, and will see this claim). Waits only go to higher
+    # numbers, so none waits on itself in a cycle.
+
+    def settle(self, number: int, *, wait_s: float = CHECK_WAIT_S, poll_s: float = 0.05) -> list[Any]:
+        """The study's trials once no live claim of a trial numbered above ``number`` is unchecked
+        (or after ``wait_s``: such a claim then counts as checked)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            trials = self.trials()
+            now = self.clock()
+            pending = [t for t in trials if t.number > number and t.state.name == "RUNNING" and self.holds_claim(t, now)
+                       and not t.user_attrs.get(CHECKED)]
+            if not pending or time.monotonic() >= deadline:
+                return trials
+            time.sleep(poll_s)
+
+    def _wins_over(self, t: Any, number: int) -> bool:
+        """Whether ``t``'s claim (held) comes before the claim of trial ``number``: it is finished,
+        lower-numbered, or checked (see :meth:`settle`)."""
+        return t.state.name != "RUNNING" or t.number < number or bool(t.user_attrs.get(CHECKED))
+
+    def earlier_claim(self, number: int, key: str, trials: Optional[list[Any]] = None) -> Optional[int]:
+        """A claim on ``key`` that comes before trial ``number``'s: finished, by a lower-numbered
+        trial, or checked (pass ``trials`` from :meth:`settle`)."""
         now = self.clock()
-        for t in self.trials():
+        for t in trials if trials is not None else self.trials():
             if t.number == number or t.user_attrs.get("plan_key") != key or not self.holds_claim(t, now):
                 continue
-            if t.state.name != "RUNNING" or t.number < number:
+            if self._wins_over(t, number):
                 return t.number
         return None
 
-    def slots_taken_before(self, number: int) -> int:
-        """Probes finished plus live claims of lower-numbered trials (first claimants win the last slots)."""
+    def slots_taken_before(self, number: int, trials: Optional[list[Any]] = None) -> int:
+        """Probes finished plus live claims that come before trial ``number``'s (lower-numbered or
+        checked: first claimants win the last slots)."""
         now = self.clock()
         count = 0
-        for t in self.trials():
+        for t in trials if trials is not None else self.trials():
             if t.state.name == "RUNNING":
-                count += t.number < number and self.holds_claim(t, now)
+                count += t.number != number and self._wins_over(t, number) and self.holds_claim(t, now)
             elif t.user_attrs.get("status") in PROBED_STATUSES:
                 count += 1
         return count
+
+    def confirm(self, trial: Any, key: str, *, trials_limit: int) -> Optional[str]:
+        """After :meth:`claim`: None when trial goes on to probe ``key`` (its claim is then marked
+        :data:`CHECKED`), else why not (the caller rejects the trial): another trial's claim on the
+        plan comes first, or claims before it fill ``trials_limit``."""
+        trials = self.settle(trial.number)
+        holder = self.earlier_claim(trial.number, key, trials)
+        if holder is not None:
+            return f"plan already claimed by trial #{holder}"
+        if self.slots_taken_before(trial.number, trials) >= trials_limit:
+            return "--trials reached by other workers"
+        self.set_attrs(trial, {CHECKED: True})
+        return None
 
     @staticmethod
     def waiting_params(trials: list[Any]) -> set[str]:

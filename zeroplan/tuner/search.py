@@ -293,14 +293,14 @@ class Tuner:
             # above may predate another worker's claim).
             deadline_s = self.settings.probe_timeout_s + self.settings.stale_grace_s
             self.ledger.claim(trial, self._candidate_attrs(cand, source=source), deadline_s=deadline_s)
-            holder = self.ledger.earlier_claim(trial.number, cand.key)
-            if holder is not None:
+            why_not = self.ledger.confirm(trial, cand.key, trials_limit=self.settings.trials)
+            if why_not is not None and why_not.startswith("plan already claimed"):
                 rejections += 1
-                self._reject(trial, cand, duplicate(f"plan already claimed by trial #{holder}"), source=source)
+                self._reject(trial, cand, duplicate(why_not), source=source)
                 continue
-            if self.ledger.slots_taken_before(trial.number) >= self.settings.trials:
+            if why_not is not None:
                 # Another worker took the last slot between our check and our claim.
-                self._reject(trial, cand, duplicate("--trials reached by other workers"), source=source)
+                self._reject(trial, cand, duplicate(why_not), source=source)
                 stopped = "trials reached"
                 break
             rejections = 0

@@ -118,7 +118,7 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
                     heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
                 )
             if url.startswith("sqlite:"):
-                _use_wal(storage.engine)
+                _configure_sqlite(storage.engine)
             # zeroplan runs ask/tell and beats the heartbeat itself (see heartbeat()); Optuna's
             # warning on every ask() is about callers that do not.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize", category=UserWarning)
@@ -134,19 +134,35 @@ def open_storage(url: str, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) ->
     raise AssertionError("unreachable")
 
 
-def _use_wal(engine: Any) -> None:
+def _configure_sqlite(engine: Any) -> None:
     """SQLite in write-ahead-log mode: readers never block the writer (several workers), and a
     commit is one append instead of an fsync'd rewrite (every trial writes a dozen attributes).
-    ``synchronous=NORMAL`` keeps every commit across a process crash (the case --resume handles)."""
+    ``synchronous=NORMAL`` keeps every commit across a process crash (the case --resume handles).
+
+    Every transaction also starts with ``BEGIN IMMEDIATE``, which takes SQLite's write lock before
+    its first read. Optuna changes a trial's state by reading it and writing only if the read allows
+    it (``RDBStorage.set_trial_state_values``: pop an enqueued trial only if it is WAITING, finish
+    one only if it is RUNNING), and counts on ``SELECT ... FOR UPDATE`` to keep another process out
+    in between; SQLite has no FOR UPDATE, and pysqlite runs the read outside the transaction it
+    opens for the write. Two workers could then both pop one enqueued trial, probe it twice and
+    fail at the second ``tell`` ("Cannot tell a COMPLETE trial", "Trial#N has already finished"),
+    which test_shared_study.py forces. With the lock taken first the read and the write are one
+    transaction, and the other worker waits (up to the lock timeout) and then reads the new state:
+    SQLAlchemy's recipe for pysqlite (disable the driver's own BEGIN, emit ours on ``begin``)."""
     import sqlalchemy
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # the driver emits no BEGIN; ``on_begin`` does
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
+    def on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
     sqlalchemy.event.listen(engine, "connect", on_connect)
+    sqlalchemy.event.listen(engine, "begin", on_begin)
     engine.dispose()  # connections opened while creating the schema reconnect with the pragmas
 
 

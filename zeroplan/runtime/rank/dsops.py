@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 __all__ = [
-    "OPTIMIZER_OPS", "OpLock", "build_ops", "drop_stale_locks", "extensions_env", "find_locks", "lock_report", "optimizer_ops_for",
-    "ops_without_ninja_log", "private_extensions_dir", "repair_ninja_logs", "skip_shm_comm_op", "unbuilt_ops",
-    "waiting_message", "watch_op_waits",
+    "OPTIMIZER_OPS", "OpLock", "build_ops", "drop_stale_locks", "extensions_env", "find_locks", "lock_report", "mark_op_loads",
+    "optimizer_ops_for", "ops_without_ninja_log", "private_extensions_dir", "rank_waits_on_op_build", "ranks_in_op_load",
+    "repair_ninja_logs", "skip_shm_comm_op", "unbuilt_ops", "waiting_message", "watch_op_waits",
 ]
 
 
@@ -153,21 +153,109 @@ def held_locks(names=tuple(OPTIMIZER_OPS.values()), *, env=None) -> list[str]:
     return [lock.parent.name for lock in _lock_files(names, env) if lock.exists()]
 
 
-def op_build_in_progress(names=tuple(OPTIMIZER_OPS.values()), *, env=None) -> bool:
-    """Whether one of DeepSpeed's ops ``names`` is being compiled now: its build directory holds a
-    lock (:func:`held_locks`) and a compiler or ninja runs. A rank loading the op meanwhile waits
-    for that build (torch.utils.cpp_extension ``_jit_compile``'s ``FileBaton``): time that is not
-    its plan's (the launcher does not charge it to the probe's timeout)."""
-    return bool(held_locks(names, env=env)) and _build_tools_running()
+# -- which probes wait on a build: the ranks say when they are inside an op load -------------------
+#
+# A probe's clock stops only while one of its own ranks is inside a JIT op load (waiting on the
+# op's lock, or building it) and that op is being built. An op building in the same folder for
+# another process does not stop the clock of a probe whose ranks load no op (ZeRO-0 with the
+# script's torch optimizer, FSDP) or have not reached the load (a hung script): its timeout is its
+# own. The ops a plan's config loads (:func:`optimizer_ops_for`) would say less: a plan that loads
+# cpu_adam but hangs before ``deepspeed.initialize`` would still be paused, and a script that
+# builds an op of its own (``DeepSpeedCPUAdam`` constructed by the script, another builder) would
+# not.
+
+#: The file a rank keeps in its probe folder while it is inside a JIT op load (rank number in it).
+OP_LOAD_MARKER = "op-load-{rank}.json"
+
+
+def mark_op_loads(result_dir, rank: int) -> None:
+    """Make every JIT op load of this process say so in ``result_dir``: while
+    ``torch.utils.cpp_extension.load`` runs (DeepSpeed's ``OpBuilder.jit_load`` calls it for every
+    op not installed with DeepSpeed, deepspeed/ops/op_builder/builder.py; it takes
+    ``<build dir>/lock``, or waits on it, and runs ninja under it: ``_jit_compile``), the file
+    :data:`OP_LOAD_MARKER` holds the op's name, the lock files it waits on, this process's pid and
+    host; it is removed when the load returns or raises. The launcher reads it
+    (:func:`rank_waits_on_op_build`). Installing it twice in a process is a no-op."""
+    import json
+    import os
+    import socket
+    import time
+    from pathlib import Path
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    if getattr(cpp_extension.load, "_zeroplan_marks", False):
+        return
+    original = cpp_extension.load
+    marker = Path(result_dir) / OP_LOAD_MARKER.format(rank=rank)
+
+    def load(name, *args, **kwargs):
+        build_dir = kwargs.get("build_directory")
+        locks = [str(Path(build_dir) / "lock")] if build_dir else [str(lock) for lock in _lock_files([name])]
+        written = False
+        try:
+            tmp = marker.with_name(f".{marker.name}.tmp")
+            tmp.write_text(json.dumps({"op": name, "locks": locks, "pid": os.getpid(), "host": socket.gethostname(),
+                                       "since": time.time()}))
+            os.replace(tmp, marker)
+            written = True
+        except OSError:  # a folder that cannot be written: the load runs, its wait is charged
+            pass
+        try:
+            return original(name, *args, **kwargs)
+        finally:
+            if written:
+                marker.unlink(missing_ok=True)
+
+    load._zeroplan_marks = True
+    cpp_extension.load = load
+
+
+def ranks_in_op_load(workdir, *, since_unix: float | None = None) -> list[dict]:
+    """The markers (:func:`mark_op_loads`) of the ranks of the probe in ``workdir`` that are inside
+    an op load now: written on this host by a process that still runs, not before ``since_unix``
+    (the probe's start; a second's slack for clocks read apart)."""
+    import json
+    import socket
+
+    import psutil
+
+    host = socket.gethostname()
+    out = []
+    for path in sorted(_Path(workdir).glob(OP_LOAD_MARKER.format(rank="*"))):
+        try:
+            mark = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(mark, dict) or mark.get("host") != host or not isinstance(mark.get("pid"), int):
+            continue
+        if since_unix is not None and float(mark.get("since", 0.0)) < since_unix - 1.0:
+            continue
+        if psutil.pid_exists(mark["pid"]):
+            out.append(mark)
+    return out
+
+
+def rank_waits_on_op_build(workdir, *, since_unix: float | None = None) -> bool:
+    """Whether a rank of the probe in ``workdir`` is inside the load of an op that is being built
+    now: its marker (:func:`ranks_in_op_load`) names a lock file that exists, and a compiler or
+    ninja runs. That rank waits for the build (or runs it): time that is not its plan's, which the
+    launcher does not charge to the probe's timeout. A rank loading no op, or waiting on a lock no
+    build holds (a killed build's: it would wait for ever), is charged as usual."""
+    locks = [_Path(lock) for mark in ranks_in_op_load(workdir, since_unix=since_unix) for lock in mark.get("locks") or ()]
+    return any(lock.exists() for lock in locks) and _build_tools_running()
 
 
 def _build_tools_running() -> bool:
-    """Whether a compiler or ninja runs on this machine now (another build may hold a lock)."""
+    """Whether a compiler or ninja runs on this machine now (another build may hold a lock). A
+    zombie (ended, not yet reaped by its parent) does not run: it builds nothing and would
+    otherwise keep a killed build's lock from ever counting as stale."""
     import psutil
 
     from zeroplan.runtime.measure.hostmem import is_build_tool
 
-    return any(is_build_tool(p.info.get("name") or "") and p.info.get("name") != "sh" for p in psutil.process_iter(["name"]))
+    return any(is_build_tool(p.info.get("name") or "") and p.info.get("name") != "sh" and p.info.get("status") != psutil.STATUS_ZOMBIE
+               for p in psutil.process_iter(["name", "status"]))
 
 
 # -- zeroplan's own extensions folder, and what a user's shared cache holds -----------------------

@@ -45,9 +45,13 @@ def _set_parent_death_signal() -> None:
 def _wrap_deepspeed(meter: StepMeter, state: dict) -> None:
     import deepspeed
 
-    from zeroplan.runtime.rank.dsops import drop_stale_locks, skip_shm_comm_op
+    from zeroplan.runtime.rank.dsops import drop_stale_locks, mark_op_loads, skip_shm_comm_op
 
     skip_shm_comm_op()  # before the script's own init_distributed
+    if state.get("result_dir"):
+        # While this rank is inside an op load, its marker in the probe folder tells the launcher
+        # that the time waiting on that op's build is not the plan's (dsops.rank_waits_on_op_build).
+        mark_op_loads(state["result_dir"], state.get("rank", 0))
     try:
         drop_stale_locks()  # a rank killed in an earlier probe's op load must not hang this one
     except Exception:  # noqa: BLE001 - the engine then loads (or waits) as it would without zeroplan
@@ -388,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                       on_timing_start=memory.stop_tracking if spec["warmup"] > 0 else None,
                       target_ci=float(os.environ["ZEROPLAN_PROBE_TARGET_CI"]) if os.environ.get("ZEROPLAN_PROBE_TARGET_CI") else None,
                       agree=_agreement(world_size))
-    state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover")), "memory": memory}
+    state: dict = {"host": PhaseRss(), "discover": bool(spec.get("discover")), "memory": memory,
+                   "result_dir": spec["result_dir"], "rank": rank}
     _phase_at_engine_ready(meter, state)
     result: dict = {"rank": rank, "world_size": world_size, "status": "error", "error": None}
     if "ZEROPLAN_NODE_RANK" in os.environ:  # set by the multi-node launcher (zeroplan.runtime.launch.multinode)
