@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, run_zeroplan
+from helpers import ROOT, run_main, run_mains, run_zeroplan
 
 
 run = run_zeroplan
@@ -105,37 +105,46 @@ def test_filters_and_nothing_fits_exit_1():
     assert "no plan fits" in r.stderr
 
 
-@pytest.mark.parametrize(
-    "args,fragment",
-    [
-        (["--params", "-1"], "--params"),
-        (["--params", "nan"], "--params"),
-        (["--params", "inf"], "--params"),
-        (["--params", "1e30"], "absurd"),
-        (["--params", "7e9", "--gpus", "0"], "--gpus"),
-        (["--params", "7e9", "--gpus", "12", "--gpus-per-node", "8"], "multiple"),
-        (["--params", "7e9", "--gpu", "a100-80"], "a100"),
-        (["--model", "llama-3-9b"], "llama-3-8b"),
-        (["--model", "missing/config.json"], "config.json"),
-        (["--params", "7e9", "--format", "xml"], "--format"),
-        (["--params", "7e9", "--stage", "4"], "--stage"),
-        (["--params", "7e9", "--precision", "fp8"], "--precision"),
-        (["--params", "7e9", "--seq-len", "0"], "--seq-len"),
-        (["--params", "7e9", "--gpu-memory", "-3"], "--gpu-memory"),
-        (["--params", "7e9", "--global-batch", "100", "--micro-batch", "3", "--gpus", "8"], "--global-batch 100 is not a multiple of --gpus 8"),
-        (["--params", "7e9", "--global-batch", "96", "--micro-batch", "5", "--gpus", "8"], "micro_batch×gpus=5×8=40; use 80 or 120"),
-        (["--params", "abc"], "--params 'abc' is not valid"),
-        (["--parms", "7e9"], "did you mean --params?"),
-        (["--params", "7e9", "--stage", "2", "--offload-param", "cpu"], "stage 3"),
-        ([], "no model"),
-    ],
-)
-def test_bad_input_one_line_exit_2(args, fragment):
-    r = run("estimate", *args)
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr
-    assert fragment in r.stderr
-    assert r.stderr.startswith("zeroplan: error: ") and r.stderr.count("\n") == 1, r.stderr
+#: Bad input and the fragment its one-line message names.
+BAD_INPUT = [
+    (["--params", "-1"], "--params"),
+    (["--params", "nan"], "--params"),
+    (["--params", "inf"], "--params"),
+    (["--params", "1e30"], "absurd"),
+    (["--params", "7e9", "--gpus", "0"], "--gpus"),
+    (["--params", "7e9", "--gpus", "12", "--gpus-per-node", "8"], "multiple"),
+    (["--params", "7e9", "--gpu", "a100-80"], "a100"),
+    (["--model", "llama-3-9b"], "llama-3-8b"),
+    (["--model", "missing/config.json"], "config.json"),
+    (["--params", "7e9", "--format", "xml"], "--format"),
+    (["--params", "7e9", "--stage", "4"], "--stage"),
+    (["--params", "7e9", "--precision", "fp8"], "--precision"),
+    (["--params", "7e9", "--seq-len", "0"], "--seq-len"),
+    (["--params", "7e9", "--gpu-memory", "-3"], "--gpu-memory"),
+    (["--params", "7e9", "--global-batch", "100", "--micro-batch", "3", "--gpus", "8"], "--global-batch 100 is not a multiple of --gpus 8"),
+    (["--params", "7e9", "--global-batch", "96", "--micro-batch", "5", "--gpus", "8"], "micro_batch×gpus=5×8=40; use 80 or 120"),
+    (["--params", "abc"], "--params 'abc' is not valid"),
+    (["--parms", "7e9"], "did you mean --params?"),
+    (["--params", "7e9", "--stage", "2", "--offload-param", "cpu"], "stage 3"),
+    ([], "no model"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs():
+    """Every BAD_INPUT case through `zeroplan estimate`'s entry point in one child process
+    (helpers.run_mains: one interpreter start instead of one per case): {args: (code, out, err)}."""
+    results = run_mains([["estimate", *args] for args, _ in BAD_INPUT])
+    return {tuple(args): result for (args, _), result in zip(BAD_INPUT, results)}
+
+
+@pytest.mark.parametrize("args,fragment", BAD_INPUT)
+def test_bad_input_one_line_exit_2(bad_input_runs, args, fragment):
+    code, out, err = bad_input_runs[tuple(args)]
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    assert fragment in err
+    assert err.startswith("zeroplan: error: ") and err.count("\n") == 1, err
 
 
 def test_bad_config_json(tmp_path):
@@ -168,7 +177,7 @@ def test_estimate_imports_no_torch():
     assert r.stderr.strip().endswith("HEAVY="), r.stderr[-300:]
 
 
-def test_estimate_trace_reports_both(tmp_path):
+def test_estimate_trace_reports_both(tmp_path, capsys):
     pytest.importorskip("transformers")
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({
@@ -176,10 +185,12 @@ def test_estimate_trace_reports_both(tmp_path):
         "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512,
         "tie_word_embeddings": False,
     }))
-    r = run("estimate", "--model", str(cfg), "--gpus", "2", "--cpu-memory", "64", "--seq-len", "256",
-            "--stage", "2", "--micro-batch", "2", "--format", "json", "--trace")
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    # In this process (--trace imports torch and transformers, which the test session has loaded
+    # already; a child process paid them again: ~10 s of CPU).
+    code, out, err = run_main(["estimate", "--model", str(cfg), "--gpus", "2", "--cpu-memory", "64", "--seq-len", "256",
+                               "--stage", "2", "--micro-batch", "2", "--format", "json", "--trace"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
     assert "FakeTensorMode" in doc["activation_trace"]["note"]
     plan = doc["plans"][0]
     traced, formula = plan["gpu"]["activations"], plan["activations_formula"]

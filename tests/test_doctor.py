@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, run_main, run_zeroplan, zeroplan_env
+from helpers import ROOT, run_main, run_mains, zeroplan_env
 from zeroplan.doctor import FAILURE_CLASSES, PHASES, DoctorInputs, diagnose, read_logs, read_measurements
 from zeroplan.profiles.resolve import resolve_cluster, resolve_model
 from zeroplan.spec import GiB, Plan, TrainingSpec
@@ -155,12 +155,13 @@ def test_folder_of_rank_logs(tmp_path):
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args in (["doctor", str(tmp_path / "missing.log")], ["doctor", str(tmp_path)],
-                 ["doctor", str(DATA / "zeroplan-oom.log"), "--format", "yaml"],
-                 ["doctor", str(DATA / "zeroplan-oom.log"), "--gpu-memory", "80"]):
-        r = run_zeroplan(*args)
-        assert r.returncode == 2, (args, r.stderr)
-        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    cases = [["doctor", str(tmp_path / "missing.log")], ["doctor", str(tmp_path)],
+             ["doctor", str(DATA / "zeroplan-oom.log"), "--format", "yaml"],
+             ["doctor", str(DATA / "zeroplan-oom.log"), "--gpu-memory", "80"]]
+    # All four through the entry point in one child process (one interpreter start, not four).
+    for args, (code, _, err) in zip(cases, run_mains(cases)):
+        assert code == 2, (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_doctor_does_not_import_torch():

@@ -111,6 +111,11 @@ def test_tune_trainer_example_then_train_with_its_config(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+# The default run probes the same path elsewhere: a Trainer script under --config with "auto"
+# values, its model discovered and estimated (test_any_model.py::
+# test_trainer_script_with_a_host_corpus_probes_within_15_percent), and TRL's trainers under a probe
+# (test_recipe_probe.py::test_probe_trl_recipe, DPO and GRPO); python -m pytest -m e2e runs this too.
+@pytest.mark.e2e
 def test_probe_trl_sft_example(tmp_path):
     """TRL's SFTTrainer takes the Trainer path: --deepspeed, the model discovered, an estimate beside it."""
     pytest.importorskip("trl")
@@ -144,6 +149,10 @@ def test_probe_trainer_script_from_a_plan_without_a_config(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert doc["status"] == "ok" and doc["steps"] == 2
+    # The model discovered at deepspeed.initialize and estimated beside the measurement (what the
+    # TRL SFT probe, now e2e, checked on the same tiny Llama).
+    assert doc["discovered_model"]["total_params"] == _example_params()
+    assert doc["estimated_peak_memory"] and doc["estimate_note"] is None
     cfg = json.loads((workdir / "ds_config.json").read_text())
     assert cfg["optimizer"]["params"]["lr"] == "auto" and cfg["zero_optimization"]["stage"] == 2
     assert cfg["train_micro_batch_size_per_gpu"] == 2
