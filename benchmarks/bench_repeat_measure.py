@@ -14,6 +14,11 @@ cost (measured optimizer steps), and whether the plans' ranking is that of the w
 policy is chosen on one half of the probes (the first rounds) and reported on the other:
 
     PYTHONPATH=. python benchmarks/bench_repeat_measure.py analyze benchmarks/results/repeat_series.json
+
+``tunes`` is the check as a user meets it: ``--repeat`` tunes of the example GPT, each plan the tune
+measured twice compared, and a ``probe`` of the best plan right after against the tune's figure:
+
+    PYTHONPATH=. python benchmarks/bench_repeat_measure.py tunes --repeat 3
 """
 
 from __future__ import annotations
@@ -228,6 +233,56 @@ def analyze(args: argparse.Namespace) -> None:
     print(f"\nthe runtime's policy (PROBE_POLICY): {PROBE_POLICY.label()}")
 
 
+def tunes(args: argparse.Namespace) -> None:
+    """The done-when of issue 22 as the user meets it: ``--repeat`` times, one ``tune`` of the
+    example GPT (1 rank, stage 0, global batch 32, 3 trials: the two best are measured again) and a
+    ``probe`` of its best plan right after; prints each plan measured twice in the tune and the
+    probe against the tune's figure, with the 1-minute load, and how many pairs are within 10 %."""
+    import csv
+
+    tmp = Path(tempfile.mkdtemp(prefix="zeroplan-repeat-tunes-"))
+    script = str(ROOT / "examples" / "train_deepspeed.py")
+    within, after = [], []
+    print(f"{'run':<4} {'plan':<24} {'first':>8} {'again':>8} {'diff':>6}   load   (samples/s)", flush=True)
+    for i in range(1, args.repeat + 1):
+        out = tmp / f"tune-{i}"
+        load0, t0 = os.getloadavg()[0], time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "zeroplan", "tune", script, "--gpus", "1", "--stage", "0", "--global-batch", "32",
+                               "--trials", "3", "--output", str(out), "--", "--steps", "30"], capture_output=True, text=True)
+        wall, load1 = time.monotonic() - t0, os.getloadavg()[0]
+        if proc.returncode != 0 or not (out / "trials.csv").exists():
+            print(f"{i:<4} tune failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+            continue
+        rows = [r for r in csv.DictReader((out / "trials.csv").open()) if r["status"] == "ok" and r["measured_samples_per_second"]]
+        for r in rows:
+            again = [float(x) for x in (r.get("remeasured_samples_per_second") or "").split(";") if x]
+            for a in again:
+                first = float(r["measured_samples_per_second"])
+                d = abs(a - first) / min(a, first)
+                within.append(d)
+                print(f"{i:<4} {r['plan']:<24} {first:>8.1f} {a:>8.1f} {d:>6.1%}   {load0:.1f}-{load1:.1f}", flush=True)
+        best = max(rows, key=lambda r: float(r["ranked_samples_per_second"] or 0))
+        micro, accum = best["micro_batch"], best["gradient_accumulation_steps"]
+        load2 = os.getloadavg()[0]
+        probe = subprocess.run([sys.executable, "-m", "zeroplan", "probe", script, "--gpus", "1", "--stage", "0", "--micro-batch", micro,
+                                "--grad-accum", accum, "--format", "json", "--workdir", str(tmp / f"probe-{i}"), "--", "--steps", "30"],
+                               capture_output=True, text=True)
+        try:
+            got = float(json.loads(probe.stdout)["samples_per_second"])
+        except (ValueError, KeyError, TypeError):
+            print(f"{i:<4} probe of {best['plan']} failed (exit {probe.returncode})")
+            continue
+        ranked = float(best["ranked_samples_per_second"])
+        after.append(got / ranked - 1)
+        print(f"{i:<4} {best['plan']:<24} {ranked:>8.1f} {got:>8.1f} {got / ranked - 1:>+6.1%}   {load2:.1f}-{os.getloadavg()[0]:.1f}"
+              f"   (tune's ranked figure, then `probe` right after; tune wall {wall:.0f} s)", flush=True)
+    if within:
+        print(f"\nwithin a tune: {sum(d <= 0.10 for d in within)} of {len(within)} pairs within 10 % (largest {max(within):.1%})")
+    if after:
+        print(f"probe right after: {sum(abs(a) <= 0.10 for a in after)} of {len(after)} within 10 % ({', '.join(f'{a:+.1%}' for a in after)})")
+    print(f"(load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -240,8 +295,10 @@ def main() -> None:
     a.add_argument("series")
     a.add_argument("--top", type=int, default=8)
     a.add_argument("--max-cost", type=float, default=1.6, help="most measured steps per probe, as a multiple of the current policy's")
+    t = sub.add_parser("tunes")
+    t.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    record(args) if args.cmd == "record" else analyze(args)
+    {"record": record, "analyze": analyze, "tunes": tunes}[args.cmd](args)
 
 
 if __name__ == "__main__":
