@@ -243,7 +243,8 @@ def tunes(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zeroplan-repeat-tunes-"))
     script = str(ROOT / "examples" / "train_deepspeed.py")
     within, after = [], []
-    print(f"{'run':<4} {'plan':<24} {'first':>8} {'again':>8} {'diff':>6}   load   (samples/s)", flush=True)
+    print(f"{'run':<4} {'plan':<24} {'first':>8} {'again':>8} {'diff':>6}   {'CPU s/step (fastest)':<22} load   (samples/s)", flush=True)
+    within_cpu, after_cpu = [], []
     for i in range(1, args.repeat + 1):
         out = tmp / f"tune-{i}"
         load0, t0 = os.getloadavg()[0], time.monotonic()
@@ -256,11 +257,16 @@ def tunes(args: argparse.Namespace) -> None:
         rows = [r for r in csv.DictReader((out / "trials.csv").open()) if r["status"] == "ok" and r["measured_samples_per_second"]]
         for r in rows:
             again = [float(x) for x in (r.get("remeasured_samples_per_second") or "").split(";") if x]
-            for a in again:
+            for k, a in enumerate(again, start=2):
                 first = float(r["measured_samples_per_second"])
                 d = abs(a - first) / min(a, first)
                 within.append(d)
-                print(f"{i:<4} {r['plan']:<24} {first:>8.1f} {a:>8.1f} {d:>6.1%}   {load0:.1f}-{load1:.1f}", flush=True)
+                trial = out / "probes" / f"trial-{int(r['trial']):04d}"
+                c1, c2 = _fastest_cpu(trial), _fastest_cpu(trial.with_name(f"{trial.name}-run{k}"))
+                cpu = f"{c1:.3f} {c2:.3f} {abs(c2 - c1) / min(c1, c2):>5.1%}" if c1 and c2 else "–"
+                if c1 and c2:
+                    within_cpu.append(abs(c2 - c1) / min(c1, c2))
+                print(f"{i:<4} {r['plan']:<24} {first:>8.1f} {a:>8.1f} {d:>6.1%}   {cpu:<22} {load0:.1f}-{load1:.1f}", flush=True)
         best = max(rows, key=lambda r: float(r["ranked_samples_per_second"] or 0))
         micro, accum = best["micro_batch"], best["gradient_accumulation_steps"]
         load2 = os.getloadavg()[0]
@@ -274,13 +280,31 @@ def tunes(args: argparse.Namespace) -> None:
             continue
         ranked = float(best["ranked_samples_per_second"])
         after.append(got / ranked - 1)
-        print(f"{i:<4} {best['plan']:<24} {ranked:>8.1f} {got:>8.1f} {got / ranked - 1:>+6.1%}   {load2:.1f}-{os.getloadavg()[0]:.1f}"
+        tune_cpu = [c for c in (_fastest_cpu(t) for t in (out / "probes").glob(f"trial-{int(best['trial']):04d}*")) if c]
+        c_probe = _fastest_cpu(tmp / f"probe-{i}")
+        cpu = f"{min(tune_cpu):.3f} {c_probe:.3f} {c_probe / min(tune_cpu) - 1:>+5.1%}" if tune_cpu and c_probe else "–"
+        if tune_cpu and c_probe:
+            after_cpu.append(c_probe / min(tune_cpu) - 1)
+        print(f"{i:<4} {best['plan']:<24} {ranked:>8.1f} {got:>8.1f} {got / ranked - 1:>+6.1%}   {cpu:<22} {load2:.1f}-{os.getloadavg()[0]:.1f}"
               f"   (tune's ranked figure, then `probe` right after; tune wall {wall:.0f} s)", flush=True)
     if within:
         print(f"\nwithin a tune: {sum(d <= 0.10 for d in within)} of {len(within)} pairs within 10 % (largest {max(within):.1%})")
     if after:
         print(f"probe right after: {sum(abs(a) <= 0.10 for a in after)} of {len(after)} within 10 % ({', '.join(f'{a:+.1%}' for a in after)})")
+    if within_cpu or after_cpu:
+        print(f"in CPU seconds per step (the fastest step's; one rank on one thread): within a tune {sum(d <= 0.10 for d in within_cpu)} of "
+              f"{len(within_cpu)} pairs within 10 % (largest {max(within_cpu, default=0):.1%}); probe right after "
+              f"{', '.join(f'{a:+.1%}' for a in after_cpu)} against the tune's fastest")
     print(f"(load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+
+
+def _fastest_cpu(workdir: Path) -> float | None:
+    """The fastest measured step's CPU seconds on rank 0 of a probe's workdir (None if not there)."""
+    try:
+        cpu = json.loads((workdir / "rank-0.json").read_text()).get("step_cpu_times") or []
+    except (OSError, ValueError):
+        return None
+    return min(cpu) if cpu else None
 
 
 def main() -> None:
