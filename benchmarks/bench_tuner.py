@@ -378,8 +378,8 @@ def part2_once(args, tmp: Path, model, training, *, deepspeed_first: bool = True
     load_start = os.getloadavg()[0]
     ds = deepspeed_autotuner(args, tmp) if deepspeed_first else None
     # As `zeroplan tune` runs on CPU (run_tune, which the command calls): the warm server starts while
-    # this process imports torch for the quick time model, micro-step probes stop at ±10%, derived
-    # timeouts, 5 measured steps at most. Everything from here is part of zeroplan's wall time.
+    # this process imports torch for the quick time model, micro-step probes stop at ±5% after 2 to
+    # 6 measured steps (the probe policy), derived timeouts. Everything from here is part of zeroplan's wall time.
     from zeroplan.runtime.launch import warm
 
     warm.shutdown()  # the search pays the warm server's start, as `zeroplan tune` does

@@ -57,7 +57,7 @@ BucketSizesOpt = Annotated[Optional[str], typer.Option("--bucket-sizes", help="A
 SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe | random (after the estimator's picks).", rich_help_panel=_TUNE)]
 InitialOpt = Annotated[Optional[int], typer.Option("--initial", help="Estimator-ranked plans probed before the sampler [default: half of --trials].", rich_help_panel=_TUNE)]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.", rich_help_panel=_TUNE)]
-TuneStepsOpt = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per probe.", rich_help_panel=_TUNE)]
+TuneStepsOpt = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per probe (the most, with --ci).", rich_help_panel=_TUNE)]
 TuneWarmupOpt = Annotated[int, typer.Option("--warmup", help="Unmeasured optimizer steps before them.", rich_help_panel=_TUNE)]
 EmitSbatchOpt = Annotated[
     Optional[Path],
@@ -86,10 +86,10 @@ def tune(
     time_budget: TimeBudgetOpt = None, timeout: TuneTimeoutOpt = 300.0, engine_opts: TuneEngine = None,
     output: TuneOutputOpt = Path("zeroplan-out"), storage: StorageOpt = None, resume: ResumeOpt = False, config: TuneConfigOpt = None,
     config_arg: TuneConfigArgOpt = "--deepspeed_config", nvme_path: TuneNvmePathOpt = None, bucket_sizes: BucketSizesOpt = None,
-    sampler: SamplerOpt = "tpe", initial: InitialOpt = None, seed: SeedOpt = None, steps: TuneStepsOpt = 5,
+    sampler: SamplerOpt = "tpe", initial: InitialOpt = None, seed: SeedOpt = None, steps: TuneStepsOpt = 6,
     warmup: TuneWarmupOpt = 2, nnodes: NnodesOpt = 1, launcher: LauncherOpt = None, node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvEndpointOpt = None, rdzv_timeout: RdzvTimeoutOpt = 120.0, emit_sbatch: EmitSbatchOpt = None,
-    recipe_opts: TuneRecipe = None, ci: CiOpt = 0.1,
+    recipe_opts: TuneRecipe = None, ci: CiOpt = 0.05,
 ) -> None:
     """Search ZeRO plans with short real probes; write the best plan's DeepSpeed config, trials.csv and a report."""
     flags = {name: value for name, value in locals().items() if not name.endswith("_opts")}

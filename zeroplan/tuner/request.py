@@ -98,9 +98,9 @@ class TuneRequest:
     """Trials, time budget, estimator picks and probe timeout (checked where they are built)."""
     sampler: str = "tpe"
     seed: Optional[int] = None
-    steps: int = 5
+    steps: int = 6
     warmup: int = 2
-    ci: float = 0.1
+    ci: float = 0.05
     """Stop a probe once its step time's 95 % interval is within this fraction; 0: time every step."""
     resume: bool = False
     storage: Optional[str] = None

@@ -3,6 +3,7 @@ measured ones and ends the user's loop after the last (:mod:`zeroplan.runtime.ra
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import time
@@ -51,13 +52,21 @@ class StepMeter:
     the step time's interval is that tight on every rank (``agree`` all-reduces the decision, so
     all ranks stop at the same step), or after ``steps`` optimizer steps' worth of micro-steps.
     Warm-up is then one optimizer step when accumulation is 4 or more (its micro-steps already
-    warm the engine), else ``warmup`` steps.
+    warm the engine), else ``warmup`` steps; the policy's ``extra_warmup`` steps follow, untimed.
+    The step time reported is the policy's statistic of the timed steps (both modes).
     """
 
     def __init__(
         self, *, warmup: int, steps: int, synchronize=None, current_bytes=None, report=None, on_timing_start=None, target_ci=None, agree=None,
-        memory_steps: int = 0,
+        memory_steps: int = 0, policy=None,
     ) -> None:
+        from zeroplan.runtime.measure.steptime import PROBE_POLICY
+
+        base = policy or PROBE_POLICY
+        self.policy = dataclasses.replace(base, target_ci=target_ci if target_ci is not None else base.target_ci, max_steps=steps,
+                                          min_steps=min(base.min_steps, steps))
+        """What the probe reports and when it stops (:class:`zeroplan.runtime.measure.steptime.MeasurePolicy`):
+        its statistic serves both modes; the stop rule the micro-step mode; ``steps`` is the most."""
         self.warmup = warmup
         self.memory_steps = memory_steps
         """Optimizer steps a memory tracker that ends with warm-up must see (micro-step mode too)."""
@@ -87,6 +96,9 @@ class StepMeter:
         """Micro-steps per optimizer step (set by the engine wrapper)."""
         self.micro_times: list[float] = []
         self.boundary_times: list[float] = []
+        self.micro_cpu_times: list[float] = []
+        """CPU seconds of every timed micro-step, in order (boundary ones included)."""
+        self._last_micro_cpu: float | None = None
         self.estimate = None
 
     def report(self, event: str) -> None:
@@ -101,7 +113,7 @@ class StepMeter:
             self._report("measuring")
             self._synchronize()
             self._last = time.perf_counter()
-            self._last_cpu = time.process_time()
+            self._last_cpu = self._last_micro_cpu = time.process_time()
 
     @property
     def micro_mode(self) -> bool:
@@ -110,8 +122,8 @@ class StepMeter:
     @property
     def _warmup_steps(self) -> int:
         if self.micro_mode and self.grad_accum >= 4:
-            return min(self.warmup, max(1, self.memory_steps))
-        return self.warmup
+            return min(self.warmup, max(1, self.memory_steps)) + self.policy.extra_warmup
+        return self.warmup + (self.policy.extra_warmup if self.micro_mode else 0)
 
     def before_optimizer_step(self) -> None:
         """Called after the last backward of a step, before the optimizer runs."""
@@ -150,11 +162,15 @@ class StepMeter:
         if self.count >= self._warmup_steps and self._last is not None:
             self._synchronize()
             dt = time.perf_counter() - self._last
+            cpu = time.process_time()
             (self.boundary_times if boundary else self.micro_times).append(dt)
+            if self._last_micro_cpu is not None:
+                self.micro_cpu_times.append(cpu - self._last_micro_cpu)
             if boundary and self._last_cpu is not None:
-                self.step_cpu_times.append(time.process_time() - self._last_cpu)
+                self.step_cpu_times.append(cpu - self._last_cpu)
         if not boundary:
             self._last = time.perf_counter()
+            self._last_micro_cpu = time.process_time()
             return
         self.count += 1
         self._report(f"step={self.count}")
@@ -165,20 +181,17 @@ class StepMeter:
         if self.count == self._warmup_steps and self._on_timing_start is not None:
             self._on_timing_start()  # as in optimizer_step_done: memory tracking ends with warm-up
             self._tracking = False
-        self.estimate = estimate_step_time(self.micro_times, self.boundary_times, self.grad_accum)
+        self.estimate = estimate_step_time(self.micro_times, self.boundary_times, self.grad_accum, self.policy.statistic)
         if self.estimate is not None:
             self.step_times = [self.estimate.step_time_s]
-        measured = len(self.micro_times) + len(self.boundary_times)
-        done = measured >= self.steps * self.grad_accum or (
-            self.estimate is not None and self.estimate.relative_half_width <= self.target_ci
-        )
+        done = self.policy.done(self.estimate, len(self.boundary_times))
         if self.count > self._warmup_steps or self._warmup_steps == 0:
             done = self._agree(done)
         else:
             done = False  # the boundary that ends warm-up
         self._synchronize()
         self._last = time.perf_counter()  # the agreement's collective is not the next micro-step's
-        self._last_cpu = time.process_time()
+        self._last_cpu = self._last_micro_cpu = time.process_time()
         if done:
             if self.estimate is not None:
                 self._report(
@@ -192,20 +205,29 @@ class StepMeter:
             return max(1, (len(self.micro_times) + len(self.boundary_times)) // self.grad_accum) if self.boundary_times else 0
         return len(self.step_times)
 
+    @property
+    def step_time(self) -> float | None:
+        """Seconds per optimizer step: the micro-step estimate, or the policy's statistic of the timed steps."""
+        from zeroplan.runtime.measure.steptime import step_statistic
+
+        if not self.step_times:
+            return None
+        return self.step_times[0] if self.micro_mode else step_statistic(self.step_times, self.policy.statistic)
+
     def as_dict(self) -> dict:
         out = {
             "steps": self.measured,
             "optimizer_steps": self.count,
             "step_times": self.step_times,
             "step_cpu_times": self.step_cpu_times,
-            "step_time": sum(self.step_times) / len(self.step_times) if self.step_times else None,
+            "step_time": self.step_time,
             "samples_per_step": self.samples_per_step,
             "state_memory": self.state_bytes,
         }
         if self.estimate is not None:
             out |= {"step_time_ci": self.estimate.half_width_s, "micro_steps": self.estimate.micro_steps}
         if self.micro_mode:
-            out |= {"micro_times": self.micro_times, "boundary_times": self.boundary_times}
+            out |= {"micro_times": self.micro_times, "boundary_times": self.boundary_times, "micro_cpu_times": self.micro_cpu_times}
         return out
 
 
