@@ -18,11 +18,12 @@ import json
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-from zeroplan.profiles.lora_experts import fused_expert_lora_params, split_expert_parameter_targets
-from zeroplan.profiles.lora_modules import BaseModule, base_modules, base_modules_from_shape
 from zeroplan.spec import BASE_QUANTS, AdaptedModule, ModelSpec, PeftSpec, SpecError
+
+if TYPE_CHECKING:
+    from zeroplan.profiles.lora_modules import BaseModule
 
 __all__ = [
     "BaseModule",
@@ -35,6 +36,15 @@ __all__ = [
     "read_adapter_config",
     "resolve_peft",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The module lists load when LoRA is asked for (resolve_peft); read from here, they load now.
+    if name in ("BaseModule", "base_modules", "base_modules_from_shape"):
+        from zeroplan.profiles import lora_modules
+
+        return getattr(lora_modules, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _linear_names(modules: Iterable[BaseModule]) -> str:
@@ -97,6 +107,8 @@ def lora_spec(
         shown_targets: tuple[str, ...] = ("all-linear",)
     else:
         if isinstance(targets, list):
+            from zeroplan.profiles.lora_experts import split_expert_parameter_targets
+
             # peft's target_parameters (fused 3-D expert tensors, zeroplan.profiles.lora_experts) apart.
             targets, expert_targets = split_expert_parameter_targets([t.strip() for t in targets if t.strip()])
             if not targets and not expert_targets:
@@ -140,6 +152,8 @@ def lora_spec(
             added += per * count
             adapted.append(AdaptedModule(m.name, m.in_features, m.out_features, count, r))
     if expert_targets:
+        from zeroplan.profiles.lora_experts import fused_expert_lora_params
+
         added += fused_expert_lora_params(model, rank, expert_targets)
     for name in modules_to_save:
         hits = _matching(linear_like, [name])
@@ -318,6 +332,9 @@ def resolve_peft(model: ModelSpec, options: PeftOptions, *, model_arg: Optional[
         return replace(model, peft=partial_spec(model, trainable_params))
     if not (lora_flags or adapter is not None):
         return model
+    # The module lists (and the config readers under them) load only when LoRA is asked for.
+    from zeroplan.profiles.lora_modules import base_modules, base_modules_from_shape
+
     hf = _hf_config_of(model_arg)
     notes: list[str] = []
     if hf is not None:
