@@ -11,7 +11,6 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.estimate_output import estimates_to_json, estimates_to_rows, summarize
-from zeroplan.cli.jsontext import dumps_indented
 from zeroplan.cli.table_fit import emoji_free
 from zeroplan.cli.common import FormatOpt, OutputOpt, check_choice_option, stdout_console, write_output
 from zeroplan.cli.options import (
@@ -386,6 +385,8 @@ def estimate(
         outcome = run_estimate(request)
         estimates = outcome.estimates
         if fmt == "json":
+            from zeroplan.cli.jsontext import dumps_indented
+
             write_output(dumps_indented(_json_doc(request, outcome, trace_note=trace_note)), output)
         elif fmt == "csv":
             import pandas as pd

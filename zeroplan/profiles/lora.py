@@ -14,16 +14,16 @@ output layer. Standard library only (no torch, no peft); tests compare with ``pe
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-from zeroplan.spec import BASE_QUANTS, AdaptedModule, ModelSpec, PeftSpec, SpecError
+from zeroplan.spec import ModelSpec, SpecError
 
 if TYPE_CHECKING:
     from zeroplan.profiles.lora_modules import BaseModule
+    from zeroplan.spec.peft import PeftSpec
 
 __all__ = [
     "BaseModule",
@@ -95,6 +95,8 @@ def lora_spec(
     base is frozen. Quantized storage covers every linear module but the output layer (what
     transformers' bitsandbytes integration converts: ``modules_to_not_convert`` keeps lm_head).
     """
+    from zeroplan.spec.peft import BASE_QUANTS, AdaptedModule, PeftSpec
+
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SpecError(f"--lora-rank {rank!r} is not valid; give a whole number >= 1 (typical: 8, 16, 64)")
     if base_quant not in BASE_QUANTS:
@@ -187,6 +189,8 @@ def lora_spec(
 
 def partial_spec(model: ModelSpec, trainable: str) -> PeftSpec:
     """``--trainable-params N`` (a count such as 2e8) or ``P%`` of the model's parameters."""
+    from zeroplan.spec.peft import PeftSpec
+
     text = trainable.strip()
     try:
         if text.endswith("%"):
@@ -218,6 +222,8 @@ def read_adapter_config(path: Path | str) -> dict[str, Any]:
         path = path / "adapter_config.json"
     if not path.is_file():
         raise SpecError(f"--adapter {path}: no such file; give a PEFT adapter_config.json or its folder")
+    import json
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -255,8 +261,11 @@ def check_peft_options(options: PeftOptions, *, precision: str) -> None:
     if (options.lora_targets is not None or options.lora_alpha is not None) and options.lora_rank is None:
         raise SpecError("--lora-targets/--lora-alpha need --lora-rank (e.g. --lora-rank 16)")
     quant = options.base_quant or "none"
-    if quant not in BASE_QUANTS:
-        raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
+    if options.base_quant is not None:  # not given: "none", a storage spec.peft knows (loaded only to check one given)
+        from zeroplan.spec.peft import BASE_QUANTS
+
+        if quant not in BASE_QUANTS:
+                raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
     if quant != "none":
         if precision == "fp32":
             raise SpecError(
@@ -393,6 +402,8 @@ def _hf_config_of(model_arg: Optional[str]) -> Optional[dict[str, Any]]:
     if model_arg.endswith(".json") or path.is_dir() or path.exists():
         if path.is_dir():
             path = path / "config.json"
+        import json
+
         return json.loads(path.read_text(encoding="utf-8"))
     info = profiles.model_preset_info(model_arg)
     return info.get("hf_config")
