@@ -44,7 +44,7 @@ def test_same_table_with_and_without_the_bound(estimates, monkeypatch, colour):
     with_bound = {w: _render(estimates, w, colour=colour) for w in widths}
     monkeypatch.setattr("zeroplan.cli.table_fit.widest_table", lambda *a, **k: 10**9)  # always measured by rich
     monkeypatch.setattr("zeroplan.cli.table_fit.plain_cells", lambda *a, **k: False)
-    monkeypatch.setattr("zeroplan.cli.estimate.emoji_free", lambda text: False)
+    monkeypatch.setattr("zeroplan.cli.table_fit.emoji_free", lambda text: False)
     for w in widths:
         assert _render(estimates, w, colour=colour) == with_bound[w], w
 

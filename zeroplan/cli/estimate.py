@@ -11,7 +11,6 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.estimate_output import estimates_to_json, estimates_to_rows, summarize
-from zeroplan.cli.table_fit import emoji_free
 from zeroplan.cli.common import FormatOpt, OutputOpt, check_choice_option, stdout_console, write_output
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
@@ -192,6 +191,8 @@ def _build_table(title: str, rows: list, columns: list[str], widths: Optional[di
     the same drawing, without rich measuring every cell and reading it as markup."""
     from rich.table import Table
 
+    from zeroplan.cli.table_fit import emoji_free
+
     if widths is not None:
         from rich.text import Text
     # A title rich would read as markup or emoji stays a string for rich to read (render_annotation styles it "table.title").
@@ -260,6 +261,8 @@ def _render_table(
     # (Style.render returns the text as is when color_system is None): skip it, same text.
     highlight = False if console.color_system is None else None
     # Text rich's emoji pass would leave as it is skips it (and the loading of its emoji table).
+    from zeroplan.cli.table_fit import emoji_free
+
     if recommend:
         console.print(recommend, soft_wrap=True, highlight=highlight, emoji=False if emoji_free(recommend) else None)
     console.print(table)
