@@ -9,7 +9,12 @@
    each, estimated and ranked with :func:`zeroplan.estimator.estimate_all`; process time of the
    whole sweep in a fresh process, several runs. Goal: under a second.
 
-    python benchmarks/bench_estimate_speed.py [--repeats 7]
+    python benchmarks/bench_estimate_speed.py [--repeats 7] [--base PATH]
+
+``--base PATH`` (another checkout, e.g. ``git worktree add /tmp/main main``) runs that tree's
+``zeroplan estimate`` too, interleaved with this one's and DeepSpeed's in the same rounds, so a
+change is compared with its base at the same machine load (the base's rows are named after its
+folder; each row's ratio is to DeepSpeed's functions of the same rounds). The sweep is this tree's.
 """
 
 from __future__ import annotations
@@ -60,16 +65,16 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(cmd: list[str]) -> tuple[float, float, str]:
+def timed(cmd: list[str], root: Path = ROOT) -> tuple[float, float, str]:
     """(wall s, process CPU s, stdout) of ``cmd`` run as a child process."""
     # Bytecode cached as an installed package has it (pip compiles on install; DeepSpeed's is):
     # a PYTHONDONTWRITEBYTECODE inherited from the shell would make every zeroplan run compile
     # its ~100 modules from source (~0.15 s) and DeepSpeed's not. The warm-up run writes it.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(root)
     cpu0 = _children_cpu_s()
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
     dt = time.perf_counter() - t0
     if r.returncode not in (0, 1):
         raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
@@ -83,20 +88,25 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--base", type=Path, help="another checkout whose zeroplan estimate runs interleaved with this one's")
     args = ap.parse_args()
-    runs = {
-        "zeroplan estimate (table, 196 plans)": [sys.executable, "-m", "zeroplan", "estimate", "--params", "175e9", "--gpus", "64", "--cpu-memory", "1024"],
-        "zeroplan estimate --format json": [sys.executable, "-m", "zeroplan", "estimate", "--params", "175e9", "--gpus", "64", "--cpu-memory", "1024", "--format", "json"],
-        "DeepSpeed estimate_zero2/3_..._all_cold": [sys.executable, "-c", DEEPSPEED_SNIPPET],
-    }
+    if args.base is not None and not (args.base / "zeroplan" / "cli" / "__init__.py").is_file():
+        raise SystemExit(f"--base {args.base}: not a zeroplan checkout (no zeroplan/cli/__init__.py)")
+    estimate = [sys.executable, "-m", "zeroplan", "estimate", "--params", "175e9", "--gpus", "64", "--cpu-memory", "1024"]
+    trees = [("", ROOT)] + ([(f" ({args.base.name or args.base})", args.base.resolve())] if args.base is not None else [])
+    runs: dict[str, tuple[list[str], Path]] = {}
+    for suffix, root in trees:
+        runs[f"zeroplan estimate (table, 196 plans){suffix}"] = (estimate, root)
+        runs[f"zeroplan estimate --format json{suffix}"] = (estimate + ["--format", "json"], root)
+    runs["DeepSpeed estimate_zero2/3_..._all_cold"] = ([sys.executable, "-c", DEEPSPEED_SNIPPET], ROOT)
     load_before = os.getloadavg()
     walls: dict[str, list[float]] = {name: [] for name in runs}
     cpus: dict[str, list[float]] = {name: [] for name in runs}
-    for name, cmd in runs.items():
-        timed(cmd)  # warm the file cache
+    for name, (cmd, root) in runs.items():
+        timed(cmd, root)  # warm the file cache (and write each tree's bytecode)
     for _ in range(args.repeats):
-        for name, cmd in runs.items():  # interleaved, so machine noise hits both alike
-            wall, cpu, _ = timed(cmd)
+        for name, (cmd, root) in runs.items():  # interleaved, so machine noise hits both alike
+            wall, cpu, _ = timed(cmd, root)
             walls[name].append(wall)
             cpus[name].append(cpu)
     sweep_runs: list[tuple[int, float, float]] = []
@@ -111,7 +121,7 @@ def main() -> None:
 
     peer = statistics.median(cpus["DeepSpeed estimate_zero2/3_..._all_cold"])
     table = Table(title=f"175B on 64 GPUs: whole process, median of {args.repeats} (lower is better)")
-    table.add_column("command")
+    table.add_column("command", no_wrap=True)
     table.add_column("process s", justify="right")
     table.add_column("min–max", justify="right")
     table.add_column("wall s", justify="right")
@@ -119,7 +129,7 @@ def main() -> None:
     for name in runs:
         med = statistics.median(cpus[name])
         table.add_row(name, f"{med:.3f}", spread(cpus[name]), f"{statistics.median(walls[name]):.3f}", f"{peer / med:.1f}×")
-    console = Console(width=120)
+    console = Console(width=130)
     console.print(table)
     print("DeepSpeed's functions give model states only (no activations, traffic or time); zeroplan covers every plan.")
     sweep = [s for _, s, _ in sweep_runs]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, run_main, run_mains, run_zeroplan
+from helpers import ROOT, run_main, run_mains, run_zeroplan, zeroplan_env
 
 
 run = run_zeroplan
@@ -160,6 +161,23 @@ def test_output_not_lost_on_error(tmp_path):
     r = run("estimate", "--params", "-5", "--format", "json", "-o", str(out))
     assert r.returncode == 2
     assert out.read_text() == "precious"
+
+
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_a_closed_stdout_ends_estimate_quietly(fmt):
+    # `zeroplan estimate ... | head -1`: the reader is gone. No traceback, and an exit status of its
+    # own: 141 (128 + SIGPIPE, as a shell reports `yes | head -1`), not 1 ("no plan fits").
+    from zeroplan.cli import EXIT_STDOUT_CLOSED
+
+    read, write = os.pipe()
+    os.close(read)  # closed before the first write: the same every run
+    try:
+        r = subprocess.run([sys.executable, "-m", "zeroplan", "estimate", "--params", "175e9", "--gpus", "64", "--format", fmt],
+                           stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=zeroplan_env(), timeout=60)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (EXIT_STDOUT_CLOSED, "")
+    assert EXIT_STDOUT_CLOSED == 141
 
 
 def test_estimate_imports_no_torch():

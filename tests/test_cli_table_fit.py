@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from zeroplan.cli.table_fit import plain_cells, widest_table
+from zeroplan.cli.table_fit import column_widths, emoji_free, plain_cells, widest_table
 
 
 @pytest.fixture(scope="module")
@@ -24,22 +24,63 @@ def estimates():
     return model, cluster, training, estimate_all(model, cluster, training, enumerate_plans(model, cluster, training))
 
 
-def _render(estimates, width: int) -> str:
+def _render(estimates, width: int, *, colour: bool = False) -> str:
     from zeroplan.cli.estimate import _render_table
 
     model, cluster, training, found = estimates
-    console = Console(file=io.StringIO(), width=width, no_color=True)
-    _render_table(model, cluster, training, found, found[:40], total_plans=len(found), extra_notes=[], console=console)
+    console = (Console(file=io.StringIO(), width=width, force_terminal=True, color_system="truecolor") if colour
+               else Console(file=io.StringIO(), width=width, no_color=True))
+    recommend = "Use z3/ckpt:full/mb4/ga1: the fastest plan that fits with at least the 14 % margin: 6,196 tokens/s predicted."
+    _render_table(model, cluster, training, found, found[:40], total_plans=len(found), extra_notes=["GPU: a100 (no driver: x)"],
+                  console=console, recommend=recommend)
     return console.file.getvalue()
 
 
-def test_same_table_with_and_without_the_bound(estimates, monkeypatch):
-    widths = range(70, 260, 9)
-    with_bound = {w: _render(estimates, w) for w in widths}
+@pytest.mark.parametrize("colour", [False, True])
+def test_same_table_with_and_without_the_bound(estimates, monkeypatch, colour):
+    # The fast path (widths from arithmetic, Text cells, no emoji pass) against rich doing it all;
+    # in colour (row styles, the title's style) at fewer widths.
+    widths = range(70, 260, 27 if colour else 9)
+    with_bound = {w: _render(estimates, w, colour=colour) for w in widths}
     monkeypatch.setattr("zeroplan.cli.table_fit.widest_table", lambda *a, **k: 10**9)  # always measured by rich
     monkeypatch.setattr("zeroplan.cli.table_fit.plain_cells", lambda *a, **k: False)
+    monkeypatch.setattr("zeroplan.cli.table_fit.emoji_free", lambda text: False)
     for w in widths:
-        assert _render(estimates, w) == with_bound[w], w
+        assert _render(estimates, w, colour=colour) == with_bound[w], w
+
+
+def test_column_widths_are_richs_for_plain_cells(estimates):
+    from zeroplan.cli.estimate import _COLUMNS, _row
+
+    _, cluster, _, found = estimates
+    rows = [_row(i, est, cluster)[0] for i, est in enumerate(found[:40], 1)]
+    columns = [c for c in _COLUMNS if c != "layout"]
+    table = Table(title="t")
+    for column in columns:
+        table.add_column(column, no_wrap=column != "verdict", min_width=10 if column == "verdict" else None)
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    console = Console(file=io.StringIO(), width=400)
+    measured = [table._measure_column(console, console.options, column).maximum - 2 for column in table.columns]
+    assert list(column_widths(rows, columns, min_widths={"verdict": 10}).values()) == measured
+
+
+@pytest.mark.parametrize("text, free", [
+    ("Use z3/ckpt:full/mb4/ga1: the fastest plan", True),  # a plan label: ':full/mb4/ga1:' names no emoji
+    ("GPU: a100-80gb assumed (no NVIDIA driver: NVML Shared Library Not Found)", True),
+    ("model: 175B params", True),
+    ("a :thumbs_up: here", False),
+    ("a :smile-emoji: here", False),
+    ("ratio 1:2:3", False),  # ':2:' could be a name: left to rich
+])
+def test_emoji_free_text_is_what_richs_emoji_pass_leaves_alone(text, free):
+    from rich._emoji_codes import EMOJI
+    from rich._emoji_replace import _emoji_replace
+
+    assert not any("/" in name for name in EMOJI)  # what emoji_free relies on, in the installed rich
+    assert emoji_free(text) is free
+    if free:
+        assert _emoji_replace(text) == text
 
 
 @pytest.mark.parametrize("cells", [

@@ -11,8 +11,9 @@ modules. ``zeroplan.cli.app`` read from outside is the whole command line, every
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -108,17 +109,48 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: Exit status when the reader of stdout closes it early (``zeroplan estimate ... | head -1``):
+#: 128 + SIGPIPE (13), what a shell reports for a program the closed pipe ended (``yes | head -1``);
+#: apart from 1 (estimate: no plan fits) and 2 (bad input).
+EXIT_STDOUT_CLOSED = 141
+
+
+def _stdout_closed() -> NoReturn:
+    """End quietly: nothing more can reach the reader. stdout is pointed at /dev/null first, so the
+    interpreter's own flush at exit does not fail again (Python docs, signal: "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(EXIT_STDOUT_CLOSED)
+
+
+def _click_saw_a_closed_stdout() -> bool:
+    """Whether click ended the command on a closed stdout: its handler of EPIPE (typer/core.py,
+    ``_main``) wraps sys.stdout in its ``PacifyFlushWrapper`` and exits 1."""
+    from typer._click.utils import PacifyFlushWrapper
+
+    return isinstance(sys.stdout, PacifyFlushWrapper)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: bad input becomes one line on stderr and exit code 2.
 
     click runs outside its standalone mode, so its usage errors reach this function instead of
     being printed as a usage block plus a boxed panel; ``--help`` and ``typer.Exit`` return their
-    exit code.
+    exit code. A stdout closed by its reader ends the command quietly with
+    :data:`EXIT_STDOUT_CLOSED` (rich's consoles on stdout raise it: :func:`zeroplan.cli.common.stdout_console`).
     """
     args = sys.argv[1:] if argv is None else list(argv)
     load_commands(_commands_for(args))
     try:
         code = _app(args=args, prog_name="zeroplan", standalone_mode=False)
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's flush at exit
+    except BrokenPipeError:
+        _stdout_closed()
+    except SystemExit:
+        if _click_saw_a_closed_stdout():
+            _stdout_closed()
+        raise
     except SpecError as exc:
         print(f"zeroplan: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -26,6 +26,7 @@ from zeroplan.spec import (
 )
 
 __all__ = [
+    "stdout_console",
     "ParamsOpt",
     "ModelOpt",
     "GpusOpt",
@@ -310,6 +311,26 @@ def check_plan_options(
     check_choice_option("--offload-optimizer", offload_optimizer, OFFLOADS)
     check_choice_option("--offload-param", offload_param, OFFLOADS)
     check_choice_option("--checkpointing", checkpointing, (*CHECKPOINTING, *CHECKPOINTING_ALIASES))
+
+
+_STDOUT_CONSOLE = None
+
+
+def stdout_console(**kwargs):
+    """A rich ``Console`` on stdout (``kwargs`` as ``Console`` takes them) whose closed pipe raises
+    ``BrokenPipeError``: :func:`zeroplan.cli.main` then ends quietly with its own exit status
+    (rich's default, ``Console.on_broken_pipe``, exits 1, which estimate uses for "no plan fits")."""
+    global _STDOUT_CONSOLE
+    if _STDOUT_CONSOLE is None:
+        from rich.console import Console
+
+        class _StdoutConsole(Console):
+            def on_broken_pipe(self) -> None:
+                self.quiet = True  # nothing more to write
+                raise BrokenPipeError
+
+        _STDOUT_CONSOLE = _StdoutConsole
+    return _STDOUT_CONSOLE(**kwargs)
 
 
 def write_output(text: str, output: Optional[Path]) -> None:

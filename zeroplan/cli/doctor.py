@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import OutputOpt, check_choice_option, resolve_model, write_output
+from zeroplan.cli.common import OutputOpt, check_choice_option, resolve_model, stdout_console, write_output
 from zeroplan.cli.options import ClusterOptions, ModelOptions, Take, TrainingOptions, grouped
 from zeroplan.spec import SpecError
 
@@ -114,11 +114,10 @@ def _measured_rows(measurements, inputs) -> list[list[tuple]]:
 
 
 def _render(d, measurements, rows, only_measured: bool) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = stdout_console(width=None if sys.stdout.isatty() else 160)
     if not only_measured:
         phase = f" ({d.phase})" if d.phase else ""
         console.print(f"[bold]{d.failure_class}{phase}[/bold]: {escape(d.cause)}")

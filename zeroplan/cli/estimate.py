@@ -11,8 +11,7 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.estimate_output import estimates_to_json, estimates_to_rows, summarize
-from zeroplan.cli.jsontext import dumps_indented
-from zeroplan.cli.common import FormatOpt, OutputOpt, check_choice_option, write_output
+from zeroplan.cli.common import FormatOpt, OutputOpt, check_choice_option, stdout_console, write_output
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
 )
@@ -61,15 +60,14 @@ _COLUMNS = (
     "extra", "GPU", "CPU/node", "comm GB", "step s", "tokens/s", "verdict",
 )
 _DROP_ORDER = ("params", "grads", "optim", "extra", "activ", "comm GB", "#", "step s", "CPU/node")
+_MIN_WIDTHS = {"verdict": 10}
 
 
 def _table_console():
     """The terminal's width; 170 columns when output is piped and COLUMNS is not set."""
     import os
 
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 170)
+    return stdout_console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 170)
 
 
 def _margin() -> float:
@@ -186,39 +184,54 @@ def _row(i: int, est: "PlanEstimate", cluster) -> tuple[dict, Optional[str]]:
     return cells, {"fits": None, "tight": "yellow", "oom": "dim"}[est.verdict]
 
 
-def _build_table(title: str, rows: list, columns: list[str]):
+def _build_table(title: str, rows: list, columns: list[str], widths: Optional[dict] = None):
+    """The rich table of ``rows`` over ``columns``. With ``widths`` (:func:`~zeroplan.cli.table_fit.column_widths`
+    of plain cells that fit) each column is given its width and each cell and header is a ``Text``:
+    the same drawing, without rich measuring every cell and reading it as markup."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    from zeroplan.cli.table_fit import emoji_free
+
+    if widths is not None:
+        from rich.text import Text
+    # A title rich would read as markup or emoji stays a string for rich to read (render_annotation styles it "table.title").
+    plain_title = widths is not None and "[" not in title and emoji_free(title)
+    table = Table(title=Text(title, style="table.title") if plain_title else title, title_justify="left")
     for col in columns:
         # "verdict" may fold its reasons onto a second line; every other cell stays on one.
         table.add_column(
-            col, justify="left" if col in ("offload opt/param", "ckpt", "verdict") else "right",
-            no_wrap=col != "verdict", min_width=10 if col == "verdict" else None,
+            Text(col) if widths is not None else col, justify="left" if col in ("offload opt/param", "ckpt", "verdict") else "right",
+            no_wrap=col != "verdict", min_width=10 if col == "verdict" else None, width=None if widths is None else widths[col],
         )
     for cells, style in rows:
-        table.add_row(*(cells[c] for c in columns), style=style)
+        table.add_row(*(Text(cells[c]) if widths is not None else cells[c] for c in columns), style=style)
     return table
 
 
 def _fitted_table(title: str, rows: list, shown, console):
     """The table with the least important columns left out until it fits the console; (table, left out)."""
-    from zeroplan.cli.table_fit import plain_cells, widest_table
+    from zeroplan.cli.table_fit import column_widths, plain_cells, widest_table
 
     # The layout column only when a shown plan is not pure data parallelism (data-parallel tables as before).
     columns = [c for c in _COLUMNS if c != "layout" or any(e.plan.layout_label for e in shown)]
     dropped: list[str] = []
-    t = _build_table(title, rows, columns)
-    exact = plain_cells([cells for cells, _ in rows], columns)
+    cells = [cells for cells, _ in rows]
+    exact = plain_cells(cells, columns)
+    t = None
     for col in _DROP_ORDER:
-        if widest_table((cells for cells, _ in rows), columns, min_widths={"verdict": 10}) <= console.width:
+        if widest_table(cells, columns, min_widths=_MIN_WIDTHS) <= console.width:
             break  # fits for certain (cli/table_fit.py); plain cells are too wide for certain, else rich measures them
-        if not exact and console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
-            break
+        if not exact:
+            t = _build_table(title, rows, columns)
+            if console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
+                break
         columns.remove(col)
         dropped.append(col)
-        t = _build_table(title, rows, columns)
-    return t, dropped
+        t = None
+    if exact and widest_table(cells, columns, min_widths=_MIN_WIDTHS) <= console.width:
+        # Plain cells that fit: rich's widths are the widest cells (cli/table_fit.py).
+        return _build_table(title, rows, columns, column_widths(cells, columns, min_widths=_MIN_WIDTHS)), dropped
+    return t or _build_table(title, rows, columns), dropped
 
 
 def _table_notes(model, cluster, estimates, shown, *, total_plans: int, extra_notes: list[str], dropped: list[str], width: int) -> list[str]:
@@ -246,12 +259,15 @@ def _render_table(
     # Without colours (output piped) rich's highlighter only marks spans nothing draws
     # (Style.render returns the text as is when color_system is None): skip it, same text.
     highlight = False if console.color_system is None else None
+    # Text rich's emoji pass would leave as it is skips it (and the loading of its emoji table).
+    from zeroplan.cli.table_fit import emoji_free
+
     if recommend:
-        console.print(recommend, soft_wrap=True, highlight=highlight)
+        console.print(recommend, soft_wrap=True, highlight=highlight, emoji=False if emoji_free(recommend) else None)
     console.print(table)
     for note in _table_notes(model, cluster, estimates, shown, total_plans=total_plans, extra_notes=extra_notes,
                              dropped=dropped, width=console.width):
-        console.print(f"[dim]• {note}[/dim]", highlight=highlight)
+        console.print(f"[dim]• {note}[/dim]", highlight=highlight, emoji=False if emoji_free(note) else None)
 
 
 NoFlashOpt = Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")]
@@ -368,6 +384,8 @@ def estimate(
         outcome = run_estimate(request)
         estimates = outcome.estimates
         if fmt == "json":
+            from zeroplan.cli.jsontext import dumps_indented
+
             write_output(dumps_indented(_json_doc(request, outcome, trace_note=trace_note)), output)
         elif fmt == "csv":
             import pandas as pd

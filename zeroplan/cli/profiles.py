@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import OutputOpt, check_choice_option, write_output
+from zeroplan.cli.common import OutputOpt, check_choice_option, stdout_console, write_output
 
 _FORMATS = ("table", "json")
 
@@ -132,7 +132,7 @@ def profiles(
     from rich.console import Console
 
     if output is None:
-        _render_tables(doc, Console())
+        _render_tables(doc, stdout_console())
         return
     buffer = io.StringIO()
     _render_tables(doc, Console(file=buffer, width=100, no_color=True, highlight=False))

@@ -3,11 +3,12 @@ their conversion to a :class:`~zeroplan.spec.recipe.Recipe` (docs/recipes.md).""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from zeroplan.spec.recipe import Recipe
+if TYPE_CHECKING:
+    from zeroplan.spec.recipe import Recipe
 
 __all__ = [
     "CompletionLenOpt",
@@ -57,6 +58,8 @@ def resolve_recipe(
     given = (generations, completion_len, vllm_gpu_memory, reference, reward_model, critic_model)
     if recipe is None and all(v is None for v in given) and not vllm_sleep:
         return None
+    from zeroplan.spec.recipe import Recipe
+
     return Recipe(
         kind=recipe or "sft", generations=generations, completion_len=completion_len, vllm_gpu_memory=vllm_gpu_memory,
         reference=reference, reward_model=reward_model, critic_model=critic_model, vllm_sleep=vllm_sleep,

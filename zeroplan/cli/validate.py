@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import OutputOpt, check_choice_option, terminal_width, write_output
+from zeroplan.cli.common import OutputOpt, check_choice_option, stdout_console, terminal_width, write_output
 from zeroplan.cli.options import ClusterOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped
 from zeroplan.spec import SpecError
 
@@ -79,12 +79,10 @@ def _check_model_flags(model_opts: ModelOptions, cluster_opts: ClusterOptions, p
 
 
 def _render(parsed, outcome, trainer_args, *, gpus: Optional[int], max_steps: Optional[int]) -> None:
-    from rich.console import Console
-
     from zeroplan.dsconfig.hf_auto import auto_keys
 
     findings = outcome.findings
-    console = Console(width=terminal_width(160))
+    console = stdout_console(width=terminal_width(160))
     counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
     summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
     world = f"{gpus} GPUs" if gpus else "GPU count not given"

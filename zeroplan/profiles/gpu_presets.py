@@ -6,7 +6,6 @@ an NVML device name and an optional free-form ``[calibration]`` table written by
 from __future__ import annotations
 
 import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -152,6 +151,8 @@ def write_gpu_toml(
         raise SpecError(f"{path} is a directory; give a file path for the GPU profile")
     if not parent.is_dir():
         raise SpecError(f"{path}: folder {parent} does not exist")
+    import tempfile  # here: estimate reads profiles, only calibrate writes one
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

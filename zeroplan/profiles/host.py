@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from zeroplan.spec import MAX_NODE_MEMORY_BYTES, GiB, GpuSpec, NodeSpec, SpecError
+from zeroplan.spec import GiB, GpuSpec, SpecError
+
+if TYPE_CHECKING:
+    from zeroplan.spec import NodeSpec
 
 __all__ = ["HostResources", "local_cpu_memory", "parse_cpu_memory", "resolve_host"]
 
@@ -66,6 +69,8 @@ def parse_cpu_memory(value: str) -> Optional[int]:
         raise SpecError(f"--cpu-memory {value!r} is not valid; give GiB per node (e.g. 2048) or 'local'") from None
     if not math.isfinite(gib) or gib <= 0:
         raise SpecError(f"--cpu-memory {value} is not valid; give a positive number of GiB per node or 'local'")
+    from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES
+
     if gib * GiB > MAX_NODE_MEMORY_BYTES:
         raise SpecError(
             f"--cpu-memory {value} GiB is more than any node holds (at most {MAX_NODE_MEMORY_BYTES // GiB} GiB); "

@@ -14,15 +14,16 @@ output layer. Standard library only (no torch, no peft); tests compare with ``pe
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-from zeroplan.profiles.lora_experts import fused_expert_lora_params, split_expert_parameter_targets
-from zeroplan.profiles.lora_modules import BaseModule, base_modules, base_modules_from_shape
-from zeroplan.spec import BASE_QUANTS, AdaptedModule, ModelSpec, PeftSpec, SpecError
+from zeroplan.spec import ModelSpec, SpecError
+
+if TYPE_CHECKING:
+    from zeroplan.profiles.lora_modules import BaseModule
+    from zeroplan.spec.peft import PeftSpec
 
 __all__ = [
     "BaseModule",
@@ -35,6 +36,15 @@ __all__ = [
     "read_adapter_config",
     "resolve_peft",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The module lists load when LoRA is asked for (resolve_peft); read from here, they load now.
+    if name in ("BaseModule", "base_modules", "base_modules_from_shape"):
+        from zeroplan.profiles import lora_modules
+
+        return getattr(lora_modules, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _linear_names(modules: Iterable[BaseModule]) -> str:
@@ -85,6 +95,8 @@ def lora_spec(
     base is frozen. Quantized storage covers every linear module but the output layer (what
     transformers' bitsandbytes integration converts: ``modules_to_not_convert`` keeps lm_head).
     """
+    from zeroplan.spec.peft import BASE_QUANTS, AdaptedModule, PeftSpec
+
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise SpecError(f"--lora-rank {rank!r} is not valid; give a whole number >= 1 (typical: 8, 16, 64)")
     if base_quant not in BASE_QUANTS:
@@ -97,6 +109,8 @@ def lora_spec(
         shown_targets: tuple[str, ...] = ("all-linear",)
     else:
         if isinstance(targets, list):
+            from zeroplan.profiles.lora_experts import split_expert_parameter_targets
+
             # peft's target_parameters (fused 3-D expert tensors, zeroplan.profiles.lora_experts) apart.
             targets, expert_targets = split_expert_parameter_targets([t.strip() for t in targets if t.strip()])
             if not targets and not expert_targets:
@@ -140,6 +154,8 @@ def lora_spec(
             added += per * count
             adapted.append(AdaptedModule(m.name, m.in_features, m.out_features, count, r))
     if expert_targets:
+        from zeroplan.profiles.lora_experts import fused_expert_lora_params
+
         added += fused_expert_lora_params(model, rank, expert_targets)
     for name in modules_to_save:
         hits = _matching(linear_like, [name])
@@ -173,6 +189,8 @@ def lora_spec(
 
 def partial_spec(model: ModelSpec, trainable: str) -> PeftSpec:
     """``--trainable-params N`` (a count such as 2e8) or ``P%`` of the model's parameters."""
+    from zeroplan.spec.peft import PeftSpec
+
     text = trainable.strip()
     try:
         if text.endswith("%"):
@@ -204,6 +222,8 @@ def read_adapter_config(path: Path | str) -> dict[str, Any]:
         path = path / "adapter_config.json"
     if not path.is_file():
         raise SpecError(f"--adapter {path}: no such file; give a PEFT adapter_config.json or its folder")
+    import json
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -241,8 +261,11 @@ def check_peft_options(options: PeftOptions, *, precision: str) -> None:
     if (options.lora_targets is not None or options.lora_alpha is not None) and options.lora_rank is None:
         raise SpecError("--lora-targets/--lora-alpha need --lora-rank (e.g. --lora-rank 16)")
     quant = options.base_quant or "none"
-    if quant not in BASE_QUANTS:
-        raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
+    if options.base_quant is not None:  # not given: "none", a storage spec.peft knows (loaded only to check one given)
+        from zeroplan.spec.peft import BASE_QUANTS
+
+        if quant not in BASE_QUANTS:
+                raise SpecError(f"--base-quant {quant!r} is not valid; choose one of {', '.join(BASE_QUANTS)}")
     if quant != "none":
         if precision == "fp32":
             raise SpecError(
@@ -318,6 +341,9 @@ def resolve_peft(model: ModelSpec, options: PeftOptions, *, model_arg: Optional[
         return replace(model, peft=partial_spec(model, trainable_params))
     if not (lora_flags or adapter is not None):
         return model
+    # The module lists (and the config readers under them) load only when LoRA is asked for.
+    from zeroplan.profiles.lora_modules import base_modules, base_modules_from_shape
+
     hf = _hf_config_of(model_arg)
     notes: list[str] = []
     if hf is not None:
@@ -376,6 +402,8 @@ def _hf_config_of(model_arg: Optional[str]) -> Optional[dict[str, Any]]:
     if model_arg.endswith(".json") or path.is_dir() or path.exists():
         if path.is_dir():
             path = path / "config.json"
+        import json
+
         return json.loads(path.read_text(encoding="utf-8"))
     info = profiles.model_preset_info(model_arg)
     return info.get("hf_config")

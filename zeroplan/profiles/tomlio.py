@@ -4,7 +4,6 @@ anything unreadable), check its keys, write values, match names. Standard librar
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import os
 import tomllib
@@ -69,6 +68,8 @@ def toml_value(value: Any, where: str) -> str:
             raise SpecError(f"{where}: {value} is not finite and cannot be written to TOML")
         return repr(value)
     if isinstance(value, str):
+        import json
+
         # A JSON string is a valid TOML basic string (same escapes, \uXXXX included).
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (list, tuple)):

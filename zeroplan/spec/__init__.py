@@ -3,10 +3,7 @@
 from zeroplan.spec.cluster import GB, ClusterSpec, GiB, GpuSpec
 from zeroplan.spec.engines import ENGINES, RUNNABLE_ENGINES, EngineFacts, engine_facts
 from zeroplan.spec.errors import SpecError
-from zeroplan.spec.moe import MoeSpec
 from zeroplan.spec.model import MAX_PARAMS, ModelSpec, derive_shape_from_params, format_params
-from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
-from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
 from zeroplan.spec.plan import BUCKET_KEYS, CHECKPOINTING, CHECKPOINTING_ALIASES, DEEPSPEED_DEFAULT_KNOBS, OFFLOADS, STAGES, Plan, divisors, resolve_engine_knobs
 from zeroplan.spec.training import (
     LOSSES,
@@ -20,6 +17,35 @@ from zeroplan.spec.training import (
     master_bytes_per_param,
     optimizer_state_bytes_per_param,
 )
+from typing import TYPE_CHECKING, Any
+
+#: Names of the specs a dense model's plain estimate does not use, and their modules: loaded when
+#: first read (PEP 562), as ``from zeroplan.spec import MoeSpec`` does.
+_LAZY = {
+    "MoeSpec": "moe", "MAX_NODE_MEMORY_BYTES": "node", "NodeSpec": "node",
+    "BASE_QUANTS": "peft", "PEFT_METHODS": "peft", "AdaptedModule": "peft", "PeftSpec": "peft",
+}
+
+if TYPE_CHECKING:
+    from zeroplan.spec.moe import MoeSpec
+    from zeroplan.spec.node import MAX_NODE_MEMORY_BYTES, NodeSpec
+    from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AdaptedModule",

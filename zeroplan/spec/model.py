@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from zeroplan.spec.errors import SpecError, check_positive_int
-from zeroplan.spec.mla import MlaSpec
-from zeroplan.spec.moe import MoeSpec
-from zeroplan.spec.peft import PeftSpec
-from zeroplan.spec.vision import VisionTowerSpec
+
+if TYPE_CHECKING:  # loaded where a model has them (a dense model's estimate needs none of them)
+    from zeroplan.spec.mla import MlaSpec
+    from zeroplan.spec.moe import MoeSpec
+    from zeroplan.spec.peft import PeftSpec
+    from zeroplan.spec.vision import VisionTowerSpec
 
 __all__ = ["ModelSpec", "MAX_PARAMS", "ATTENTION_KERNELS", "derive_shape_from_params", "format_params"]
 
@@ -110,10 +114,16 @@ class ModelSpec:
             raise SpecError(f"fused_qkv={self.fused_qkv!r} is not valid; give true or false")
         if self.dropout is not None and not isinstance(self.dropout, bool):
             raise SpecError(f"dropout={self.dropout!r} is not valid; give true, false or null (by architecture)")
-        if self.mla is not None and not isinstance(self.mla, MlaSpec):
-            raise SpecError(f"mla={self.mla!r} is not valid; give an MlaSpec or None")
-        if self.moe is not None and not isinstance(self.moe, MoeSpec):
-            raise SpecError(f"moe={self.moe!r} is not valid; give a MoeSpec or None")
+        if self.mla is not None:
+            from zeroplan.spec.mla import MlaSpec
+
+            if not isinstance(self.mla, MlaSpec):
+                raise SpecError(f"mla={self.mla!r} is not valid; give an MlaSpec or None")
+        if self.moe is not None:
+            from zeroplan.spec.moe import MoeSpec
+
+            if not isinstance(self.moe, MoeSpec):
+                raise SpecError(f"moe={self.moe!r} is not valid; give a MoeSpec or None")
         if self.moe is not None and self.moe.moe_layers > self.num_layers:
             raise SpecError(f"moe.moe_layers={self.moe.moe_layers} exceeds num_layers={self.num_layers}")
         if self.moe is not None and self.moe.inactive_params >= self.params:
@@ -223,6 +233,10 @@ class ModelSpec:
             d["notes"] = tuple(d["notes"])
         if "parameter_sizes" in d:
             d["parameter_sizes"] = tuple((int(n), int(c)) for n, c in d["parameter_sizes"])
+        from zeroplan.spec.mla import MlaSpec
+        from zeroplan.spec.moe import MoeSpec
+        from zeroplan.spec.peft import PeftSpec
+
         if d.get("peft") is not None:
             d["peft"] = PeftSpec.from_dict(d["peft"])
         if d.get("moe") is not None:
