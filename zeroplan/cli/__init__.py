@@ -124,12 +124,12 @@ def _stdout_closed() -> NoReturn:
     sys.exit(EXIT_STDOUT_CLOSED)
 
 
-def _click_saw_a_closed_stdout() -> bool:
-    """Whether click ended the command on a closed stdout: its handler of EPIPE (typer/core.py,
-    ``_main``) wraps sys.stdout in its ``PacifyFlushWrapper`` and exits 1."""
+def _click_saw_a_closed_stdout(stdout_before: Any) -> bool:
+    """Whether click ended this command on a closed stdout: its handler of EPIPE (typer/core.py,
+    ``_main``) replaces sys.stdout (``stdout_before``) with its ``PacifyFlushWrapper`` and exits 1."""
     from typer._click.utils import PacifyFlushWrapper
 
-    return isinstance(sys.stdout, PacifyFlushWrapper)
+    return sys.stdout is not stdout_before and isinstance(sys.stdout, PacifyFlushWrapper)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,13 +142,14 @@ def main(argv: list[str] | None = None) -> None:
     """
     args = sys.argv[1:] if argv is None else list(argv)
     load_commands(_commands_for(args))
+    stdout = sys.stdout
     try:
         code = _app(args=args, prog_name="zeroplan", standalone_mode=False)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's flush at exit
     except BrokenPipeError:
         _stdout_closed()
     except SystemExit:
-        if _click_saw_a_closed_stdout():
+        if _click_saw_a_closed_stdout(stdout):
             _stdout_closed()
         raise
     except SpecError as exc:
