@@ -273,6 +273,12 @@ def deepspeed_autotuner(args, tmp: Path) -> dict:
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=args.deepspeed_timeout)
     wall = time.monotonic() - start
     (work / "autotuning.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 and not (work / "results").exists():
+        # A missing optional package (the autotuner asserts `tabulate`, deepspeed[autotuning]) ends
+        # it in seconds: a wall-time ratio against that would compare nothing.
+        last = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), f"exit code {proc.returncode}")
+        raise SystemExit(f"DeepSpeed's autotuner failed before its first experiment: {last.strip()} "
+                         f"(log: {work / 'autotuning.log'}); no comparison without it")
     experiments = []
     for metrics in sorted((work / "results").glob("*/metrics.json")):
         try:
