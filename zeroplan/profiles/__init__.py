@@ -10,8 +10,9 @@ Standard library only (``tomllib``, ``json``): ``zeroplan estimate`` imports thi
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from zeroplan.spec.lazy import lazy_exports
 
 #: Each name this package exports and the module that defines it. The modules load when a name is
 #: first read (PEP 562), so importing one of them (``zeroplan estimate`` imports ``resolve`` and
@@ -39,17 +40,7 @@ if TYPE_CHECKING:
     from zeroplan.profiles.resolve import resolve_cluster, resolve_model
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -17,7 +17,9 @@ from zeroplan.spec.training import (
     master_bytes_per_param,
     optimizer_state_bytes_per_param,
 )
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from zeroplan.spec.lazy import lazy_exports
 
 #: Names of the specs a dense model's plain estimate does not use, and their modules: loaded when
 #: first read (PEP 562), as ``from zeroplan.spec import MoeSpec`` does.
@@ -32,19 +34,7 @@ if TYPE_CHECKING:
     from zeroplan.spec.peft import BASE_QUANTS, PEFT_METHODS, AdaptedModule, PeftSpec
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [
