@@ -55,11 +55,7 @@ def test_column_widths_are_richs_for_plain_cells(estimates):
     _, cluster, _, found = estimates
     rows = [_row(i, est, cluster)[0] for i, est in enumerate(found[:40], 1)]
     columns = [c for c in _COLUMNS if c != "layout"]
-    table = Table(title="t")
-    for column in columns:
-        table.add_column(column, no_wrap=column != "verdict", min_width=10 if column == "verdict" else None)
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
+    table = _table(rows, columns)
     console = Console(file=io.StringIO(), width=400)
     measured = [table._measure_column(console, console.options, column).maximum - 2 for column in table.columns]
     assert list(column_widths(rows, columns, min_widths={"verdict": 10}).values()) == measured
@@ -94,12 +90,18 @@ def test_bound_is_at_least_richs_measurement(cells):
     assert widest_table(rows, columns, min_widths={"verdict": 10}) >= _measured(rows, columns)
 
 
-def _measured(rows, columns) -> int:
+def _table(rows, columns) -> Table:
+    """The estimate table's columns as rich draws them (verdict wraps, at least 10 wide)."""
     table = Table(title="t")
     for column in columns:
         table.add_column(column, no_wrap=column != "verdict", min_width=10 if column == "verdict" else None)
     for row in rows:
         table.add_row(*(row[c] for c in columns))
+    return table
+
+
+def _measured(rows, columns) -> int:
+    table = _table(rows, columns)
     console = Console(file=io.StringIO(), width=200)
     return console.measure(table, options=console.options.update(max_width=10_000)).maximum
 
