@@ -37,7 +37,7 @@ SURFACE = {
         "--offload-optimizer", "--offload-param", "--optimizer", "--output", "--params", "--precision", "--seq-len",
         "--stage", "--total-steps", "--trainable-params", "--warmup-steps", "-o",
         "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
-        "--prefetch-bucket-size", "--overlap-comm", "--model-save",
+        "--prefetch-bucket-size", "--overlap-comm", "--model-save", "--model-build",
     }),
     "probe": (('script',), {
         "--adapter", "--allgather-bucket-size", "--backend", "--base-quant", "--buckets", "--checkpointing",
@@ -60,12 +60,12 @@ SURFACE = {
         "--resume", "--sampler", "--seed", "--seq-len", "--stage", "--steps", "--storage", "--time-budget",
         "--timeout", "--trainable-params", "--trials", "--warmup", "-o", "--engine",
         "--optimizer-impl", "--loss", "--buckets", "--reduce-bucket-size", "--allgather-bucket-size",
-        "--prefetch-bucket-size", "--overlap-comm", "--ep", "--model-save",
+        "--prefetch-bucket-size", "--overlap-comm", "--ep", "--model-save", "--model-build",
     }),
     "validate": (('config',), {
         "--adapter", "--base-quant", "--checkpointing", "--cpu-memory", "--format", "--gpu", "--gpu-memory",
         "--gpus", "--gpus-per-node", "--lora-alpha", "--lora-rank", "--lora-targets", "--model", "--node", "--nvme",
-        "--output", "--params", "--seq-len", "--trainable-params", "-o",
+        "--output", "--params", "--seq-len", "--trainable-params", "-o", "--model-save", "--model-build",
     }),
 }
 

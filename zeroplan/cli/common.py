@@ -64,6 +64,8 @@ __all__ = [
     "AllgatherBucketOpt",
     "PrefetchBucketOpt",
     "OverlapCommOpt",
+    "ModelBuildOpt",
+    "ModelSaveOpt",
     "SpOpt",
     "TpOpt",
     "TiledMlpOpt",
@@ -214,6 +216,10 @@ TiledMlpOpt = Annotated[
 OverlapCommOpt = Annotated[
     Optional[str],
     typer.Option("--overlap-comm", help="on | off: DeepSpeed's overlap_comm — stages 1-2 keep two reduce buffers when on, one when off; written into exported configs [default: on].", rich_help_panel=_PLAN),
+]
+ModelBuildOpt = Annotated[
+    Optional[str],
+    typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host, for the host's model-build phase (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32; zero_init: stage 3 only].", rich_help_panel=_PLAN),
 ]
 ModelSaveOpt = Annotated[
     Optional[str],

@@ -17,7 +17,7 @@ from zeroplan.cli.options import (
 )
 from zeroplan.estimator.gc_pause import gc_paused
 from zeroplan.estimator.usecase import (
-    EstimateRequest, check_model_build, resolve_checkpointing, run_estimate, with_training_choices,
+    EstimateRequest, resolve_checkpointing, run_estimate, with_training_choices,
 )
 from zeroplan.spec import GiB, SpecError, engine_facts, format_params
 
@@ -272,14 +272,14 @@ def _render_table(
 
 NoFlashOpt = Annotated[bool, typer.Option("--no-flash", help="Attention keeps the a·s² score matrix (eager attention).")]
 ExpandableOpt = Annotated[bool, typer.Option("--expandable-segments", help="The run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the CUDA allocator strands no transient segments (docs/estimate.md).")]
-ModelBuildOpt = Annotated[Optional[str], typer.Option("--model-build", help="fp32 | bf16 | zero_init | meta | rank0: how each rank builds or loads the model on the host (docs/host-memory.md) [default: rank0 under fsdp, zero_init at DeepSpeed stage 3, else fp32].", rich_help_panel="Plan")]
 TraceOpt = Annotated[bool, typer.Option("--trace", help="With --model config.json: trace activation memory with FakeTensorMode (needs torch, transformers).")]
 PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="Write a stacked bar chart of memory per plan (PNG/SVG/PDF).")]
 TopOpt = Annotated[int, typer.Option("--top", help="Rows in the table (0: all configurations).")]
 AllPlansOpt = Annotated[bool, typer.Option("--all", help="Table shows every micro-batch, not only the best per configuration.")]
 #: estimate takes every engine option but the old ``--backend`` spelling (it never had one).
 EstimateEngine = Annotated[EngineOptions, Take(only=("optimizer_impl", "loss", "buckets", "reduce_bucket_size", "allgather_bucket_size",
-                                                     "prefetch_bucket_size", "overlap_comm", "engine", "model_save"))]
+                                                     "prefetch_bucket_size", "overlap_comm", "engine", "model_save",
+                                                     "model_build"))]
 
 
 def _trace(trace: bool, model_arg: Optional[str], checkpointing: Optional[str], model_spec, cluster, training):
@@ -330,7 +330,7 @@ def _export_options(m: ModelOptions, c: ClusterOptions, t: TrainingOptions, peft
         optimizer=t.optimizer, **{f.name: getattr(peft, f.name) for f in dataclasses.fields(peft)}, optimizer_impl=e.optimizer_impl,
         loss=e.loss, buckets=None if e.buckets == "hf" else e.buckets, reduce_bucket_size=e.reduce_bucket_size,
         allgather_bucket_size=e.allgather_bucket_size, prefetch_bucket_size=e.prefetch_bucket_size,
-        engine=None if e.name == "deepspeed" else e.name, model_save=e.model_save,
+        engine=None if e.name == "deepspeed" else e.name, model_save=e.model_save, model_build=e.model_build,
     )
     if e.overlap_comm is not None:
         options["overlap_comm"] = e.overlap_comm
@@ -345,7 +345,7 @@ def _export_options(m: ModelOptions, c: ClusterOptions, t: TrainingOptions, peft
 def estimate(
     model_opts: ModelOptions, cluster_opts: ClusterOptions, training_opts: TrainingOptions, plan_opts: PlanOptions,
     peft_opts: PeftGroup, engine_opts: EstimateEngine,
-    no_flash: NoFlashOpt = False, expandable_segments: ExpandableOpt = False, model_build: ModelBuildOpt = None,
+    no_flash: NoFlashOpt = False, expandable_segments: ExpandableOpt = False,
     trace: TraceOpt = False, fmt: FormatOpt = "table", output: OutputOpt = None, plot: PlotOpt = None, top: TopOpt = 20,
     all_plans: AllPlansOpt = False, recipe_opts: RecipeOptions = None,
 ) -> None:
@@ -361,7 +361,6 @@ def estimate(
     plan_buckets = engine_opts.resolve(plan_opts)
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
-    check_model_build(model_build, engine=engine_opts.name, stage=plan_opts.stage)
     from zeroplan.profiles.recipe_models import recipe_models
 
     model_spec = model_opts.resolve(peft_opts, precision=training_opts.precision)
@@ -377,7 +376,7 @@ def estimate(
         model=model_spec, cluster=cluster, training=training, stage=plan_opts.stage, offload_optimizer=plan_opts.offload_optimizer,
         offload_param=plan_opts.offload_param, checkpointing=checkpointing, sp=sp_degrees, tp=tp_degrees, tiled_mlp=plan_opts.tiled_mlp,
         ep=plan_opts.ep, cp=plan_opts.context_degrees(), engine=engine_opts.name, optimizer_impl=engine_opts.optimizer_impl, buckets=plan_buckets,
-        expandable_segments=expandable_segments, model_build=model_build, model_save=engine_opts.model_save, activation_bytes=traced, recipe=recipe_spec,
+        expandable_segments=expandable_segments, model_build=engine_opts.model_build, model_save=engine_opts.model_save, activation_bytes=traced, recipe=recipe_spec,
         recipe_models=recipe_models(recipe_spec) if recipe_spec is not None else {},
     )
     with gc_paused():  # the estimates and what is written from them are many small objects (estimator/gc_pause.py)

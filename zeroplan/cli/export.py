@@ -56,7 +56,7 @@ AccelerateOpt = Annotated[
 #: export's ``--engine`` says what each engine's file is.
 ExportEngine = Annotated[EngineOptions, Take(
     only=("optimizer_impl", "loss", "buckets", "reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "overlap_comm", "engine",
-          "model_save"),
+          "model_save", "model_build"),
     options={"engine": Annotated[str, typer.Option("--engine", help="deepspeed (a DeepSpeed JSON config) | fsdp (PyTorch DDP/FSDP2 settings as JSON: fully_shard, mixed precision, offload).", rich_help_panel="Output")]},
 )]
 
@@ -137,6 +137,7 @@ def export(
         optimizer_impl=engine_opts.optimizer_impl, buckets=plan_buckets, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps,
         nvme_path=nvme_path, target=target, recipe=recipe_spec, recipe_models=recipe_models(recipe_spec) if recipe_spec is not None else {},
         accelerate_config_for=str(Path(output).resolve()) if accelerate_config is not None else None, model_save=engine_opts.model_save,
+        model_build=engine_opts.model_build,
     )
     outcome = run_export(request)
     if outcome.chose:

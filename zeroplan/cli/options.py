@@ -207,9 +207,11 @@ BackendAliasOpt = Annotated[Optional[str], typer.Option("--backend", hidden=True
 
 @dataclass(frozen=True)
 class EngineOptions(OptionGroup):
-    """The engine and what depends on it: optimizer implementation, loss, buckets, overlap, and how
-    the run saves checkpoints (``--model-save``: the Trainer's save or the engine's own; not on probe,
-    which measures the script's save as it runs)."""
+    """The engine and what depends on it: optimizer implementation, loss, buckets, overlap, and the
+    two questions of the host's memory that the run answers, not the plan: how it builds or loads
+    the model (``--model-build``) and how it saves checkpoints (``--model-save``: the Trainer's save
+    or the engine's own). estimate, export, validate and tune take both, so each one's host verdict
+    answers the same flags alike; probe takes neither (it measures the script's own build and save)."""
 
     optimizer_impl: Optional[str] = _opt(c.OptimizerImplOpt)
     loss: Optional[str] = _opt(c.LossOpt)
@@ -221,6 +223,7 @@ class EngineOptions(OptionGroup):
     engine: str = _opt(EngineOpt, "deepspeed")
     backend: Optional[str] = _opt(BackendAliasOpt)
     model_save: Optional[str] = _opt(c.ModelSaveOpt)
+    model_build: Optional[str] = _opt(c.ModelBuildOpt)
 
     @classmethod
     def from_parsed(cls, values: dict[str, Any], *, given: frozenset[str]) -> "EngineOptions":
@@ -252,12 +255,19 @@ class EngineOptions(OptionGroup):
     def bucket_flags_given(self) -> bool:
         return self.buckets != "hf" or any(v is not None for v in (self.reduce_bucket_size, self.allgather_bucket_size, self.prefetch_bucket_size))
 
-    def resolve(self, plan: Optional[PlanOptions] = None) -> dict:
-        """The checks of :func:`zeroplan.cli.common.resolve_engine_options` and of ``--model-save``;
-        the plan's bucket fields."""
+    def check_host(self, *, stage: Optional[int]) -> None:
+        """``--model-save`` (:data:`~zeroplan.estimator.host_save.MODEL_SAVES`) and ``--model-build``
+        at ``stage`` (None: any; :func:`~zeroplan.estimator.usecase.check_model_build`)."""
         from zeroplan.estimator.host_save import MODEL_SAVES
+        from zeroplan.estimator.usecase import check_model_build
 
         c.check_choice_option("--model-save", self.model_save, MODEL_SAVES)
+        check_model_build(self.model_build, engine=self.name, stage=stage)
+
+    def resolve(self, plan: Optional[PlanOptions] = None) -> dict:
+        """The checks of :func:`zeroplan.cli.common.resolve_engine_options` and of the host options
+        (:meth:`check_host` at the plan's ``--stage``); the plan's bucket fields."""
+        self.check_host(stage=plan.stage if plan else None)
         return c.resolve_engine_options(
             engine=self.name, engine_flag=self.flag, optimizer_impl=self.optimizer_impl, loss=self.loss,
             offload_optimizer=plan.offload_optimizer if plan else None, offload_param=plan.offload_param if plan else None,

@@ -127,7 +127,7 @@ def _render_table(result, plan, console) -> None:
 
 
 #: probe's engine options: ``--engine`` (its old name ``--backend`` hidden) under the Probe panel; not
-#: ``--model-save`` (a probe runs the script's own save and measures it).
+#: ``--model-save`` or ``--model-build`` (a probe runs the script's own build and save and measures them).
 ProbeEngine = Annotated[EngineOptions, Take(only=("optimizer_impl", "loss", "buckets", "reduce_bucket_size", "allgather_bucket_size",
                                                   "prefetch_bucket_size", "overlap_comm", "engine", "backend"),
                                             options={"engine": Annotated[str, typer.Option(

@@ -166,6 +166,7 @@ def _request(flags: dict[str, Any], *, plan: PlanOptions, engine: EngineOptions,
         optimizer_impl=f["optimizer_impl"], buckets=plan_buckets, settings=settings, sampler=f["sampler"], seed=f["seed"],
         steps=f["steps"], warmup=f["warmup"], ci=f["ci"], resume=f["resume"], storage=f["storage"], output=output, config=f["config"],
         config_arg=f["config_arg"], layout=plan.layout(), ep=f["ep"], recipe=recipe.resolve(), model_save=f["model_save"],
+        model_build=f["model_build"],
     )
 
 

@@ -13,7 +13,9 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import OutputOpt, check_choice_option, stdout_console, terminal_width, write_output
-from zeroplan.cli.options import ClusterOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped
+from zeroplan.cli.options import (
+    ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
+)
 from zeroplan.spec import SpecError
 
 __all__ = ["validate", "findings_table", "print_findings_narrow"]
@@ -64,11 +66,13 @@ MaxStepsOpt = Annotated[
 ValidateSpOpt = Annotated[Optional[int], typer.Option("--sp", help="The run's sequence-parallel degree when the config does not name it (accelerate's parallelism_config).", rich_help_panel="Plan")]
 ValidateTpOpt = Annotated[Optional[int], typer.Option("--tp", help="The run's AutoTP degree when the config does not name it.", rich_help_panel="Plan")]
 ValidateCluster = Annotated[ClusterOptions, Take(options={"gpus": ValidateGpusOpt})]
+#: The host's two questions, as estimate, export and tune take them (the engine is the config's: DeepSpeed).
+ValidateEngine = Annotated[EngineOptions, Take(only=("model_save", "model_build"))]
 ConfigArg = Annotated[str, typer.Argument(help="DeepSpeed JSON config to check.", show_default=False)]
 
 
-def _check_model_flags(model_opts: ModelOptions, cluster_opts: ClusterOptions, peft_opts: PeftGroup) -> None:
-    """The PEFT and cluster flags are for the memory check, which needs a model."""
+def _check_model_flags(model_opts: ModelOptions, cluster_opts: ClusterOptions, peft_opts: PeftGroup, engine_opts: EngineOptions) -> None:
+    """The PEFT, cluster and host flags are for the memory check, which needs a model."""
     if model_opts.given:
         return
     if peft_opts.spec().given:
@@ -76,6 +80,8 @@ def _check_model_flags(model_opts: ModelOptions, cluster_opts: ClusterOptions, p
     c = cluster_opts
     if any(v is not None for v in (c.gpu, c.gpu_memory, c.cpu_memory, c.node, c.nvme, c.gpus_per_node)):
         raise SpecError("--gpu/--gpu-memory/--cpu-memory/--node/--nvme/--gpus-per-node are for the memory check; also give --params or --model")
+    if engine_opts.model_save is not None or engine_opts.model_build is not None:
+        raise SpecError("--model-save/--model-build are for the memory check; also give --params or --model")
 
 
 def _render(parsed, outcome, trainer_args, *, gpus: Optional[int], max_steps: Optional[int]) -> None:
@@ -107,7 +113,7 @@ def validate(
     training_opts: Annotated[TrainingOptions, Take(only=("seq_len",))] = None,
     plan_opts: Annotated[PlanOptions, Take(only=("checkpointing",))] = None, peft_opts: PeftGroup = None,
     hf_arg: HfArgOpt = None, max_steps: MaxStepsOpt = None, sp: ValidateSpOpt = None, tp: ValidateTpOpt = None,
-    fmt: ValidateFormatOpt = "table", output: OutputOpt = None, recipe_opts: RecipeOptions = None,
+    fmt: ValidateFormatOpt = "table", output: OutputOpt = None, recipe_opts: RecipeOptions = None, engine_opts: ValidateEngine = None,
 ) -> None:
     """Check a DeepSpeed config before the run; with a model, also whether it fits the GPU.
 
@@ -122,6 +128,7 @@ def validate(
     check_choice_option("--format", fmt, ("table", "json"))
     recipe_spec = recipe_opts.resolve()
     plan_opts.check()
+    engine_opts.check_host(stage=None)  # the stage is the config's: checked against it in run_validate
     gpus, seq_len = cluster_opts.gpus, training_opts.seq_len
     if gpus is not None and gpus < 1:
         raise SpecError(f"--gpus {gpus} is not valid; give at least 1")
@@ -133,11 +140,12 @@ def validate(
     trainer_args = parse_hf_args(hf_arg or [], world_size=gpus or implied_world_size(parsed.config))
     if max_steps is not None and max_steps < 1:
         raise SpecError(f"--max-steps {max_steps} is not valid; give a whole number >= 1")
-    _check_model_flags(model_opts, cluster_opts, peft_opts)
+    _check_model_flags(model_opts, cluster_opts, peft_opts, engine_opts)
     outcome = run_validate(ValidateRequest(
         parsed=parsed, gpus=gpus, seq_len=seq_len, checkpointing=plan_opts.checkpointing, sp=sp, tp=tp, recipe=recipe_spec,
         model_for=(lambda precision: model_opts.resolve(peft_opts, precision=precision)) if model_opts.given else None,
         cluster_for=cluster_opts.resolve, accelerator=os.environ.get("DS_ACCELERATOR") or None,
+        model_save=engine_opts.model_save, model_build=engine_opts.model_build,
     ))
     if fmt == "json":
         write_output(json.dumps([f.as_dict() for f in outcome.findings], indent=2), output)

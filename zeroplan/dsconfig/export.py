@@ -58,6 +58,9 @@ class ExportRequest:
     #: How the run saves checkpoints, for the host's save phase (``trainer`` | ``engine``,
     #: :data:`~zeroplan.estimator.host_save.MODEL_SAVES`; None: the Trainer's, as estimate assumes on GPUs).
     model_save: Optional[str] = None
+    #: How each rank builds or loads the model, for the host's model-build phase
+    #: (:data:`~zeroplan.estimator.host.BUILDS`; None: the engine's default at the plan's stage).
+    model_build: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not engine_facts(self.engine).runs:
@@ -129,7 +132,7 @@ def choose_export_plan(r: ExportRequest) -> tuple[Optional[Plan], str]:
         r.model, r.cluster, r.training, stage=r.stage, offload_optimizer=r.offload_optimizer, offload_param=r.offload_param,
         checkpointing=r.checkpointing, engine=r.engine, optimizer_impl=r.optimizer_impl, buckets=r.buckets, sp=r.sp or (1,),
         tp=r.tp or (1,), tiled_mlp=r.tiled_mlp, expert_degrees=r.expert_degrees, recipe=r.recipe, recipe_models=r.recipe_models,
-        model_save=r.model_save,
+        model_save=r.model_save, model_build=r.model_build,
     )
     if choice.best is None:
         return None, f"no plan fits {r.model.name} on {r.gpus} × {r.cluster.gpu.name}; nothing written (see `zeroplan estimate`)"
@@ -167,7 +170,8 @@ def run_export(r: ExportRequest) -> ExportOutcome:
     # An explicit plan is written as asked; the estimator only says whether it fits.
     cluster_for_fit = r.cluster if r.model is not None and r.explicit else None
     findings = validate_config(cfg, world_size=r.gpus, model=r.model, cluster=cluster_for_fit, training=r.training,
-                               checkpointing=plan.checkpointing, recipe=r.recipe, model_save=r.model_save)
+                               checkpointing=plan.checkpointing, recipe=r.recipe, model_save=r.model_save,
+                               model_build=r.model_build)
     fit = [f for f in findings if f.rule_id in ("ZP702", "ZP251") or f.rule_id.startswith("ZP95")]
     findings = [f for f in findings if f not in fit]
     if has_errors(findings):

@@ -23,6 +23,7 @@ def validate_config(
     attn_implementation: str | None = None,
     recipe: Recipe | None = None,
     model_save: str | None = None,
+    model_build: str | None = None,
 ) -> list[Finding]:
     """Check a DeepSpeed config dict; findings sorted by severity (error, warning, info), then rule id.
 
@@ -39,7 +40,9 @@ def validate_config(
     Ulysses' refusal of eager (ZP264).
     ``recipe`` (DPO/GRPO/PPO) enables the ZP95x rules and makes ZP702 estimate the recipe's memory.
     ``model_save`` (``trainer`` | ``engine``) is how the run saves checkpoints, for ZP702's host save
-    phase (:mod:`zeroplan.estimator.host_save`; None: the Trainer's, the estimator's GPU default).
+    phase (:mod:`zeroplan.estimator.host_save`; None: the Trainer's, the estimator's GPU default);
+    ``model_build`` how each rank builds or loads the model, for its model-build phase
+    (:data:`~zeroplan.estimator.host.BUILDS`; None: :func:`~zeroplan.estimator.host.default_build`).
     """
     if not isinstance(cfg, dict):
         raise SpecError(f"a DeepSpeed config must be a JSON object, not {type(cfg).__name__}")
@@ -68,6 +71,7 @@ def validate_config(
         attn_implementation=attn_implementation,
         recipe=recipe,
         model_save=model_save,
+        model_build=model_build,
     )
     findings: list[Finding] = []
     for rule in RULES.values():

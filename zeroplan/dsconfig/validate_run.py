@@ -51,6 +51,10 @@ class ValidateRequest:
     cluster_for: Optional[Callable[[int], ClusterSpec]] = None
     #: DS_ACCELERATOR of the run: the CUDA-only features' rules (ZP208-ZP211) need it.
     accelerator: Optional[str] = None
+    #: How the run saves checkpoints and builds its model, for the fit's host phases (``--model-save``,
+    #: ``--model-build``; None: the estimator's defaults, as estimate takes them).
+    model_save: Optional[str] = None
+    model_build: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,14 @@ def run_validate(r: ValidateRequest) -> ValidateOutcome:
     from zeroplan.dsconfig.layout_keys import with_layout
 
     cfg = r.parsed.config
+    if r.model_build is not None:
+        from zeroplan.estimator.usecase import check_model_build
+
+        # The stage is the config's (DeepSpeed's default 0 when absent; a stage no rule accepts is left to them).
+        zero = cfg.get("zero_optimization")
+        stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+        check_model_build(r.model_build, engine="deepspeed", stage=stage if isinstance(stage, int) else None,
+                          stage_from="the config's zero_optimization.stage")
     model = cluster = None
     notes: list[str] = []
     if r.model_for is not None:
@@ -86,6 +98,6 @@ def run_validate(r: ValidateRequest) -> ValidateOutcome:
     findings = validate_config(
         with_layout(cfg, sp=r.sp, tp=r.tp), world_size=r.gpus, model=model, cluster=cluster, training=TrainingSpec(seq_len=r.seq_len),
         checkpointing=r.checkpointing, duplicate_keys=r.parsed.duplicate_keys, syntax=r.parsed.syntax, accelerator=r.accelerator,
-        recipe=r.recipe,
+        recipe=r.recipe, model_save=r.model_save, model_build=r.model_build,
     )
     return ValidateOutcome(findings=findings, model=model, notes=tuple(notes))

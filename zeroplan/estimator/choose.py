@@ -45,6 +45,7 @@ def best_plan(
     recipe=None,
     recipe_models: Optional[dict] = None,
     model_save: Optional[str] = None,
+    model_build: Optional[str] = None,
 ) -> PlanChoice:
     """The fastest plan that fits, within the given filters (None: any value).
 
@@ -57,11 +58,17 @@ def best_plan(
     estimates each plan under it (:func:`~zeroplan.estimator.plans_recipe.estimate_recipe_all`,
     ``recipe_models``: PPO's critic and reward) and keeps only plans whose batch TRL accepts
     (:func:`~zeroplan.estimator.plans_recipe.trl_accepts`). ``model_save`` says how the run saves
-    checkpoints, for the host's save phase (:mod:`zeroplan.estimator.host_save`; None: the device's default).
+    checkpoints, for the host's save phase (:mod:`zeroplan.estimator.host_save`; None: the device's default),
+    ``model_build`` how each rank builds or loads the model, for the host's model-build phase
+    (:data:`~zeroplan.estimator.host.BUILDS`; None: the engine's default at each plan,
+    :func:`~zeroplan.estimator.host.default_build`; ``zero_init`` narrows an open stage to 3,
+    :func:`~zeroplan.estimator.host.stage_for_build`).
     """
+    from zeroplan.estimator.host import stage_for_build
+
     plans = enumerate_plans(
         model, cluster, training,
-        stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
+        stage=stage_for_build(stage, model_build), offload_optimizer=offload_optimizer, offload_param=offload_param, checkpointing=checkpointing, engine=engine,
         optimizer_impl=optimizer_impl, buckets=buckets, sp=sp, tp=tp, tiled_mlp=tiled_mlp,
     )
     if expert_degrees is not None:
@@ -73,9 +80,10 @@ def best_plan(
 
         plans = [p for p in plans if trl_accepts(p, cluster.gpus, recipe)]
         ranked = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, activation_bytes=activation_bytes,
-                                     engine=engine, optimizer_impl=optimizer_impl, model_save=model_save, **(recipe_models or {}))
+                                     engine=engine, optimizer_impl=optimizer_impl, model_save=model_save, model_build=model_build,
+                                     **(recipe_models or {}))
     else:
         ranked = estimate_all(model, cluster, training, plans, device=device, activation_bytes=activation_bytes, engine=engine,
-                              optimizer_impl=optimizer_impl, model_save=model_save)
+                              optimizer_impl=optimizer_impl, model_save=model_save, model_build=model_build)
     fitting = [e for e in ranked if e.fits]
     return PlanChoice(best=fitting[0] if fitting else None, fitting=len(fitting), considered=len(ranked))

@@ -84,6 +84,7 @@ __all__ = [
     "host_phases",
     "offload_accumulation_bytes",
     "pinned_bytes",
+    "stage_for_build",
 ]
 
 #: How the model is built on each rank before ``deepspeed.initialize``:
@@ -205,6 +206,15 @@ class HostPhases:
 
     def as_dict(self) -> dict:
         return {ph.name: ph.as_dict() for ph in self.phases}
+
+
+def stage_for_build(stage: int | None, build: str | None) -> int | None:
+    """The stage filter a space is searched with under ``build``: ``zero_init`` is
+    ``deepspeed.zero.Init``, which partitions the parameters as they are built and exists at
+    stage 3 only (runtime/zero/partition_parameters.py), so a space left open (``stage`` None)
+    narrows to 3; a stage given is kept (a stage 0-2 with ``zero_init`` is refused where the
+    options are read: :func:`~zeroplan.estimator.usecase.check_model_build`)."""
+    return 3 if build == "zero_init" and stage is None else stage
 
 
 def default_build(model: ModelSpec, plan: Plan, *, engine: str = "deepspeed") -> str:

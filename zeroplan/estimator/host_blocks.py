@@ -35,9 +35,33 @@ def offload_accumulation_bytes(sizes: tuple[int, ...], *, world_size: int, bytes
     the rest of the run, so the save phase holds them too. Measured (DeepSpeed 0.19.8, CPU, 2 gloo
     ranks, a tiny Qwen3-MoE: benchmarks/results/offload_accumulation_host.txt): the engine's own
     buffers 86,316,544 and 86,839,808 bytes per rank against 86,316,032 here at ZeRO-2; none at
-    ZeRO-1, whose reduction runs only at the accumulation boundary, where 0.19.8 keeps no buffer
-    (line 2166); 0.18.2 allocated them at ZeRO-1 too (its test is ``gradient_accumulation_steps > 1``
-    alone), not modelled. Each of the ``sizes`` (elements of the
+    ZeRO-1. Why ZeRO-1 differs between the two versions, line by line:
+
+    * ZeRO-1 reduces only at the accumulation boundary (0.18.2 engine.py:2242-2245 and 0.19.8
+      engine.py:3089-3092: ``reduce_gradients`` when ``is_gradient_accumulation_boundary()``), and
+      there, with ``cpu_offload`` (which forces ``contiguous_gradients``, 0.18.2 line 240, 0.19.8
+      line 300), ``reduce_ipg_grads`` calls ``copy_grads_in_partition`` for each parameter of the
+      rank's partition (0.18.2 lines 1515-1517, 0.19.8 lines 2272-2274) — as ZeRO-2 does for the same
+      parameters on every micro-step.
+    * 0.18.2 ``copy_grads_in_partition`` (lines 1421-1425) calls the allocating
+      ``async_accumulate_grad_in_cpu_via_gpu`` whenever ``gradient_accumulation_steps > 1``: the
+      same buffers as ZeRO-2, per rank, from the first boundary on. Every release 0.18.2-0.18.9
+      has that test.
+    * 0.19.8 (lines 2166-2167) calls it only when ``micro_step_id > 0`` or off the boundary.
+      ``setup_buckets`` raises ``micro_step_id`` only while ``ready_for_gradients`` is false (lines
+      3257-3258; set true at 3280), and only ``_release_ipg_buffers`` clears that flag (lines
+      924-932), called by the reduction epilogue (line 1061), which ZeRO-1 runs at the boundary
+      alone on its default path. So at ZeRO-1 ``micro_step_id`` stays 0 from the first micro-step
+      to the boundary (``step`` sets it back to -1, line 3017): no buffer. The test came with
+      DeepSpeed commit aeb10bb1a ("Fix ZeRO-1/2 CPU-offloaded gradient loss with multiple
+      backward() per step", #7981), first released in 0.19.0.
+
+    zeroplan models 0.19's rule: it takes no DeepSpeed version (no option, no config key), so a
+    ZeRO-1 run on DeepSpeed 0.18.x with optimizer offload and accumulation holds these buffers
+    (this function's bytes for a ZeRO-2 plan of the same partition) beyond its host estimate.
+    ``fp16_master_weights_and_gradients`` (0.18.2) / ``low_precision_master_weights_and_grads``
+    (0.19.8) narrows into the fp32 gradient partition instead of allocating (0.18.2 lines 1296-1300,
+    0.19.8 lines 1822-1826). Each of the ``sizes`` (elements of the
     trainable tensors) is ``bytes_per_param`` per element, a power-of-two block when ``pinned``
     (:func:`pinned_bytes`); a rank holds the parameters of its partition, about 1/``world_size`` of
     them (a parameter that straddles two partitions has a buffer on both ranks; not counted).

@@ -16,15 +16,20 @@ from zeroplan.spec import CHECKPOINTING_ALIASES, ClusterSpec, ModelSpec, SpecErr
 __all__ = ["EstimateOutcome", "EstimateRequest", "check_model_build", "resolve_checkpointing", "run_estimate", "with_training_choices"]
 
 
-def check_model_build(model_build: Optional[str], *, engine: str, stage: Optional[int]) -> None:
+def check_model_build(model_build: Optional[str], *, engine: str, stage: Optional[int], stage_from: str = "--stage") -> None:
     """``--model-build``: one of :data:`~zeroplan.estimator.host.BUILDS`; ``zero_init`` is DeepSpeed's
-    ``zero.Init``, which partitions at construction and exists for stage 3 only."""
+    ``zero.Init``, which partitions at construction and exists for stage 3 only (``stage`` None: not
+    fixed yet, :func:`~zeroplan.estimator.host.stage_for_build` narrows the space to 3).
+    ``stage_from`` names where the stage comes from, for the message (a config's key under validate)."""
     from zeroplan.estimator.host import BUILDS
 
     if model_build is not None and model_build not in BUILDS:
         raise SpecError(f"--model-build {model_build!r} is not valid; choose one of {', '.join(BUILDS)}")
     if model_build == "zero_init" and (engine != "deepspeed" or stage in (0, 1, 2)):
-        raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
+        if stage_from == "--stage" or engine != "deepspeed":
+            raise SpecError("--model-build zero_init is DeepSpeed's zero.Init, stage 3 only; give --stage 3 or fp32 | bf16 | meta | rank0")
+        raise SpecError(f"--model-build zero_init is DeepSpeed's zero.Init, stage 3 only, and {stage_from} is {stage}; "
+                        "give fp32 | bf16 | meta | rank0")
 
 
 def resolve_checkpointing(model: ModelSpec, training: TrainingSpec, checkpointing: Optional[str]) -> tuple[Optional[str], Optional[str]]:
@@ -90,6 +95,7 @@ def run_estimate(request: EstimateRequest) -> EstimateOutcome:
     """Enumerate the plans the request allows, estimate each (under its recipe when one is given)
     and rank them (:func:`~zeroplan.estimator.layout_space.estimate_with_layouts`)."""
     from zeroplan.estimator.expert_parallel import parse_expert_degrees, with_expert_degrees
+    from zeroplan.estimator.host import stage_for_build
     from zeroplan.estimator.layout_space import estimate_with_layouts
     from zeroplan.estimator.plans_recipe import estimate_recipe_all
 
@@ -97,7 +103,7 @@ def run_estimate(request: EstimateRequest) -> EstimateOutcome:
     recipe = r.recipe
     estimates, layout_note = estimate_with_layouts(
         r.model, r.cluster, r.training, sp=r.sp, tp=r.tp, cp=r.cp,
-        plan_options=dict(stage=3 if r.model_build == "zero_init" else r.stage, offload_optimizer=r.offload_optimizer,
+        plan_options=dict(stage=stage_for_build(r.stage, r.model_build), offload_optimizer=r.offload_optimizer,
                           offload_param=r.offload_param, checkpointing=r.checkpointing, engine=r.engine,
                           optimizer_impl=r.optimizer_impl, buckets=r.buckets, tiled_mlp=r.tiled_mlp),
         estimate_options=dict(activation_bytes=r.activation_bytes, engine=r.engine, optimizer_impl=r.optimizer_impl,

@@ -48,6 +48,7 @@ def tune_space(
     recipe=None,
     ep=None,
     model_save: Optional[str] = None,
+    model_build: Optional[str] = None,
 ) -> SearchSpace:
     """The plans ``tune`` searches (see the module docstring); ``device`` None: ``cuda`` when NVML
     sees a GPU, else ``cpu`` (memory as CPU probes measure it); ``engine`` the one the probes run
@@ -61,7 +62,9 @@ def tune_space(
     or ``"auto"``). ``recipe`` the post-training recipe the plans are estimated under (zeroplan.spec.recipe; None:
     plain SFT). ``ep``: the expert-parallel degrees (:func:`~zeroplan.estimator.expert_parallel.parse_expert_degrees`;
     None: 1). ``model_save``: how the script saves checkpoints (:func:`script_model_save`; None: the
-    device's default). SpecError for nvme without a path."""
+    device's default); ``model_build``: how it builds or loads its model (None: the engine's default
+    at each plan; ``zero_init`` narrows an open ``stage`` to 3, as estimate does:
+    :func:`~zeroplan.estimator.host.stage_for_build`). SpecError for nvme without a path."""
     if script_kind not in SCRIPT_KINDS:
         raise SpecError(f"script_kind={script_kind!r} is not valid; choose task or script")
     searched = ["none", "cpu"] + (["nvme"] if nvme_path else [])
@@ -74,6 +77,9 @@ def tune_space(
         from zeroplan.tuner.checks import cuda_visible
 
         device = "cuda" if cuda_visible() else "cpu"
+    from zeroplan.estimator.host import stage_for_build
+
+    stage = stage_for_build(stage, model_build)
     return build_space(
         model,
         cluster,
@@ -95,6 +101,7 @@ def tune_space(
         recipe=recipe,
         ep=ep,
         model_save=model_save,
+        model_build=model_build,
     )
 
 

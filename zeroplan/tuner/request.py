@@ -93,6 +93,9 @@ class TuneRequest:
     model_save: Optional[str] = None
     """``--model-save``: how the script saves checkpoints (``trainer`` | ``engine``); None: by the
     script (:func:`zeroplan.tuner.policy.script_model_save`)."""
+    model_build: Optional[str] = None
+    """``--model-build``: how the script builds or loads its model (``fp32`` | ``bf16`` | ``zero_init`` |
+    ``meta`` | ``rank0``, :data:`zeroplan.estimator.host.BUILDS`); None: the engine's default at each plan."""
     # -- search -----------------------------------------------------------------------------------
     settings: TuneSettings = field(default_factory=TuneSettings)
     """Trials, time budget, estimator picks and probe timeout (checked where they are built)."""
@@ -130,6 +133,7 @@ class TuneRequest:
         options["recipe"] = self.recipe
         options["ep"] = self.expert_degrees
         options["model_save"] = self.model_save  # None: run_tune decides by the script (policy.script_model_save)
+        options["model_build"] = self.model_build
         return options
 
     def __post_init__(self) -> None:

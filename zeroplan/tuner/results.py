@@ -224,7 +224,8 @@ def layout_steps(row: Any, *, trainer: bool) -> list[str]:
 def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str], plot_note: Optional[str] = None) -> str:
     """``report.md``: what was searched, the best plan, the measured ranking, failures, pruned plans."""
     lines = ["# zeroplan tune report", ""]
-    for key in ("script", "backend", "gpus", "model", "global_batch", "seq_len", "precision", "loss", "storage", "sampler", "time_model", "model_save"):
+    for key in ("script", "backend", "gpus", "model", "global_batch", "seq_len", "precision", "loss", "storage", "sampler", "time_model", "model_save",
+                "model_build"):
         if meta.get(key) not in (None, ""):
             lines.append(f"- **{key.replace('_', ' ')}**: {meta[key]}")
     probed = frame[frame["status"].isin(PROBED_STATUSES)]

@@ -307,6 +307,7 @@ def build_space(
     recipe=None,
     ep=None,
     model_save: Optional[str] = None,
+    model_build: Optional[str] = None,
 ) -> SearchSpace:
     """Enumerate plans with the estimator, estimate each, and rank the ones that fit.
 
@@ -329,7 +330,9 @@ def build_space(
     with the installed transformers and DeepSpeed (validate's ZP251), plans of ep > 1 are estimated
     and ranked but pruned with that reason, and a space of such plans only is a SpecError.
     ``model_save`` how the script saves checkpoints, for the host's save phase (``trainer`` |
-    ``engine``: :mod:`zeroplan.estimator.host_save`; None: the device's default).
+    ``engine``: :mod:`zeroplan.estimator.host_save`; None: the device's default), ``model_build``
+    how it builds or loads its model, for the model-build phase (:data:`~zeroplan.estimator.host.BUILDS`;
+    None: :func:`~zeroplan.estimator.host.default_build` at each plan).
     """
     from zeroplan.estimator import enumerate_plans, estimate_all
     from zeroplan.runtime.measure.prediction import comparable_estimate
@@ -384,11 +387,12 @@ def build_space(
             raise SpecError(f"no micro-batch × accumulation gives a generation batch divisible by --generations {recipe.generations}; "
                             "change --global-batch or --generations")
         estimates = estimate_recipe_all(model, cluster, training, plans, recipe, device=device, engine=engine,
-                                        optimizer_impl=optimizer_impl, activation_bytes=activation_bytes, model_save=model_save)
+                                        optimizer_impl=optimizer_impl, activation_bytes=activation_bytes, model_save=model_save,
+                                        model_build=model_build)
     else:
         estimates = estimate_all(
             model, cluster, training, plans, device=device, engine=engine, optimizer_impl=optimizer_impl, activation_bytes=activation_bytes,
-            model_save=model_save,
+            model_save=model_save, model_build=model_build,
         )
     fitting: list[Candidate] = []
     pruned: list[Candidate] = []

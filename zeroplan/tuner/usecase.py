@@ -102,6 +102,7 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         "pruned": len(space.pruned),
         "trainer": trainer,
         "model_save": space_options["model_save"],
+        "model_build": space_options["model_build"],
     }
     if not space.fitting:
         raise NothingFits(space)

@@ -69,6 +69,9 @@ class Context:
     """The post-training recipe (``--recipe``); None: plain SFT (the ZP95x rules stay silent)."""
     model_save: str | None = None
     """How the run saves checkpoints (``trainer`` | ``engine``) for ZP702's host save phase; None: the estimator's default."""
+    model_build: str | None = None
+    """How each rank builds or loads the model (``fp32`` | ``bf16`` | ``zero_init`` | ``meta`` | ``rank0``) for
+    ZP702's host model-build phase; None: the engine's default at the config's stage."""
 
     @property
     def zero(self) -> dict:

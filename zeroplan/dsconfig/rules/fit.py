@@ -105,7 +105,8 @@ def _fits(ctx: Context) -> Iterator[Finding]:
 
     try:
         # Plain SFT (recipe None) is estimate_plan's own estimate.
-        est = estimate_recipe_plan(ctx.model, ctx.cluster, training, plan, ctx.recipe, model_save=ctx.model_save)
+        est = estimate_recipe_plan(ctx.model, ctx.cluster, training, plan, ctx.recipe, model_save=ctx.model_save,
+                                   model_build=ctx.model_build)
     except (SpecError, ArithmeticError) as exc:
         yield _f("ZP702", "", f"memory fit not checked: {exc}", "fix the values the estimator cannot use", severity="info")
         return
@@ -117,6 +118,11 @@ def _fits(ctx: Context) -> Iterator[Finding]:
     peak = f"predicted GPU peak {required / gib:.1f} of {capacity / gib:.1f} GiB"
     if est.gpu.total > required:
         peak += f" (reserved {est.gpu.total / gib:.1f} with the allocator's cache)"
+    if ctx.cluster.cpu_memory_per_node_bytes > 0:
+        # The host's figure beside the GPU's: the worst phase per node (model build under
+        # --model-build, checkpoint save under --model-save), what the host verdict judges.
+        peak += (f", host {est.cpu_per_node / gib:.1f} of {ctx.cluster.cpu_memory_per_node_bytes / gib:.1f} GiB per node "
+                 f"at the {est.cpu_worst_phase.replace('_', ' ')}")
     if est.verdict == "tight":
         # Within the verdict's margin of the GPU or the node (zeroplan.estimator.verdict): what the
         # estimate cannot know (padding, evaluation, the allocator, the optimizer's temporaries) can tip it.
