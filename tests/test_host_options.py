@@ -28,14 +28,27 @@ LLAMA2_7B = 6_738_415_616
 SHIFT = 8 * 2 * LLAMA2_7B
 
 MODEL = ["--model", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb", "--cpu-memory", "2000"]
-PLAN = ["--stage", "2", "--offload-optimizer", "none", "--offload-param", "none", "--checkpointing", "full", "--micro-batch", "1"]
 CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
           "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
-#: (--model-build, --model-save) → the host phase that is then the node's worst. The build is the
-#: peak while the step holds only the processes (no offload); under a meta-device build the
-#: Trainer's save is.
-CASES = {("fp32", "engine"): "model_build", ("bf16", "engine"): "model_build", ("meta", "trainer"): "checkpoint_save",
-         ("meta", "engine"): "step"}
+
+
+def _plan(offload: str) -> list[str]:
+    return ["--stage", "2", "--offload-optimizer", offload, "--offload-param", "none", "--checkpointing", "full", "--micro-batch", "1"]
+
+
+def _config(offload: str) -> dict:
+    zero = {"stage": 2, **({"offload_optimizer": {"device": "cpu", "pin_memory": True}} if offload == "cpu" else {})}
+    return {**CONFIG, "zero_optimization": zero}
+
+
+#: (optimizer offload, --model-build, --model-save) → the host phase that is then the node's worst,
+#: chosen so that each flag moves that phase: without offload the step holds little more than
+#: the processes and the build is the peak; with CPU optimizer offload (fp32 master, gradients and
+#: Adam moments on the host, about 16Ψ per node) the step is above a meta-device build, and the
+#: Trainer's save adds its copy on top of the step.
+CASES = {("none", "fp32", "engine"): "model_build", ("none", "bf16", "engine"): "model_build",
+         ("cpu", "meta", "trainer"): "checkpoint_save", ("cpu", "meta", "engine"): "step"}
+IDS = ["-".join(c) for c in CASES]
 HOST = re.compile(r"host (\d+\.\d) of (\d+\.\d) GiB per node at the ([a-z ]+?)(?: for |;|\))")
 
 
@@ -43,12 +56,13 @@ def _flags(build: str, save: str) -> list[str]:
     return ["--model-build", build, "--model-save", save]
 
 
-def _estimate(build: str, save: str, capsys) -> dict:
-    code, out, err = run_main(["estimate", *MODEL, *PLAN, *_flags(build, save), "--format", "json", "--top", "0"], capsys)
+def _estimate(offload: str, build: str, save: str, capsys) -> dict:
+    code, out, err = run_main(["estimate", *MODEL, *_plan(offload), *_flags(build, save), "--format", "json", "--top", "0"], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert doc["model"]["params"] == LLAMA2_7B
-    (plan,) = [p for p in doc["plans"] if p["stage"] == 2 and p["micro_batch"] == 1 and p["sp"] == 1 and p["tp"] == 1]
+    (plan,) = doc["plans"]
+    assert (plan["stage"], plan["offload_optimizer"], plan["micro_batch"], plan["gradient_accumulation_steps"]) == (2, offload, 1, 1)
     return plan
 
 
@@ -64,28 +78,29 @@ def test_estimate_moves_by_the_documented_terms(capsys):
     8 × 2Ψ between the engine's save and the Trainer's, to the byte."""
     plans = {case: _estimate(*case, capsys) for case in CASES}
     phases = {case: {name: ph["per_node"] for name, ph in plan["cpu_phases"].items()} for case, plan in plans.items()}
-    assert phases[("fp32", "engine")]["model_build"] - phases[("bf16", "engine")]["model_build"] == SHIFT
-    assert phases[("meta", "trainer")]["checkpoint_save"] - phases[("meta", "engine")]["checkpoint_save"] == SHIFT
+    assert phases[("none", "fp32", "engine")]["model_build"] - phases[("none", "bf16", "engine")]["model_build"] == SHIFT
+    assert phases[("cpu", "meta", "trainer")]["checkpoint_save"] - phases[("cpu", "meta", "engine")]["checkpoint_save"] == SHIFT
     for case, worst in CASES.items():
-        assert plans[case]["cpu_worst_phase"] == worst and plans[case]["model_build"] == case[0]
-    # Where the worst phase is the one a flag moves, the node's figure moves by the same bytes.
-    assert plans[("fp32", "engine")]["cpu_per_node"] - plans[("bf16", "engine")]["cpu_per_node"] == SHIFT
-    assert plans[("meta", "trainer")]["cpu_per_node"] - plans[("meta", "engine")]["cpu_per_node"] == SHIFT
+        assert plans[case]["cpu_worst_phase"] == worst and plans[case]["model_build"] == case[1]
+    # The worst phase is the one the flag moves: the node's figure moves by the same bytes.
+    assert plans[("none", "fp32", "engine")]["cpu_per_node"] - plans[("none", "bf16", "engine")]["cpu_per_node"] == SHIFT
+    assert plans[("cpu", "meta", "trainer")]["cpu_per_node"] - plans[("cpu", "meta", "engine")]["cpu_per_node"] == SHIFT
 
 
-@pytest.mark.parametrize("case", list(CASES), ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("case", list(CASES), ids=IDS)
 def test_validate_and_export_say_estimates_host_figure(case, tmp_path, capsys):
     """validate's fit (ZP702) and export's fit note name the same worst phase and bytes per node as
     estimate's JSON for the same flags."""
     reference = _estimate(*case, capsys)
     expected = (round(reference["cpu_per_node"] / GiB, 1), reference["cpu_worst_phase"])
+    offload, build, save = case
     config = tmp_path / "ds.json"
-    config.write_text(json.dumps(CONFIG))
-    code, out, err = run_main(["validate", str(config), *MODEL, "--checkpointing", "full", *_flags(*case), "--format", "json"], capsys)
-    assert code == 0, err
+    config.write_text(json.dumps(_config(offload)))
+    code, out, err = run_main(["validate", str(config), *MODEL, "--checkpointing", "full", *_flags(build, save), "--format", "json"], capsys)
+    assert code == 0, out
     (fit,) = [f for f in json.loads(out) if f["rule_id"] == "ZP702"]
     assert _said(fit["message"]) == expected
-    code, out, err = run_main(["export", *MODEL, *PLAN, *_flags(*case)], capsys)
+    code, out, err = run_main(["export", *MODEL, *_plan(offload), *_flags(build, save)], capsys)
     assert code == 0 and json.loads(out)["zero_optimization"]["stage"] == 2, err
     assert _said(err) == expected
 
@@ -93,16 +108,16 @@ def test_validate_and_export_say_estimates_host_figure(case, tmp_path, capsys):
 def test_validate_and_export_move_by_the_documented_terms(tmp_path, capsys):
     """Each flag moves validate's and export's host figure by 8 × 2Ψ (to their 0.1 GiB)."""
     config = tmp_path / "ds.json"
-    config.write_text(json.dumps(CONFIG))
     said = {}
-    for case in CASES:
-        _, out, _ = run_main(["validate", str(config), *MODEL, *_flags(*case), "--format", "json"], capsys)
+    for offload, build, save in CASES:
+        config.write_text(json.dumps(_config(offload)))
+        _, out, _ = run_main(["validate", str(config), *MODEL, *_flags(build, save), "--format", "json"], capsys)
         (fit,) = [f for f in json.loads(out) if f["rule_id"] == "ZP702"]
-        _, _, err = run_main(["export", *MODEL, *PLAN, *_flags(*case)], capsys)
-        said[case] = (_said(fit["message"])[0], _said(err)[0])
+        _, _, err = run_main(["export", *MODEL, *_plan(offload), *_flags(build, save)], capsys)
+        said[offload, build, save] = (_said(fit["message"])[0], _said(err)[0])
     for command in (0, 1):
-        assert abs(said[("fp32", "engine")][command] - said[("bf16", "engine")][command] - SHIFT / GiB) <= 0.1
-        assert abs(said[("meta", "trainer")][command] - said[("meta", "engine")][command] - SHIFT / GiB) <= 0.1
+        assert abs(said["none", "fp32", "engine"][command] - said["none", "bf16", "engine"][command] - SHIFT / GiB) <= 0.1
+        assert abs(said["cpu", "meta", "trainer"][command] - said["cpu", "meta", "engine"][command] - SHIFT / GiB) <= 0.1
 
 
 def test_export_chooses_by_the_build_it_is_told(capsys):
@@ -116,18 +131,19 @@ def test_export_chooses_by_the_build_it_is_told(capsys):
     assert code == 0 and json.loads(out)["zero_optimization"]["stage"] == 2 and "chose" in err
 
 
-@pytest.mark.parametrize("case", list(CASES), ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("case", list(CASES), ids=IDS)
 def test_tune_space_prunes_on_estimates_host_figure(case, capsys):
     """tune's space holds each plan's host figure as estimate gives it for the same flags."""
-    from zeroplan.profiles import resolve_cluster, resolve_model, resolve_training
+    from zeroplan.profiles.resolve import resolve_cluster, resolve_model, resolve_training
     from zeroplan.tuner import tune_space
 
     reference = _estimate(*case, capsys)
     model = resolve_model(None, "llama-2-7b")
     cluster = resolve_cluster(gpus=8, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib="2000", nvme_gib=None)
     training = resolve_training(precision="bf16", optimizer="adamw", seq_len=2048, micro_batch=None, global_batch=8, grad_accum=None)
-    space = tune_space(model, cluster, training, script_kind="task", stage=2, offload_optimizer="none", offload_param="none",
-                       checkpointing="full", device="cuda", model_build=case[0], model_save=case[1])
+    offload, build, save = case
+    space = tune_space(model, cluster, training, script_kind="task", stage=2, offload_optimizer=offload, offload_param="none",
+                       checkpointing="full", device="cuda", model_build=build, model_save=save)
     (candidate,) = [c for c in space.candidates if c.plan.micro_batch == 1]
     assert candidate.predicted_host_bytes_per_node == reference["cpu_per_node"]
 
@@ -171,7 +187,7 @@ def test_bad_host_values_are_one_line_exit_2(command, args, says, tmp_path, caps
     config.write_text(json.dumps(CONFIG))
     argv = {
         "validate": ["validate", str(config), *MODEL],
-        "export": ["export", *MODEL, "--stage", "2", "--micro-batch", "1"],
+        "export": ["export", *MODEL, *_plan("none")],
         "tune": ["tune", str(repo_root / "examples" / "gpt_task.py"), "--gpus", "2", "--stage", "2", "--output", str(tmp_path / "out")],
     }[command]
     code, out, err = run_main([*argv, *args], capsys)
