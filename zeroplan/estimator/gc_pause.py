@@ -32,4 +32,11 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            if not gc.get_freeze_count():
+                # Hand what the block made to the oldest generation at once (freeze moves every
+                # tracked object aside and zeroes the young count, unfreeze puts them in the oldest
+                # generation): otherwise the first young collection after the block scans all of it.
+                # Skipped when the program froze objects itself (unfreeze would release them too).
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
