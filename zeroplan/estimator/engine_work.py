@@ -106,10 +106,22 @@ def _modules(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
 
 def parameter_tensor_sizes(model: ModelSpec) -> tuple[int, ...]:
     """Elements of each of the base model's parameter tensors, in creation order (as :func:`_modules`
-    lists them; the real model's sizes for a discovered non-transformer)."""
+    lists them; the real model's sizes for a discovered non-transformer). Kept per model (keyed on
+    its identity, as :func:`engine_work`): the host's layouts of an estimate ask for them again."""
+    found = _SIZES_SEEN.get(id(model))
+    if found is not None and found[0] is model:
+        return found[1]
     if model.parameter_sizes:
-        return tuple(n for n, count in model.parameter_sizes for _ in range(count))
-    return tuple(n for _, tensors in _modules(model) for n in tensors)
+        sizes = tuple(n for n, count in model.parameter_sizes for _ in range(count))
+    else:
+        sizes = tuple(n for _, tensors in _modules(model) for n in tensors)
+    if len(_SIZES_SEEN) >= 256:
+        _SIZES_SEEN.clear()
+    _SIZES_SEEN[id(model)] = (model, sizes)  # the entry keeps the model alive, so its id is not reused
+    return sizes
+
+
+_SIZES_SEEN: dict[int, tuple[ModelSpec, tuple[int, ...]]] = {}
 
 
 def _hook_order(modules: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:

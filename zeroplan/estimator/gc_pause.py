@@ -11,6 +11,13 @@ reference cycles (frozen dataclasses, dicts and tuples of numbers and strings; a
 after 784 plans of that sweep finds no unreachable object), so reference counting frees them as
 before; what the collector would have found waits for the next
 collection after the pause.
+
+When the pause ends, what it made goes to the oldest generation at once (``gc.freeze()`` then
+``gc.unfreeze()``, which zero the young count): otherwise the first young collection after each
+estimate scanned every result and cache entry it had made (~6,000 objects for 196 plans; the
+sweep's process runs 3,981 M instructions with it, 4,060 M without). A cycle the program made before the
+pause is then found by the next full collection rather than a young one. A program that froze
+objects itself (``gc.get_freeze_count()``) is left as it was: unfreezing would release those too.
 """
 
 from __future__ import annotations
@@ -32,4 +39,11 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            if not gc.get_freeze_count():
+                # Hand what the block made to the oldest generation at once (freeze moves every
+                # tracked object aside and zeroes the young count, unfreeze puts them in the oldest
+                # generation): otherwise the first young collection after the block scans all of it.
+                # Skipped when the program froze objects itself (unfreeze would release them too).
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()

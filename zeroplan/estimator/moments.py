@@ -35,12 +35,13 @@ from typing import Optional
 
 from zeroplan.estimator.activations import ActivationMemory
 from zeroplan.estimator.embedding_backward import EmbeddingBackward
+from zeroplan.estimator.frozen import once
 from zeroplan.estimator.timeline import (
     AFTER_BACKWARD, EMBEDDING, EPILOGUE, FIRST_FLUSH, FIRST_HOOK, LAST_BLOCK, LISTING_ORDER, LOSS_BACKWARD, REBUILD, STEP, EngineOverhead,
 )
 from zeroplan.spec import GiB, ModelSpec
 
-__all__ = ["Moment", "deepspeed_moments", "ipg_buffer_written_elements", "traced_after_loss", "STEP_MOMENT", "EMBEDDING_MOMENT",
+__all__ = ["Moment", "deepspeed_moments", "moment_parts", "ipg_buffer_written_elements", "traced_after_loss", "STEP_MOMENT", "EMBEDDING_MOMENT",
            "STAGE3_HEAD_MOMENT"]
 
 #: The moment name of the optimizer step (the only moment with ``peak_phase`` = ``step``).
@@ -72,7 +73,7 @@ class Moment:
     why: str = ""
     """What is alive then, for the note."""
 
-    @property
+    @once
     def allocated_above_states(self) -> int:
         """Live bytes at this moment minus the model states and ``always``."""
         return self.activations - self.absent_gradients + sum(self.items.values())
@@ -85,17 +86,75 @@ class Moment:
         return f"peak at {self.name}" + (f": {self.why}" if self.why else "")
 
 
-def _moment(name: str, activations: int, absent_gradients: int, items: dict[str, int], transients: dict[str, int], why: str) -> Moment:
+def _moment(name: str, activations: int, absent_gradients: int, items: dict[str, int], transients: dict[str, int], why: str,
+            above: int) -> Moment:
     """A :class:`Moment` without the frozen dataclass's ``__init__``, which sets each field through
-    ``object.__setattr__`` (1.4 µs a moment, ~5 moments a plan: a tenth of a plan's estimate)."""
+    ``object.__setattr__`` (1.4 µs a moment, ~5 moments a plan: a tenth of a plan's estimate);
+    ``above`` (its :attr:`~Moment.allocated_above_states`, the items' bytes known beforehand) is kept
+    so the property does not add them up again."""
     moment = object.__new__(Moment)
-    moment.__dict__.update(name=name, activations=activations, absent_gradients=absent_gradients, items=items, transients=transients, why=why)
+    moment.__dict__.update(name=name, activations=activations, absent_gradients=absent_gradients, items=items, transients=transients, why=why,
+                           allocated_above_states=above)
     return moment
+
+
+def moment_parts(
+    model: ModelSpec, extra: EngineOverhead, *, embedding: Optional[EmbeddingBackward] = None, rebuild: bool = False,
+) -> tuple[tuple, ...]:
+    """What :func:`deepspeed_moments` takes from the timeline at each moment, apart from the
+    activations: (event, engine items alive, their bytes, transients, absent model-state bytes,
+    grown model-state bytes, the note's sentence), in
+    :data:`~zeroplan.estimator.timeline.LISTING_ORDER`. ``rebuild``: the plan recomputes a block
+    (its working set is not 0), which makes the rebuild a moment. The same for every plan that
+    shares ``extra`` and ``embedding`` (they differ in micro-batch only): computed once for those.
+    The loss's backward keeps its sentence empty (its absent gradients depend on the logits)."""
+    timeline = extra.timeline
+    events = set(timeline.opened)
+    if rebuild:
+        events.add(REBUILD)
+    if embedding is not None:
+        events.add(EMBEDDING)
+    buffers = timeline.spanning_bytes(FIRST_HOOK, EPILOGUE)
+    deferred = timeline.state_bytes
+    parts = []
+    for event in LISTING_ORDER:
+        if event not in events and event not in (LOSS_BACKWARD, STEP):
+            continue
+        at = timeline.at(event)
+        items, items_bytes, transients = at.items, at.items_bytes, at.transients
+        why = ""
+        if event == FIRST_HOOK:
+            why = (f"DeepSpeed's reduce buffers ({_gib(buffers)}) beside every block's activations"
+                   + (f", before the {_gib(deferred)} gradient partition exists" if deferred else ""))
+        elif event == EPILOGUE:
+            why = (f"the first bucket flush allocates the {_gib(deferred)} gradient partition beside the reduce "
+                   f"buffers ({_gib(buffers)}) once the activations are freed")
+        elif event == FIRST_FLUSH:
+            k = extra.first_flush_blocks or 0
+            blocks_left = model.num_layers - k
+            why = (f"the {_gib(deferred)} gradient partition is allocated while {blocks_left} of {model.num_layers} "
+                   f"blocks keep their activations, beside the reduce buffers ({_gib(buffers)})")
+        elif event == LAST_BLOCK:
+            why = (f"the output projection's weight gradient ({_gib(timeline.spanning_bytes(LAST_BLOCK))}) "
+                   "beside the gathered parameters and every block's activations")
+        elif event == EMBEDDING:
+            grads = embedding.items()
+            items = {**items, **grads}
+            items_bytes = sum(items.values())
+            # The embedding's new tensors; the loss's (or the rebuild's) cached transients join them per plan.
+            transients = {k: v for k, v in grads.items() if k in ("embedding_gradient", "summed_embedding_gradient")}
+            why = (f"activations freed, {_gib(embedding.total)} of gradients ({', '.join(grads)}) "
+                   "beside the model states" + (f" and the reduce buffers ({_gib(buffers)})" if buffers else ""))
+        elif event == AFTER_BACKWARD:
+            why = f"a flat copy of the gradients ({_gib(timeline.spanning_bytes(AFTER_BACKWARD))}) beside all of them"
+        parts.append((event, items, items_bytes, transients, at.absent_state, at.grown_state, why))
+    return tuple(parts)
 
 
 def deepspeed_moments(
     model: ModelSpec, extra: EngineOverhead, acts: Optional[ActivationMemory], activations_total: int,
     *, embedding: Optional[EmbeddingBackward] = None, traced_after_loss: Optional[int] = None,
+    parts: Optional[tuple[tuple, ...]] = None,
 ) -> list[Moment]:
     """Every candidate peak moment of a DeepSpeed step (module docstring), listed in
     :data:`~zeroplan.estimator.timeline.LISTING_ORDER`: at each event of ``extra.timeline`` on this
@@ -109,8 +168,10 @@ def deepspeed_moments(
     which autograd frees before the output projection's backward fires the first hook
     (:func:`traced_after_loss`) — so the buffers are not stacked on the loss's peak. Without it
     they keep the total too (conservative).
+
+    ``parts``: :func:`moment_parts` of the same ``model``, ``extra``, ``embedding`` and recomputation,
+    when the caller keeps them for plans that share those (computed here otherwise).
     """
-    timeline = extra.timeline
     if acts is not None:
         layers, embeddings, logits, held = acts.layers, acts.embeddings, acts.logits, acts.logits_held
         working = acts.recompute_working_set
@@ -120,23 +181,14 @@ def deepspeed_moments(
         if traced_after_loss is not None:
             layers = min(activations_total, traced_after_loss)
         at_loss = activations_total
-    events = set(timeline.opened)
-    if working:
-        events.add(REBUILD)
-    if embedding is not None:
-        events.add(EMBEDDING)
-    buffers = timeline.spanning_bytes(FIRST_HOOK, EPILOGUE)
-    deferred = timeline.state_bytes
+    if parts is None:
+        parts = moment_parts(model, extra, embedding=embedding, rebuild=bool(working))
     moments = []
-    for event in LISTING_ORDER:
-        if event not in events and event not in (LOSS_BACKWARD, STEP):
-            continue
-        at = timeline.at(event)
-        items, transients, absent = at.items, at.transients, at.absent_state
+    for event, items, items_bytes, transients, absent, grown, why in parts:
         if event == LOSS_BACKWARD:
             # Gradients that grow through the backward replace the loss's arrays over the logits
             # (timeline.GROWN): counting them all with every block's activations bounds the moments between.
-            absent += min(at.grown_state, logits) - at.grown_state
+            absent += min(grown, logits) - grown
             activations = at_loss
             transients = {"loss_gradients": acts.loss_transients} if acts is not None else {}
             why = f"DeepSpeed has not allocated {_gib(absent)} of gradients yet" if absent else ""
@@ -145,46 +197,26 @@ def deepspeed_moments(
             absent = 0
             activations = layers + embeddings + working + held
             transients = {"rebuilt_block": working}
-            why = ""
-        elif event == FIRST_HOOK:
+        elif event == FIRST_HOOK or event == LAST_BLOCK:
+            # Stage 3's last block: each block's parameters are released after its backward, so the
+            # first block's (the last one's) is the largest.
             activations = layers + embeddings + held
-            why = (f"DeepSpeed's reduce buffers ({_gib(buffers)}) beside every block's activations"
-                   + (f", before the {_gib(deferred)} gradient partition exists" if deferred else ""))
-        elif event == EPILOGUE:
-            activations = held
-            why = (f"the first bucket flush allocates the {_gib(deferred)} gradient partition beside the reduce "
-                   f"buffers ({_gib(buffers)}) once the activations are freed")
         elif event == FIRST_FLUSH:
             # Blocks done at the flush; a flush item added without that count keeps every block's activations.
             k = extra.first_flush_blocks or 0
-            blocks_left = model.num_layers - k
             remaining = max(0, layers - k * acts.per_layer) if acts is not None else layers
-            activations = remaining + embeddings + held + (working if blocks_left else 0)
-            why = (f"the {_gib(deferred)} gradient partition is allocated while {blocks_left} of {model.num_layers} "
-                   f"blocks keep their activations, beside the reduce buffers ({_gib(buffers)})")
-        elif event == LAST_BLOCK:
-            # Stage 3: each block's parameters are released after its backward, so the first
-            # block's (the last one's) is the largest.
-            activations = layers + embeddings + held
-            why = (f"the output projection's weight gradient ({_gib(timeline.spanning_bytes(LAST_BLOCK))}) "
-                   "beside the gathered parameters and every block's activations")
+            activations = remaining + embeddings + held + (working if model.num_layers - k else 0)
         elif event == EMBEDDING:
             # Last in the backward: every activation freed (the logits a loop holds stay). The
             # loss's (or the rebuild's) cached transients stay reserved; the embedding's new
             # tensors come on top.
-            grads = embedding.items()
-            items = {**items, **grads}
-            transients = {**moments[1 if working else 0].transients,
-                          **{k: v for k, v in grads.items() if k in ("embedding_gradient", "summed_embedding_gradient")}}
+            transients = {**moments[1 if working else 0].transients, **transients}
             activations = held
-            why = (f"activations freed, {_gib(embedding.total)} of gradients ({', '.join(grads)}) "
-                   "beside the model states" + (f" and the reduce buffers ({_gib(buffers)})" if buffers else ""))
-        elif event == AFTER_BACKWARD:
+        elif event == EPILOGUE or event == AFTER_BACKWARD:
             activations = held
-            why = f"a flat copy of the gradients ({_gib(timeline.spanning_bytes(AFTER_BACKWARD))}) beside all of them"
         else:
-            activations, why = 0, ""
-        moments.append(_moment(event, activations, absent, items, transients, why))
+            activations = 0
+        moments.append(_moment(event, activations, absent, items, transients, why, activations - absent + items_bytes))
     return moments
 
 

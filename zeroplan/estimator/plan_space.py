@@ -3,6 +3,7 @@ accepts, and the bucket sizes a plan carries."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from zeroplan.estimator.optimizer import resolve_optimizer_impl
@@ -55,28 +56,27 @@ def bucket_sizes(
     return out
 
 
-def _combos(stage: int, engine: str = "deepspeed") -> Iterable[tuple[str, str]]:
-    """(offload_optimizer, offload_param) pairs the engine accepts at ``stage``.
+@lru_cache(maxsize=None, typed=True)
+def _combos(stage: int, engine: str = "deepspeed") -> tuple[tuple[str, str], ...]:
+    """(offload_optimizer, offload_param) pairs the engine accepts at ``stage`` (the same for every
+    estimate: kept after the first).
 
     PyTorch's engines offload only with FSDP2's CPUOffloadPolicy, which moves parameters,
     gradients and the optimizer step together: (cpu, cpu) at stages 2 and 3, stored as the plan's
     offload_optimizer (and offload_param in stage 3).
     """
     if engine in TORCH_ENGINES:
-        yield ("none", "none")
-        if stage == 2:
-            yield ("cpu", "none")
-        elif stage == 3:
-            yield ("cpu", "cpu")
-        return
+        return (("none", "none"),) + ((("cpu", "none"),) if stage == 2 else (("cpu", "cpu"),) if stage == 3 else ())
     # DeepSpeed: exactly the combinations Plan accepts (the one home of stage/offload validity).
+    pairs = []
     for opt in OFFLOADS:
         for param in OFFLOADS:
             try:
                 Plan(stage=stage, offload_optimizer=opt, offload_param=param)
             except SpecError:
                 continue
-            yield (opt, param)
+            pairs.append((opt, param))
+    return tuple(pairs)
 
 
 def enumerate_plans(
@@ -190,19 +190,11 @@ def _plans_for_layout(model, cluster, training, sp: int, tp: int, stages, *, til
                     impl_error = exc
                     continue
             for ck in ckpts:
-                for mb, gas in valid_mbs:
-                    plans.append(
-                        Plan(
-                            stage=st,
-                            offload_optimizer=opt,
-                            offload_param=param,
-                            checkpointing=ck,
-                            micro_batch=mb,
-                            gradient_accumulation_steps=gas,
-                            **layout,
-                            **(buckets or {}),
-                        )
-                    )
+                # One plan checked in full per configuration; its micro-batches differ in two checked numbers.
+                first = Plan(stage=st, offload_optimizer=opt, offload_param=param, checkpointing=ck, micro_batch=valid_mbs[0][0],
+                             gradient_accumulation_steps=valid_mbs[0][1], **layout, **(buckets or {}))
+                plans.append(first)
+                plans += [first.with_batch(mb, gas) for mb, gas in valid_mbs[1:]]
     if not plans and impl_error is not None:
         raise impl_error
     if not plans and engine in TORCH_ENGINES:

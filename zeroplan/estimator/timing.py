@@ -28,7 +28,8 @@ from zeroplan.estimator.plan_cache import PlanCache
 from zeroplan.spec import ClusterSpec, GpuSpec, ModelSpec, Plan, TrainingSpec, bytes_per_param, compute_precision, optimizer_state_bytes_per_param
 
 __all__ = [
-    "StepTime", "comm_overlap_of", "engine_bookkeeping_s", "flops_per_token", "optimizer_step_bytes_per_param", "step_time", "NVME_BANDWIDTH",
+    "StepTime", "comm_overlap_of", "engine_bookkeeping_s", "flops_per_token", "optimizer_step_bytes_per_param", "shaped_step_time", "step_shape",
+    "step_time", "NVME_BANDWIDTH",
 ]
 
 #: NVMe read/write bandwidth per node assumed for ZeRO-Infinity swapping (bytes/s), a typical
@@ -116,7 +117,17 @@ def step_time(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, comm: CommVolume
 ) -> StepTime:
     """Predicted seconds per optimizer step for ``plan`` (model in the module docstring)."""
-    shape = _STEP_SHAPE(model, cluster, training, plan, comm=comm)
+    return shaped_step_time(step_shape(model, cluster, training, plan, comm), model, cluster, training, plan)
+
+
+def step_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan, comm: CommVolume) -> "_StepShape":
+    """The parts of :func:`step_time` that ``plan``'s micro-batch does not change (computed once for
+    the plans that differ only in it); :func:`shaped_step_time` adds the rest."""
+    return _STEP_SHAPE(model, cluster, training, plan, comm=comm)
+
+
+def shaped_step_time(shape: "_StepShape", model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> StepTime:
+    """:func:`step_time` from the :func:`step_shape` of a plan that differs from ``plan`` in micro-batch at most."""
     gpu = cluster.gpu
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * training.seq_len
     flops = tokens * shape.flops_per_token
@@ -137,6 +148,8 @@ def step_time(
         optimizer=shape.optimizer,
         offload_transfer=shape.transfer,
         engine_overhead=shape.bookkeeping,
+        generation=0.0,
+        scoring=0.0,
     )
 
 

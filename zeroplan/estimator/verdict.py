@@ -32,6 +32,9 @@ __all__ = [
     "Headroom",
     "PlanVerdict",
     "judge",
+    "combined_verdict",
+    "gpu_headroom",
+    "host_headroom",
     "judge_plan",
     "plan_verdict",
     "tight_note",
@@ -208,23 +211,58 @@ def judge_plan(
 ) -> PlanVerdict:
     """A plan's :class:`PlanVerdict` (both engines): ``gpu.required`` against ``cluster``'s GPU,
     host RAM per node against its node, with the terms that make a tight side uncertain (listed
-    only for a tight side, as :func:`plan_verdict` keeps them: built only then)."""
-    gpu_terms: tuple[tuple[str, int], ...] = ()
-    if judge(gpu_required_bytes, cluster.gpu_memory_bytes) == "tight":
-        gpu_terms = uncertain_terms(
+    only for a tight side, as :func:`plan_verdict` keeps them: built only then). The same as
+    :func:`combined_verdict` of :func:`gpu_headroom` and :func:`host_headroom`."""
+    return combined_verdict(
+        gpu_headroom(gpu_required_bytes, cluster, device=device, expandable_segments=expandable_segments, stranded_bytes=stranded_bytes,
+                     optimizer_temporary_bytes=optimizer_temporary_bytes, peak_phase=peak_phase),
+        host_headroom(cpu_per_node_bytes, cluster, model_build=model_build, build_defaulted=build_defaulted),
+        nvme_short=nvme_short,
+    )
+
+
+def gpu_headroom(
+    gpu_required_bytes: int, cluster, *, device: str, expandable_segments: bool, stranded_bytes: int, optimizer_temporary_bytes: int,
+    peak_phase: str,
+) -> Headroom:
+    """The GPU side of :func:`judge_plan`: ``gpu.required`` against ``cluster``'s GPU, with the
+    terms that make it uncertain when tight (:func:`uncertain_terms`)."""
+    verdict = judge(gpu_required_bytes, cluster.gpu_memory_bytes)
+    terms: tuple[tuple[str, int], ...] = ()
+    if verdict == "tight":
+        terms = uncertain_terms(
             expandable_segments=expandable_segments, stranded_bytes=stranded_bytes,
             optimizer_temporary_bytes=optimizer_temporary_bytes, peak_phase=peak_phase, device=device,
         )
-    host_terms: list[tuple[str, int]] = []
-    if cluster.cpu_memory_per_node_bytes > 0 and judge(cpu_per_node_bytes, cluster.cpu_memory_per_node_bytes) == "tight":
+    return built(Headroom, figure="gpu.required", figure_bytes=gpu_required_bytes, capacity_bytes=cluster.gpu_memory_bytes,
+                 verdict=verdict, uncertain=terms)
+
+
+def host_headroom(cpu_per_node_bytes: int, cluster, *, model_build: str, build_defaulted: bool) -> Optional[Headroom]:
+    """The host side of :func:`judge_plan`: host RAM per node against ``cluster``'s node, with what
+    the figure leaves out when tight; None when the node's RAM is not known. The same for every
+    plan with the same host figure (an estimate's plans share a dozen)."""
+    capacity = cluster.cpu_memory_per_node_bytes
+    if capacity <= 0:
+        return None
+    verdict = judge(cpu_per_node_bytes, capacity)
+    terms: list[tuple[str, int]] = []
+    if verdict == "tight":
         if build_defaulted:
-            host_terms.append((f"how the model is loaded (assumed {model_build}; --model-build)", 0))
-        host_terms += [("dataset and tokenizer in host memory", 0), ("data-loader worker processes", 0)]
-    return plan_verdict(
-        gpu_required_bytes=gpu_required_bytes, gpu_memory_bytes=cluster.gpu_memory_bytes,
-        cpu_per_node_bytes=cpu_per_node_bytes, cpu_memory_per_node_bytes=cluster.cpu_memory_per_node_bytes,
-        nvme_short=nvme_short, gpu_uncertain=gpu_terms, host_uncertain=tuple(host_terms),
-    )
+            terms.append((f"how the model is loaded (assumed {model_build}; --model-build)", 0))
+        terms += [("dataset and tokenizer in host memory", 0), ("data-loader worker processes", 0)]
+    return built(Headroom, figure="cpu_per_node", figure_bytes=cpu_per_node_bytes, capacity_bytes=capacity, verdict=verdict,
+                 uncertain=tuple(terms))
+
+
+def combined_verdict(gpu: Headroom, host: Optional[Headroom], *, nvme_short: bool) -> PlanVerdict:
+    """The plan's verdict from its two sides (module docstring): the worse of them, ``oom`` when it is short of NVMe."""
+    verdict = gpu.verdict
+    if host is not None and VERDICTS.index(host.verdict) > VERDICTS.index(verdict):
+        verdict = host.verdict
+    if nvme_short:
+        verdict = "oom"
+    return built(PlanVerdict, verdict=verdict, gpu=gpu, host=host, nvme_short=nvme_short, margin=TIGHT_MARGIN)
 
 
 def tight_note(judgement: PlanVerdict) -> str:

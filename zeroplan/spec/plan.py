@@ -142,6 +142,16 @@ class Plan:
                 "use --stage 3 or turn them off"
             )
 
+    def with_batch(self, micro_batch: int, gradient_accumulation_steps: int) -> "Plan":
+        """This plan with another micro-batch and accumulation. ``dataclasses.replace`` would check
+        every field again; here only the two new values are checked (the others were when this
+        plan was made, and no other check reads these two), with the messages ``Plan`` gives."""
+        check_positive_int("micro_batch", micro_batch, maximum=1_000_000)
+        check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps, maximum=1_000_000)
+        plan = object.__new__(Plan)
+        object.__setattr__(plan, "__dict__", {**self.__dict__, "micro_batch": micro_batch, "gradient_accumulation_steps": gradient_accumulation_steps})
+        return plan
+
     @property
     def zero_label(self) -> str:
         """Stage and offloads, e.g. ``z3+opt:cpu+param:cpu`` (the first part of :attr:`label`)."""
