@@ -132,6 +132,36 @@ def _click_saw_a_closed_stdout(stdout_before: Any) -> bool:
     return sys.stdout is not stdout_before and isinstance(sys.stdout, PacifyFlushWrapper)
 
 
+def _is_the_process_command_line(args: list[str]) -> bool:
+    """Whether ``args`` are the arguments this interpreter was started with (``zeroplan ARGS``,
+    ``python -m zeroplan ARGS``), as opposed to ``main()`` called inside another program."""
+    started = getattr(sys, "orig_argv", [])
+    return bool(args) and len(started) > len(args) and started[len(started) - len(args):] == args
+
+
+def _load_for(args: list[str], *, whole_process: bool) -> None:
+    """Import the command ``args`` runs (:func:`load_commands`) with the cyclic garbage collector
+    held off; when this process runs only this command line (``whole_process``), move what the
+    start-up built into the collector's permanent generation (``gc.freeze``).
+
+    Modules, classes and functions live until the process ends: collections during their import
+    find nothing to free, and every later full collection, and the one at interpreter exit,
+    would walk them all again. Frozen, they are not walked (``zeroplan estimate --params 175e9
+    --gpus 64``: ~34 M fewer instructions, 4 % of the command). Called inside another program
+    (tests, a notebook), nothing is frozen: that program's objects stay collectable."""
+    import gc
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        load_commands(_commands_for(args))
+    finally:
+        if whole_process:
+            gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: bad input becomes one line on stderr and exit code 2.
 
@@ -141,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     :data:`EXIT_STDOUT_CLOSED` (rich's consoles on stdout raise it: :func:`zeroplan.cli.common.stdout_console`).
     """
     args = sys.argv[1:] if argv is None else list(argv)
-    load_commands(_commands_for(args))
+    _load_for(args, whole_process=argv is None and _is_the_process_command_line(args))
     stdout = sys.stdout
     try:
         code = _app(args=args, prog_name="zeroplan", standalone_mode=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -63,11 +63,15 @@ _DROP_ORDER = ("params", "grads", "optim", "extra", "activ", "comm GB", "#", "st
 _MIN_WIDTHS = {"verdict": 10}
 
 
+#: The table's width when output is piped and COLUMNS is not set.
+_PIPED_WIDTH = 170
+
+
 def _table_console():
-    """The terminal's width; 170 columns when output is piped and COLUMNS is not set."""
+    """The terminal's width; :data:`_PIPED_WIDTH` columns when output is piped and COLUMNS is not set."""
     import os
 
-    return stdout_console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 170)
+    return stdout_console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else _PIPED_WIDTH)
 
 
 def _margin() -> float:
@@ -200,7 +204,7 @@ def _build_table(title: str, rows: list, columns: list[str], widths: Optional[di
     for col in columns:
         # "verdict" may fold its reasons onto a second line; every other cell stays on one.
         table.add_column(
-            Text(col) if widths is not None else col, justify="left" if col in ("offload opt/param", "ckpt", "verdict") else "right",
+            Text(col) if widths is not None else col, justify="left" if col in _LEFT else "right",
             no_wrap=col != "verdict", min_width=10 if col == "verdict" else None, width=None if widths is None else widths[col],
         )
     for cells, style in rows:
@@ -208,8 +212,15 @@ def _build_table(title: str, rows: list, columns: list[str], widths: Optional[di
     return table
 
 
-def _fitted_table(title: str, rows: list, shown, console):
-    """The table with the least important columns left out until it fits the console; (table, left out)."""
+#: The columns whose cells are left-justified (the others are right-justified).
+_LEFT = ("offload opt/param", "ckpt", "verdict")
+
+
+def _fitted_columns(title: str, rows: list, shown, width: int, measure) -> tuple[list[str], list[str], Optional[dict], Any]:
+    """The columns shown at ``width``, with the least important left out until the table fits:
+    (columns, left out, their widths when every cell is plain text and the table fits, else None;
+    the rich table measured last, else None). ``measure`` (a rich table → the width rich draws it)
+    is called only for cells that are not plain text."""
     from zeroplan.cli.table_fit import column_widths, plain_cells, widest_table
 
     # The layout column only when a shown plan is not pure data parallelism (data-parallel tables as before).
@@ -219,18 +230,28 @@ def _fitted_table(title: str, rows: list, shown, console):
     exact = plain_cells(cells, columns)
     t = None
     for col in _DROP_ORDER:
-        if widest_table(cells, columns, min_widths=_MIN_WIDTHS) <= console.width:
+        if widest_table(cells, columns, min_widths=_MIN_WIDTHS) <= width:
             break  # fits for certain (cli/table_fit.py); plain cells are too wide for certain, else rich measures them
         if not exact:
             t = _build_table(title, rows, columns)
-            if console.measure(t, options=console.options.update(max_width=10_000)).maximum <= console.width:
+            if measure(t) <= width:
                 break
         columns.remove(col)
         dropped.append(col)
         t = None
-    if exact and widest_table(cells, columns, min_widths=_MIN_WIDTHS) <= console.width:
+    if exact and widest_table(cells, columns, min_widths=_MIN_WIDTHS) <= width:
         # Plain cells that fit: rich's widths are the widest cells (cli/table_fit.py).
-        return _build_table(title, rows, columns, column_widths(cells, columns, min_widths=_MIN_WIDTHS)), dropped
+        return columns, dropped, column_widths(cells, columns, min_widths=_MIN_WIDTHS), None
+    return columns, dropped, None, t
+
+
+def _fitted_table(title: str, rows: list, shown, console):
+    """The table with the least important columns left out until it fits the console; (table, left out)."""
+    columns, dropped, widths, t = _fitted_columns(
+        title, rows, shown, console.width, lambda t: console.measure(t, options=console.options.update(max_width=10_000)).maximum
+    )
+    if widths is not None:
+        return _build_table(title, rows, columns, widths), dropped
     return t or _build_table(title, rows, columns), dropped
 
 
@@ -250,12 +271,52 @@ def _table_notes(model, cluster, estimates, shown, *, total_plans: int, extra_no
     return notes
 
 
+def _plain_table_text(title: str, rows: list, shown, width: int, notes, recommend: str) -> Optional[str]:
+    """What rich prints for the table on a stdout without colour (:mod:`zeroplan.cli.plain_draw`),
+    or None when the text is not all shown as typed or the cells do not fit: rich draws it then.
+    ``notes`` (left out → the notes) are printed as ``• note``, each wrapped to ``width``."""
+    from zeroplan.cli.plain_draw import boxed_table, shown_as_typed, wrapped
+    from zeroplan.cli.table_fit import plain_cells
+
+    if not plain_cells([cells for cells, _ in rows], list(_COLUMNS)):
+        return None  # rich measures such cells (_fitted_columns' measure)
+    columns, dropped, widths, _ = _fitted_columns(title, rows, shown, width, None)
+    notes = notes(dropped)
+    # Cells are Text (no markup); the title is Text when rich would not read it as markup; the
+    # recommendation is printed with soft_wrap (its lines as they are); the notes are wrapped.
+    printed = [title, *notes, *(recommend.split("\n") if recommend else ())]
+    if any(note.endswith("\\") for note in notes):
+        return None  # "[dim]• …\\[/dim]": the backslash escapes the closing tag
+    shown_cells = (cells[c] for cells, _ in rows for c in columns)
+    if widths is None or not all(map(shown_as_typed, printed)) or not all(shown_as_typed(t, markup=False) for t in shown_cells):
+        return None
+    lines = [recommend] if recommend else []
+    lines += boxed_table(title, columns, widths, (cells for cells, _ in rows), left=_LEFT)
+    lines += [line for note in notes for line in wrapped(f"• {note}", width)]
+    return "\n".join(lines) + "\n"
+
+
 def _render_table(
     model, cluster, training, estimates, shown, *, total_plans: int, extra_notes: list[str], console=None, recommend: str = ""
 ) -> None:
-    console = console or _table_console()
     rows = [_row(i, est, cluster) for i, est in enumerate(shown, 1)]
-    table, dropped = _fitted_table(_title(model, cluster, training, estimates), rows, shown, console)
+    title = _title(model, cluster, training, estimates)
+
+    def notes(dropped: list[str], width: int) -> list[str]:
+        return _table_notes(model, cluster, estimates, shown, total_plans=total_plans, extra_notes=extra_notes, dropped=dropped, width=width)
+
+    if console is None:
+        # Piped without colour: the same characters without rich's console (cli/plain_draw.py).
+        from zeroplan.cli.plain_draw import plain_stdout_width
+
+        width = plain_stdout_width(piped=_PIPED_WIDTH)
+        text = None if width is None else _plain_table_text(title, rows, shown, width, lambda dropped: notes(dropped, width), recommend)
+        if text is not None:
+            sys.stdout.write(text)
+            sys.stdout.flush()  # as rich does after each print: before anything estimate writes on stderr
+            return
+        console = _table_console()
+    table, dropped = _fitted_table(title, rows, shown, console)
     # Without colours (output piped) rich's highlighter only marks spans nothing draws
     # (Style.render returns the text as is when color_system is None): skip it, same text.
     highlight = False if console.color_system is None else None
@@ -265,8 +326,7 @@ def _render_table(
     if recommend:
         console.print(recommend, soft_wrap=True, highlight=highlight, emoji=False if emoji_free(recommend) else None)
     console.print(table)
-    for note in _table_notes(model, cluster, estimates, shown, total_plans=total_plans, extra_notes=extra_notes,
-                             dropped=dropped, width=console.width):
+    for note in notes(dropped, console.width):
         console.print(f"[dim]• {note}[/dim]", highlight=highlight, emoji=False if emoji_free(note) else None)
 
 
@@ -321,6 +381,15 @@ def _json_doc(request, outcome, *, trace_note: Optional[str]) -> dict:
     return doc
 
 
+def _recipe_models(recipe) -> dict:
+    """The recipe's reference and reward models (:func:`zeroplan.profiles.recipe_models.recipe_models`); {} without a recipe."""
+    if recipe is None:
+        return {}
+    from zeroplan.profiles.recipe_models import recipe_models
+
+    return recipe_models(recipe)
+
+
 def _export_options(m: ModelOptions, c: ClusterOptions, t: TrainingOptions, peft: PeftGroup, e: EngineOptions, recipe, *,
                     gpus: int, nvme_plan: bool) -> dict:
     """The options the recommended ``zeroplan export`` line repeats (export's names; None left out)."""
@@ -361,8 +430,6 @@ def estimate(
     plan_buckets = engine_opts.resolve(plan_opts)
     if top < 0:
         raise SpecError(f"--top {top} is not valid; give 0 (all) or a positive count")
-    from zeroplan.profiles.recipe_models import recipe_models
-
     model_spec = model_opts.resolve(peft_opts, precision=training_opts.precision)
     cluster = cluster_opts.resolve(gpus)
     training = with_training_choices(training_opts.resolve(), flash_attention=not no_flash, loss=engine_opts.loss)
@@ -377,7 +444,7 @@ def estimate(
         offload_param=plan_opts.offload_param, checkpointing=checkpointing, sp=sp_degrees, tp=tp_degrees, tiled_mlp=plan_opts.tiled_mlp,
         ep=plan_opts.ep, cp=plan_opts.context_degrees(), engine=engine_opts.name, optimizer_impl=engine_opts.optimizer_impl, buckets=plan_buckets,
         expandable_segments=expandable_segments, model_build=engine_opts.model_build, model_save=engine_opts.model_save, activation_bytes=traced, recipe=recipe_spec,
-        recipe_models=recipe_models(recipe_spec) if recipe_spec is not None else {},
+        recipe_models=_recipe_models(recipe_spec),
     )
     with gc_paused():  # the estimates and what is written from them are many small objects (estimator/gc_pause.py)
         outcome = run_estimate(request)

@@ -68,7 +68,12 @@ class Take:
 
 
 class OptionGroup:
-    """Base of the option groups (a marker :func:`grouped` looks for)."""
+    """Base of the option groups (a marker :func:`grouped` looks for).
+
+    A group is built once per command run and read field by field: the groups are declared with
+    ``eq=False, repr=False``, so the dataclass decorator does not compile an ``__eq__``,
+    ``__hash__`` and ``__repr__`` per group at every start-up (each compiled method costs about
+    as much as importing a small module)."""
 
     @classmethod
     def from_parsed(cls, values: dict[str, Any], *, given: frozenset[str]) -> "OptionGroup":
@@ -91,7 +96,7 @@ class OptionGroup:
 
 
 # --------------------------------------------------------------------------------------- model
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ModelOptions(OptionGroup):
     """``--params`` / ``--model``: the model to plan for."""
 
@@ -108,7 +113,7 @@ class ModelOptions(OptionGroup):
 
 
 # ------------------------------------------------------------------------------------- cluster
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ClusterOptions(OptionGroup):
     """GPUs, their profile and memory, and each node's host RAM and NVMe."""
 
@@ -131,7 +136,7 @@ class ClusterOptions(OptionGroup):
 
 
 # ------------------------------------------------------------------------------------ training
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class TrainingOptions(OptionGroup):
     """Sequence, batch, precision and optimizer."""
 
@@ -149,7 +154,7 @@ class TrainingOptions(OptionGroup):
 
 
 # ---------------------------------------------------------------------------------------- plan
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PlanOptions(OptionGroup):
     """The plan filters: stage, offloads, checkpointing and the parallel layout."""
 
@@ -180,7 +185,7 @@ class PlanOptions(OptionGroup):
 
 
 # --------------------------------------------------------------------------------- fine-tuning
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PeftGroup(OptionGroup):
     """LoRA / QLoRA: adapters on a frozen base."""
 
@@ -205,7 +210,7 @@ EngineOpt = Annotated[
 BackendAliasOpt = Annotated[Optional[str], typer.Option("--backend", hidden=True, help="Old name of --engine.")]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class EngineOptions(OptionGroup):
     """The engine and what depends on it: optimizer implementation, loss, buckets, overlap, and the
     two questions of the host's memory that the run answers, not the plan: how it builds or loads
@@ -277,7 +282,7 @@ class EngineOptions(OptionGroup):
 
 
 # -------------------------------------------------------------------------------------- recipe
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RecipeOptions(OptionGroup):
     """``--recipe`` and its settings (docs/recipes.md)."""
 

@@ -20,7 +20,8 @@ import typer
 
 from zeroplan.cli import app
 from zeroplan.cli.common import (
-    OutputOpt, RunGpusOpt, check_choice_option, require_runtime, resolve_model, resolve_training, terminal_width, write_output,
+    OutputOpt, RunGpusOpt, check_choice_option, require_runtime, resolve_model, resolve_training, stdout_console, terminal_width,
+    write_output,
 )
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
@@ -177,7 +178,8 @@ def _report(result, plan, *, fmt: str, output) -> None:
     if fmt == "json":
         write_output(json.dumps(result.as_dict(), indent=2), output)
     elif output is None:
-        _render_table(result, plan, Console(width=terminal_width(120)))
+        # A stdout its reader closed ends the command quietly (exit 141: zeroplan.cli.main).
+        _render_table(result, plan, stdout_console(width=terminal_width(120)))
     else:
         console = Console(file=io.StringIO(), width=120)
         _render_table(result, plan, console)

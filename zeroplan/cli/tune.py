@@ -9,7 +9,7 @@ from typing import Annotated, Any, List, Optional
 import typer
 
 from zeroplan.cli import app
-from zeroplan.cli.common import RunGpusOpt, check_choice_option, require_runtime, terminal_width
+from zeroplan.cli.common import RunGpusOpt, check_choice_option, require_runtime, stdout_console, terminal_width
 from zeroplan.cli.context_option import CpRefusedOpt, refuse_context_parallel
 from zeroplan.cli.options import (
     ClusterOptions, EngineOptions, ModelOptions, PeftGroup, PlanOptions, RecipeOptions, Take, TrainingOptions, grouped,
@@ -99,12 +99,11 @@ def tune(
                        recipe=recipe_opts)  # every option as parsed, by parameter name, and their groups
     if request is None:
         return  # a Slurm script written, or this node followed node 0's probes
-    from rich.console import Console
-
     from zeroplan.tuner.request import NothingFits
     from zeroplan.tuner.usecase import run_tune
 
-    console = Console(stderr=False, highlight=False, width=terminal_width(140))
+    # A stdout its reader closed ends the command quietly (exit 141: zeroplan.cli.main).
+    console = stdout_console(highlight=False, width=terminal_width(140))
     try:
         outcome = run_tune(request, TuneRender(console, request.settings.trials))
     except NothingFits as exc:

@@ -16,13 +16,15 @@ A layout is valid when (each rule with the engine's own reason):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Union
 
 from zeroplan.estimator.sequence_parallel import check_layout_model
-from zeroplan.estimator.tensor_parallel import LayoutComm, layout_comm, layout_comm_seconds
 from zeroplan.estimator.timing import StepTime, flops_per_token
 from zeroplan.spec import ClusterSpec, ModelSpec, Plan, SpecError, TrainingSpec, divisors
 from zeroplan.spec.training import compute_precision
+
+if TYPE_CHECKING:
+    from zeroplan.estimator.tensor_parallel import LayoutComm
 
 __all__ = ["AUTO", "Degrees", "check_layout", "estimate_with_layouts", "explicit_layout", "layout_step_time", "parse_degrees", "valid_layouts"]
 
@@ -134,6 +136,9 @@ def layout_step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     (:func:`~zeroplan.estimator.tensor_parallel.layout_comm`) sit on the critical path: they add to
     both ``communication`` and ``exposed_communication``.
     """
+    # Imported here: a plan without a layout never needs it (estimate's start-up does not import it).
+    from zeroplan.estimator.tensor_parallel import layout_comm, layout_comm_seconds
+
     gpu = cluster.gpu
     base = replace(plan, sp=1, tp=1, tiled_mlp=False)
     tokens = plan.micro_batch * plan.gradient_accumulation_steps * training.seq_len

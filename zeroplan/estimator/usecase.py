@@ -97,10 +97,11 @@ def run_estimate(request: EstimateRequest) -> EstimateOutcome:
     from zeroplan.estimator.expert_parallel import parse_expert_degrees, with_expert_degrees
     from zeroplan.estimator.host import stage_for_build
     from zeroplan.estimator.layout_space import estimate_with_layouts
-    from zeroplan.estimator.plans_recipe import estimate_recipe_all
 
     r = request
     recipe = r.recipe
+    if recipe is not None:  # the recipe terms' modules only for a recipe (plain SFT does not import them)
+        from zeroplan.estimator.plans_recipe import estimate_recipe_all
     estimates, layout_note = estimate_with_layouts(
         r.model, r.cluster, r.training, sp=r.sp, tp=r.tp, cp=r.cp,
         plan_options=dict(stage=stage_for_build(r.stage, r.model_build), offload_optimizer=r.offload_optimizer,
