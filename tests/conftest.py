@@ -95,10 +95,43 @@ def zeroplan_cli():
 
 
 @pytest.fixture(scope="session")
+def warm_server():
+    """Probes and tunes run in this process (``run_probe``, or ``helpers.run_main(["probe" | "tune",
+    ...])``) share zeroplan's warm launcher server, as a tune's trials do: it imports torch,
+    DeepSpeed and transformers once (seconds of CPU) instead of once per ``python -m zeroplan``
+    child, which also paid torch's import itself. A probe with another environment replaces it
+    (zeroplan.runtime.launch.warm.begin). Stopped and reaped when the session ends."""
+    yield
+    from zeroplan.runtime.launch import warm
+
+    warm.shutdown()
+
+
+@pytest.fixture
+def zeroplan_here(capsys, monkeypatch, warm_server):
+    """Runs ``zeroplan ARGS`` through the console-script entry point in this process, from the
+    repository root with DeepSpeed on CPU, as :func:`helpers.run_zeroplan`'s child would (its
+    exit code and output as a ``CompletedProcess``); its probes use the session's warm server."""
+    import subprocess
+
+    from helpers import run_main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        code, out, err = run_main(list(args), capsys)
+        return subprocess.CompletedProcess(["zeroplan", *args], code, out, err)
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def optimizer_step_rows():
     """benchmarks/optimizer_step_memory.py on 2 gloo ranks, every (stage, impl) the tests check
     measured in one launch (each run has its own tracker; the rows equal separate launches'):
-    ``{(stage, impl): row}``."""
+    ``{(stage, impl): row}``. Two steps: the second is the first after the optimizer's lazily
+    created state, and its bytes equal the benchmark's default third step's (row for row)."""
     import json
     import subprocess
     import sys
@@ -108,7 +141,7 @@ def optimizer_step_rows():
     runs = ((2, "torch-loop"), (3, "config"))
     env = {**os.environ, "PYTHONPATH": str(root), "DS_ACCELERATOR": "cpu"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        str(root / "benchmarks" / "optimizer_step_memory.py"), "--runs", ",".join(f"{s}:{i}" for s, i in runs)],
+                        str(root / "benchmarks" / "optimizer_step_memory.py"), "--runs", ",".join(f"{s}:{i}" for s, i in runs), "--steps", "2"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]

@@ -8,13 +8,11 @@ transformers' LlamaConfig, and probes of real DeepSpeed engines on CPU ranks (sl
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, example
+from helpers import ROOT, example, run_main
 
 from zeroplan.profiles.resolve import model_from_params
 from zeroplan.runtime.discovery.discover import DiscoveredModel, activation_source
@@ -167,32 +165,32 @@ def test_keep_on_device_sets_host_data_aside():
         assert memory.tracker.host_bytes == 0
 
 
-def _probe(args: list[str], tmp_path: Path) -> dict:
-    import subprocess
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+def _probe(args: list[str], tmp_path: Path, capsys, monkeypatch) -> dict:
+    """``zeroplan probe ARGS --format json`` on CPU ranks through the CLI in this process: the
+    probes share the session's warm launcher server (tests/conftest.py ``warm_server``)."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     cut = args.index("--")
     args = [*args[:cut], "--workdir", str(tmp_path / "w"), "--format", "json", *args[cut:]]
-    out = subprocess.run([sys.executable, "-m", "zeroplan", "probe", *args],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    code, out, err = run_main(["probe", *args], capsys)
+    assert code == 0, err[-2000:]
+    return json.loads(out)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_probe_of_a_linear_stack_without_model_flags_is_traced(tmp_path):
-    r = _probe(["examples/train_deepspeed_mlp.py", "--gpus", "2", "--stage", "1", "--reduce-bucket-size", "1e6",
-                "--allgather-bucket-size", "1e6", "--", "--steps", "8"], tmp_path)
+def test_probe_of_a_linear_stack_without_model_flags_is_traced(tmp_path, capsys, monkeypatch, warm_server):
+    r = _probe([str(ROOT / "examples" / "train_deepspeed_mlp.py"), "--gpus", "2", "--stage", "1", "--reduce-bucket-size", "1e6",
+                "--allgather-bucket-size", "1e6", "--", "--steps", "8"], tmp_path, capsys, monkeypatch)
     assert r["status"] == "ok" and r["activations_source"] == "traced"
     assert abs(r["memory_error"]) <= 0.10, r["memory_error"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_trainer_script_with_a_host_corpus_probes_within_15_percent(tmp_path):
-    r = _probe(["tests/data/trainer_token_tensor.py", "--config", "tests/data/configs/zero2_auto.json", "--gpus", "2",
-                "--micro-batch", "1", "--", "--use_cpu", "--output_dir", str(tmp_path / "out"), "--report_to", "none"], tmp_path)
+def test_trainer_script_with_a_host_corpus_probes_within_15_percent(tmp_path, capsys, monkeypatch, warm_server):
+    data = ROOT / "tests" / "data"
+    r = _probe([str(data / "trainer_token_tensor.py"), "--config", str(data / "configs" / "zero2_auto.json"), "--gpus", "2",
+                "--micro-batch", "1", "--", "--use_cpu", "--output_dir", str(tmp_path / "out"), "--report_to", "none"], tmp_path, capsys, monkeypatch)
     assert r["status"] == "ok" and r["activations_source"] == "config"
     rank = json.loads((tmp_path / "w" / "rank-0.json").read_text())
     assert rank["host_tensors_set_aside"] >= 100_000 * 128 * 8  # the corpus

@@ -89,10 +89,10 @@ def _tune(script: Path, out: Path, *extra: str, timeout: float = 120) -> subproc
 
 
 @pytest.mark.slow
-def test_script_without_an_engine_names_the_watched_entry_points(tmp_path):
+def test_script_without_an_engine_names_the_watched_entry_points(tmp_path, zeroplan_here):
     script = tmp_path / "no_engine.py"
     script.write_text(NO_ENGINE)
-    r = _tune(script, tmp_path / "out")
+    r = zeroplan_here("tune", str(script), "--gpus", "2", "--output", str(tmp_path / "out"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [
         f"zeroplan: error: model discovery: {script} finished without calling deepspeed.initialize (also called by "
@@ -124,11 +124,11 @@ REJECTS_DEEPSPEED = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_trainer_style_script_rejecting_deepspeed_is_one_line(tmp_path):
+def test_trainer_style_script_rejecting_deepspeed_is_one_line(tmp_path, zeroplan_here):
     script = tmp_path / "rejects.py"
     script.write_text(REJECTS_DEEPSPEED)
     out = tmp_path / "out"
-    r = _tune(script, out)
+    r = zeroplan_here("tune", str(script), "--gpus", "2", "--output", str(out))
     assert r.returncode == 2, r.stdout + r.stderr
     config = out / "discovery" / "ds_config.json"
     assert r.stderr.strip().splitlines() == [

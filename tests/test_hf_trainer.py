@@ -17,7 +17,7 @@ from zeroplan.dsconfig.trial import HF_TEMPLATE, apply_plan_config
 from zeroplan.runtime.rank.trainer import is_trainer_script, trainer_batch_args, trainer_precision
 from zeroplan.spec import Plan, TrainingSpec
 
-from helpers import ROOT, example, run_zeroplan
+from helpers import ROOT, example, run_main
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
 EXAMPLE = ROOT / "examples" / "train_hf_trainer.py"
 
@@ -137,17 +137,19 @@ def test_probe_trl_sft_example(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_probe_trainer_script_from_a_plan_without_a_config(tmp_path):
+def test_probe_trainer_script_from_a_plan_without_a_config(tmp_path, capsys, monkeypatch, warm_server):
     """`probe SCRIPT --stage 2 --micro-batch 2` on a Trainer script: the config zeroplan writes is
     the Trainer's "auto" template with the plan's keys (as tune's trials), so the Trainer accepts
     it; before, its fixed learning rate, scheduler and bf16 were refused ("Please correct the
-    following DeepSpeed config values that mismatch TrainingArguments values")."""
+    following DeepSpeed config values that mismatch TrainingArguments values").
+    Through the CLI in this process, on the session's warm launcher server (tests/conftest.py ``warm_server``)."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     workdir = tmp_path / "w"
-    r = run_zeroplan("probe", str(ROOT / "examples" / "train_hf_trainer.py"), "--gpus", "2", "--stage", "2", "--micro-batch", "2",
-                     "--steps", "2", "--warmup", "1", "--format", "json", "--workdir", str(workdir), "--", "--use_cpu", "--report_to", "none",
-                     timeout=380)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    doc = json.loads(r.stdout)
+    code, out, err = run_main(["probe", str(ROOT / "examples" / "train_hf_trainer.py"), "--gpus", "2", "--stage", "2", "--micro-batch", "2",
+                               "--steps", "2", "--warmup", "1", "--format", "json", "--workdir", str(workdir), "--", "--use_cpu",
+                               "--report_to", "none"], capsys)
+    assert code == 0, out[-2000:] + err[-2000:]
+    doc = json.loads(out)
     assert doc["status"] == "ok" and doc["steps"] == 2
     # The model discovered at deepspeed.initialize and estimated beside the measurement (what the
     # TRL SFT probe, now e2e, checked on the same tiny Llama).
@@ -228,17 +230,17 @@ def test_trial_on_a_base_config_keeps_the_plans_layout(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_tune_trainer_accumulation_plan_measures_under_the_default_early_stop(tmp_path):
+def test_tune_trainer_accumulation_plan_measures_under_the_default_early_stop(tmp_path, capsys, monkeypatch, warm_server):
     """The README's Trainer tune with a gradient-accumulation plan (micro-batch 2 × 2 ranks × 2 = 8)
     under the default --ci: accelerate calls engine.step only at the accumulation boundary, and the
-    probe still times the non-boundary micro-steps, so the plan reports its throughput."""
+    probe still times the non-boundary micro-steps, so the plan reports its throughput.
+    Through the CLI in this process, on the session's warm launcher server."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "zeroplan", "tune", str(EXAMPLE), "--gpus", "2", "--global-batch", "8", "--trials", "1",
-         "--stage", "1", "--offload-optimizer", "none", "--micro-batch", "2", "--output", str(out), "--", "--use_cpu", "--report_to", "none"],
-        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=380,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    code, stdout, stderr = run_main(["tune", str(EXAMPLE), "--gpus", "2", "--global-batch", "8", "--trials", "1", "--stage", "1",
+                                     "--offload-optimizer", "none", "--micro-batch", "2", "--output", str(out), "--", "--use_cpu",
+                                     "--report_to", "none"], capsys)
+    assert code == 0, stdout + stderr
     rows = pd.read_csv(out / "trials.csv")
     ok = rows[rows["status"] == "ok"]
     assert len(ok) == 1 and ok.iloc[0]["gradient_accumulation_steps"] == 2, rows[["plan", "status", "reason"]]
@@ -246,4 +248,4 @@ def test_tune_trainer_accumulation_plan_measures_under_the_default_early_stop(tm
     # Timed micro-steps (the --ci estimate), and the throughput is the global batch over that step time.
     assert row["measured_step_time_s"] > 0 and row["measured_step_time_ci_s"] > 0
     assert row["measured_samples_per_second"] == pytest.approx(8 / row["measured_step_time_s"], rel=1e-6)
-    assert "0.00 samples/s" not in r.stdout
+    assert "0.00 samples/s" not in stdout

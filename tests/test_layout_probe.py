@@ -51,11 +51,13 @@ def test_probe_sp_that_does_not_divide_gpus_is_one_line(capsys):
     assert code == 2 and "--sp 4 × --tp 1 = 4 does not divide the 2 ranks" in err and "Traceback" not in err
 
 
-def _losses(tmp_path: Path, name: str, gpus: int, *flags: str, micro_batch: int = 1) -> list[list[float]]:
+def _losses(tmp_path: Path, capsys, name: str, gpus: int, *flags: str, micro_batch: int = 1) -> list[list[float]]:
+    """One ``zeroplan probe`` through the CLI in this process: the probes share the session's warm
+    launcher server, as tune's trials do (tests/conftest.py ``warm_server``)."""
     workdir = tmp_path / name
-    proc = run_zeroplan("probe", str(SCRIPT), "--gpus", str(gpus), "--stage", "1", "--micro-batch", str(micro_batch), "--precision", "fp32",
-                        "--steps", "1", "--warmup", "1", "--seq-len", "64", "--workdir", str(workdir), *flags, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    code, out, err = run_main(["probe", str(SCRIPT), "--gpus", str(gpus), "--stage", "1", "--micro-batch", str(micro_batch), "--precision", "fp32",
+                               "--steps", "1", "--warmup", "1", "--seq-len", "64", "--workdir", str(workdir), *flags], capsys)
+    assert code == 0, out[-2000:] + err[-2000:]
     ranks = [json.loads(p.read_text()) for p in sorted(workdir.glob("rank-*.json"))]
     # Distinct samples per optimizer step: micro × data-parallel ranks (an AutoTP group trains one batch).
     assert {r["samples_per_step"] for r in ranks} == {micro_batch * gpus // LAYOUT_DEGREE.get(flags[:2], 1)}, ranks
@@ -67,15 +69,15 @@ LAYOUT_DEGREE = {("--sp", "2"): 2, ("--tp", "2"): 2}
 
 
 @pytest.mark.slow
-def test_sp2_and_tp2_give_the_plain_step0_loss(tmp_path):
+def test_sp2_and_tp2_give_the_plain_step0_loss(tmp_path, capsys, warm_server):
     """A plain DeepSpeed loop (examples/train_hf_causal_lm.py) that knows nothing of layouts, two
     samples per micro batch (a CPU rank's sequence shard of two rows is a strided view that
     transformers' loss refused before runtime/rank/layout.copy_sp_shards_on_cpu)."""
-    (plain,) = _losses(tmp_path, "plain", 1, micro_batch=2)
+    (plain,) = _losses(tmp_path, capsys, "plain", 1, micro_batch=2)
     # sp 2 × dp 2 on 4 ranks: the first sp group runs rank 0's samples, the second rank 2's (its
     # loss backward crossed torch's gloo all_gather bug before runtime/rank/layout.fix_gloo_all_gather).
-    sp2 = _losses(tmp_path, "sp2", 4, "--sp", "2", micro_batch=2)
-    tp2 = _losses(tmp_path, "tp2", 2, "--tp", "2", micro_batch=2)
+    sp2 = _losses(tmp_path, capsys, "sp2", 4, "--sp", "2", micro_batch=2)
+    tp2 = _losses(tmp_path, capsys, "tp2", 2, "--tp", "2", micro_batch=2)
     for rank_losses in sp2[:2] + tp2:
         assert abs(rank_losses[0] - plain[0]) <= 1e-5, (plain, sp2, tp2)
     assert sp2[2][0] == sp2[3][0] and abs(sp2[2][0] - plain[0]) > 1e-4  # one sample per sp group, another sample
@@ -84,11 +86,11 @@ def test_sp2_and_tp2_give_the_plain_step0_loss(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e  # the default run keeps one probe per path; python -m pytest -m e2e runs this too
-def test_qwen3_sp2_gives_the_plain_step0_loss(tmp_path):
+def test_qwen3_sp2_gives_the_plain_step0_loss(tmp_path, capsys, warm_server):
     """Qwen3 (q/k norms on the head dimension, tied embeddings) under Ulysses."""
     qwen = ("--", "--model-config", str(EXAMPLES / "tiny_qwen3"))
-    (plain,) = _losses(tmp_path, "plain", 1, *qwen)
-    sp2 = _losses(tmp_path, "sp2", 2, "--sp", "2", *qwen)
+    (plain,) = _losses(tmp_path, capsys, "plain", 1, *qwen)
+    sp2 = _losses(tmp_path, capsys, "sp2", 2, "--sp", "2", *qwen)
     assert len(sp2) == 2 and all(abs(r[0] - plain[0]) <= 1e-5 for r in sp2), (plain, sp2)
 
 

@@ -184,29 +184,30 @@ def test_two_tune_processes_share_one_storage_and_survive_crashing_probes(tmp_pa
     assert not [t for t in study.get_trials() if t.state.name == "RUNNING"]
 
 
-def test_corrupt_storage_exits_2_with_one_line(tmp_path):
+def test_corrupt_storage_exits_2_with_one_line(tmp_path, zeroplan_here):
     out = tmp_path / "out"
     out.mkdir()
     (out / "study.db").write_bytes(b"not a database at all " * 100)
-    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--trials", "1", "--global-batch", "16", "--output", str(out), "--resume", timeout=120)
+    r = zeroplan_here("tune", "examples/gpt_task.py", "--gpus", "2", "--trials", "1", "--global-batch", "16", "--output", str(out),
+                      "--resume")
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("zeroplan: error:") and "corrupt" in lines[0], r.stderr
 
 
-def test_bad_options_exit_2(tmp_path):
-    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "15", "--output", str(tmp_path / "o"), timeout=120)
+def test_bad_options_exit_2(tmp_path, zeroplan_here):
+    r = zeroplan_here("tune", "examples/gpt_task.py", "--gpus", "2", "--global-batch", "15", "--output", str(tmp_path / "o"))
     assert r.returncode == 2 and "multiple of --gpus" in r.stderr
-    r = run_tune("examples/gpt_task.py", "--gpus", "1", "--backend", "jax", timeout=120)
+    r = zeroplan_here("tune", "examples/gpt_task.py", "--gpus", "1", "--backend", "jax")
     assert r.returncode == 2 and "--backend" in r.stderr
 
 
-def test_nothing_fits_exits_1_and_prunes_with_the_loss_the_task_declares(tmp_path):
+def test_nothing_fits_exits_1_and_prunes_with_the_loss_the_task_declares(tmp_path, zeroplan_here):
     """examples/gpt_task.py declares Task(loss="plain"); without --loss, tune prunes with it (as a
     probe's estimate does), not with hf. A 64k vocabulary makes the two differ (the logits hf keeps
     through backward); the smallest plan's reason must be the estimator's under the declared loss."""
-    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--gpu-memory", "0.000001", "--output", str(tmp_path / "o"),
-                 "--", "--vocab", "65536", "--seq-len", "1024", timeout=120)
+    r = zeroplan_here("tune", "examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--gpu-memory", "0.000001",
+                      "--output", str(tmp_path / "o"), "--", "--vocab", "65536", "--seq-len", "1024")
     assert r.returncode == 1, r.stdout + r.stderr
     out = " ".join(r.stdout.split())
     assert "loss: plain (declared by the task; --loss sets it)" in out, out
@@ -233,12 +234,12 @@ def test_nothing_fits_exits_1_and_prunes_with_the_loss_the_task_declares(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_script_failing_every_plan_stops_after_two_probes_with_its_signature(tmp_path):
+def test_a_script_failing_every_plan_stops_after_two_probes_with_its_signature(tmp_path, zeroplan_here):
     """A real DeepSpeed script that raises the same ImportError at start-up under every plan:
     tune stops after two probes (not after --trials), names the signature and the fix, exit 1."""
     out = tmp_path / "out"
-    r = run_tune(
-        "benchmarks/faulty_train.py", "--gpus", "1", "--model", "benchmarks/faulty_gpt_config.json", "--seq-len", "64",
+    r = zeroplan_here(
+        "tune", "benchmarks/faulty_train.py", "--gpus", "1", "--model", "benchmarks/faulty_gpt_config.json", "--seq-len", "64",
         "--global-batch", "8", "--trials", "8", "--timeout", "120", "--output", str(out), "--", "--crash-always",
     )
     assert r.returncode == 1, r.stdout + r.stderr
@@ -249,8 +250,9 @@ def test_a_script_failing_every_plan_stops_after_two_probes_with_its_signature(t
     assert f"every plan fails the same way after 2 probes: {signature}" in " ".join(r.stdout.split())
 
 
-def test_time_budget_too_small_for_one_probe_exits_2_saying_how_long_one_takes(tmp_path):
-    r = run_tune("examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--time-budget", "0.5", "--output", str(tmp_path / "o"), timeout=120)
+def test_time_budget_too_small_for_one_probe_exits_2_saying_how_long_one_takes(tmp_path, zeroplan_here):
+    r = zeroplan_here("tune", "examples/gpt_task.py", "--gpus", "2", "--global-batch", "16", "--time-budget", "0.5",
+                      "--output", str(tmp_path / "o"))
     assert r.returncode == 2, r.stdout + r.stderr
     line = r.stderr.strip()
     assert "\n" not in line and "--time-budget 0.5 s is too small for one probe: one takes at least" in line
@@ -258,13 +260,13 @@ def test_time_budget_too_small_for_one_probe_exits_2_saying_how_long_one_takes(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_script_that_ooms_only_at_large_micro_batches_exports_a_working_plan(tmp_path):
+def test_a_script_that_ooms_only_at_large_micro_batches_exports_a_working_plan(tmp_path, zeroplan_here):
     """faulty_train.py runs out of memory at ZeRO-0 with micro-batch >= 8 and nowhere else: the
     estimator's first pick (z0/mb8) OOMs, the search goes on to the plans that need less, and the
     best working plan is exported."""
     out = tmp_path / "out"
-    r = run_tune(
-        "benchmarks/faulty_train.py", "--gpus", "2", "--model", "benchmarks/faulty_gpt_config.json", "--seq-len", "64",
+    r = zeroplan_here(
+        "tune", "benchmarks/faulty_train.py", "--gpus", "2", "--model", "benchmarks/faulty_gpt_config.json", "--seq-len", "64",
         "--global-batch", "16", "--trials", "3", "--output", str(out),
         "--", "--crash-stage", "-1", "--hang-micro-batch", "0", "--oom-stage", "0", "--oom-micro-batch", "8",
     )
