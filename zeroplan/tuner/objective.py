@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 from zeroplan.runtime.api import STATUSES
 from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
 
-__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES", "check_tune_precision"]
+__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES", "begin_warm_server", "check_tune_precision", "launch_request"]
 
 #: Statuses a probe can end with (the runtime's, plus "invalid" for a config that fails validation).
 PROBE_STATUSES = (*STATUSES, "invalid")
