@@ -52,6 +52,8 @@ from zeroplan.tuner.checks import task_declaration  # noqa: E402
 from zeroplan.tuner.request import TuneListener, TuneRequest  # noqa: E402
 from zeroplan.tuner.usecase import run_tune  # noqa: E402
 
+from tune_breakdown import phase_table, warm_server_cpu_s, zeroplan_only_row, zeroplan_only_table  # noqa: E402
+
 console = Console(highlight=False, width=140)
 TASK = ROOT / "examples" / "gpt_task.py"
 DS_SCRIPT = ROOT / "examples" / "train_deepspeed.py"
@@ -107,6 +109,7 @@ class _Collect(TuneListener):
         self.grid_values = grid_values
         self.grid_best = max(grid_values.values()) if grid_values else None
         self.done: list = []
+        self.again: list = []
         self.reached: dict = {}
         self.time_model = ""
         self.start = time.monotonic()
@@ -115,6 +118,9 @@ class _Collect(TuneListener):
     def event(self, kind: str, **data) -> None:
         if kind == "time_model":
             self.time_model = data["text"]
+        if kind in ("remeasured", "warning") and data.get("outcome") is not None:
+            # The best plans probed again before the best is named: probes too, not the tuner's own time.
+            self.again.append((data["candidate"].key if "candidate" in data else "?", data["outcome"]))
         if kind != "end":
             return
         self.done.append((data["candidate"].key, data["outcome"]))
@@ -140,8 +146,10 @@ def zeroplan_search(request: TuneRequest, *, grid_values: Optional[dict] = None)
     same plan. ``wall_s`` runs from the call (warm server, study, space, this CPU's time model) to
     the results written; ``search_s`` from the first probe's start."""
     collect = _Collect(grid_values)
+    before = os.times()
     outcome = run_tune(request, collect)
     end = time.monotonic()
+    after = os.times()
     best = outcome.tuner.best()
     summary = outcome.summary
     return {
@@ -154,28 +162,14 @@ def zeroplan_search(request: TuneRequest, *, grid_values: Optional[dict] = None)
         "order": [k for k, _ in collect.done],
         "reached": collect.reached,
         "outcomes": collect.done,
+        "remeasured": collect.again,
         "time_model": collect.time_model,
         "space": outcome.space,
+        # CPU seconds: this process, its reaped children (an op build, torchrun), the warm server with the probes it forked.
+        "cpu_s": {"tuner": after.user + after.system - before.user - before.system,
+                  "children": after.children_user + after.children_system - before.children_user - before.children_system,
+                  "warm server and probes": warm_server_cpu_s()},
     }
-
-
-def phase_table(title: str, outcomes: list, search_wall_s: float) -> Table:
-    """Where each probe's wall time went (zeroplan.runtime.measure.phases.PHASES), and the tuner's own
-    time between probes (estimator, Optuna, files): the search's wall time less its probes'."""
-    from zeroplan.runtime.measure.phases import PHASES
-
-    table = Table(title=title, title_justify="left")
-    for col in ("probe", "launcher", "wall s", *PHASES):
-        table.add_column(col, justify="left" if col in ("probe", "launcher") else "right")
-    sums = dict.fromkeys(PHASES, 0.0)
-    for key, o in outcomes:
-        table.add_row(key, o.launcher, f"{o.wall_s:.1f}", *(f"{o.phases_s[p]:.2f}" if p in o.phases_s else "–" for p in PHASES))
-        for p in PHASES:
-            sums[p] += o.phases_s.get(p, 0.0)
-    probes_s = sum(o.wall_s for _, o in outcomes)
-    table.add_row("all probes", "", f"{probes_s:.1f}", *(f"{sums[p]:.2f}" for p in PHASES))
-    table.add_row("tuner between probes", "", f"{search_wall_s - probes_s:.1f}", *([""] * len(PHASES)))
-    return table
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -363,6 +357,9 @@ def part2(args, tmp: Path) -> None:
         # Alternate which tool runs first, so a load that falls (or rises) during a run does not
         # favour one of them every time.
         runs.append(part2_once(args, run_dir, model, training, deepspeed_first=not (args.alternate and i % 2)))
+    if args.zeroplan_only:
+        console.print(zeroplan_only_table(runs))
+        return
     if len(runs) > 1:
         import statistics
 
@@ -382,7 +379,7 @@ def part2_once(args, tmp: Path, model, training, *, deepspeed_first: bool = True
     from zeroplan.runtime import ProbeRequest, run_probe
 
     load_start = os.getloadavg()[0]
-    ds = deepspeed_autotuner(args, tmp) if deepspeed_first else None
+    ds = deepspeed_autotuner(args, tmp) if deepspeed_first and not args.zeroplan_only else None
     # As `zeroplan tune` runs on CPU (run_tune, which the command calls): the warm server starts while
     # this process imports torch for the quick time model, micro-step probes stop at ±5% after 2 to
     # 6 measured steps (the probe policy), derived timeouts. Everything from here is part of zeroplan's wall time.
@@ -401,10 +398,15 @@ def part2_once(args, tmp: Path, model, training, *, deepspeed_first: bool = True
     before_s = z["wall_s"] - z["search_s"]
     console.print(phase_table(f"Part 2 — where zeroplan's wall time went (launcher {args.launcher}); before the first probe {before_s:.1f} s: "
                               "the warm server started alongside, the study and the space built, this CPU's time model (torch imported)",
-                              z["outcomes"], z["search_s"]))
+                              z["outcomes"], z["search_s"], z["remeasured"]))
     console.print(f"  zeroplan's total {z['wall_s']:.1f} s"
                   + (" (a probe's 'server' phase: waiting for the warm server's preloads)" if args.launcher == "warm" else ""))
     space = z["space"]
+    cpu = z["cpu_s"]
+    console.print(f"  CPU: tuner process {cpu['tuner']:.1f} s, its other children {cpu['children']:.1f} s, the warm server and its probes "
+                  f"{cpu['warm server and probes']:.1f} s (load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} now)")
+    if args.zeroplan_only:
+        return zeroplan_only_row(z, load_start=load_start)
 
     if ds is None:
         ds = deepspeed_autotuner(args, tmp)
@@ -468,6 +470,7 @@ def main() -> None:
     p.add_argument("--grid-only", action="store_true", help="part 1: probe the grid, save it, stop (reuse it with --reuse-grid)")
     p.add_argument("--repeat", type=int, default=1, help="part 2: runs of the comparison (median ratio and spread when > 1)")
     p.add_argument("--alternate", action="store_true", help="part 2 with --repeat: zeroplan runs first in every second run")
+    p.add_argument("--zeroplan-only", action="store_true", help="part 2 without DeepSpeed's autotuner: zeroplan's wall and CPU time, --repeat times")
     p.add_argument("--launcher", choices=("warm", "torchrun"), default="warm", help="how the tuner's probes start their ranks")
     p.add_argument("--compare-launchers", type=int, default=0, metavar="ROUNDS",
                    help="part 2: before the search, probe three plans ROUNDS times under each launcher, interleaved (step time, memory)")

@@ -233,3 +233,75 @@ def test_a_lower_numbered_claim_waits_for_a_higher_ones_check_and_wins(tmp_path)
     b.tell(trial_b, state=TrialState.FAIL)  # what the loop's rejection does
     waiter.join(timeout=30)
     assert verdict == {"a": None}
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_two_workers_starting_together_seed_the_study_once(tmp_path, monkeypatch, storage):
+    """Two workers open one new study at once: both read it unseeded before either has seeded it
+    (forced here: each waits at a barrier right after that read). Checking an attribute and then
+    setting it let both seed: every pruned plan recorded twice and the estimator's picks enqueued
+    twice. The seeding is claimed in the storage; exactly one worker seeds, the other waits for it."""
+    import threading
+
+    import optuna
+
+    from helpers import Replay
+    from zeroplan.tuner import TuneSettings, Tuner, make_sampler
+    from zeroplan.tuner.ledger import ClaimsLedger
+    from zeroplan.tuner.search import SEEDED_ATTR, initial_candidates
+
+    space = _space_with_pruned_plans()
+    url = storage_url(None if storage == "sqlite" else str(tmp_path / "study.journal"), tmp_path)
+    open_study(url, resume=False, sampler=None)
+    studies = [optuna.load_study(storage=open_storage(url), study_name="zeroplan", sampler=make_sampler("tpe", seed=0)) for _ in range(2)]
+    settings = TuneSettings(trials=4, n_initial=3)
+    tuners = [Tuner(study, space, Replay(), settings) for study in studies]
+    for i, tuner in enumerate(tuners):  # two processes' ledgers (Tuner takes this process's host:pid)
+        tuner.ledger.worker = f"{tuner.ledger.worker}-{i}"
+    both_read = threading.Barrier(2, timeout=20)
+    first_read = threading.local()
+    read = ClaimsLedger.study_attr
+
+    def read_then_meet(self, name):
+        value = read(self, name)
+        if name == SEEDED_ATTR and not getattr(first_read, "done", False):
+            first_read.done = True
+            both_read.wait()  # neither goes on until both have seen the study unseeded
+        return value
+
+    monkeypatch.setattr(ClaimsLedger, "study_attr", read_then_meet)
+    messages: dict[int, list[str]] = {}
+    errors: list[BaseException] = []
+
+    def prepare(i: int) -> None:
+        try:
+            messages[i] = tuners[i].prepare(resume=True)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=prepare, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    trials = studies[0].get_trials()
+    pruned = [t.user_attrs["plan_key"] for t in trials if t.state.name == "PRUNED" and t.user_attrs.get("source") == "estimator"]
+    waiting = [t.params for t in trials if t.state.name == "WAITING"]
+    assert sorted(pruned) == sorted(c.key for c in space.pruned), f"pruned plans recorded {len(pruned)} times for {len(space.pruned)}"
+    assert len(waiting) == len(initial_candidates(space, settings.initial)), f"{len(waiting)} picks enqueued"
+    seeded = [i for i, m in messages.items() if any(x.startswith("new study:") for x in m)]
+    assert len(seeded) == 1 and any(x.startswith("study seeded by worker") for x in messages[1 - seeded[0]]), messages
+    assert studies[1].user_attrs[SEEDED_ATTR] is True
+
+
+def _space_with_pruned_plans():
+    """Llama-2-7B on 2 A100-80GB: the estimator rules out the plans that keep every state on the GPUs."""
+    from zeroplan.profiles import resolve_cluster, resolve_model
+    from zeroplan.spec import TrainingSpec
+    from zeroplan.tuner import build_space
+
+    cluster = resolve_cluster(gpus=2, gpus_per_node=None, gpu="a100-80gb", gpu_memory_gib=None, cpu_memory_gib=1024, nvme_gib=None)
+    space = build_space(resolve_model(None, "llama-2-7b"), cluster, TrainingSpec(seq_len=1024, global_batch=8))
+    assert space.pruned and space.fitting
+    return space

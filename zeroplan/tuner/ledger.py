@@ -28,8 +28,8 @@ from zeroplan.spec import SpecError
 from zeroplan.tuner.objective import PROBED_STATUSES
 from zeroplan.tuner.storage import StorageError, this_worker
 
-__all__ = ["CHECKED", "CHECK_WAIT_S", "ClaimsLedger", "ENQUEUED_PARAMS", "REMEASURED_ATTR", "UNCLAIMED_GRACE_S", "remeasurements",
-           "storage_call", "trial_status", "trial_reason", "first_line"]
+__all__ = ["CHECKED", "CHECK_WAIT_S", "ClaimsLedger", "ENQUEUED_PARAMS", "ONCE_SEPARATOR", "REMEASURED_ATTR", "UNCLAIMED_GRACE_S",
+           "remeasurements", "storage_call", "trial_status", "trial_reason", "first_line"]
 
 #: User attr of an enqueued trial holding its parameters (read back by :meth:`ClaimsLedger.waiting_params`).
 ENQUEUED_PARAMS = "enqueued_params"
@@ -69,6 +69,10 @@ CHECKED = "claim_checked"
 
 #: Longest wait for a higher-numbered trial's claim to be checked (:meth:`ClaimsLedger.settle`).
 CHECK_WAIT_S = 60.0
+
+#: Between a study's name and a once-per-study task in the name of the task's marker study
+#: (:meth:`ClaimsLedger.claim_once`): ``zeroplan#seeding``.
+ONCE_SEPARATOR = "#"
 
 
 def first_line(exc: BaseException) -> str:
@@ -198,6 +202,46 @@ class ClaimsLedger:
 
     # ------------------------------------------------------------------ claims
 
+    def claim_once(self, task: str) -> Optional[str]:
+        """Claim ``task`` (done once per study, whichever worker gets there first): None when this
+        worker won it and does it, else the worker (``host:pid``) that claimed it.
+
+        A study attribute cannot be claimed (Optuna writes it without reading it, so two workers
+        that both read it unset would both go on); a study name can: every storage refuses a second
+        study of one name (RDB: a unique column; journal: the first record in the file wins; in
+        memory: under its lock) with ``DuplicatedStudyError``. The claim is the study
+        ``<name>#<task>``, holding the claimant in its ``worker`` attribute."""
+        import optuna
+        from optuna.study import StudyDirection
+
+        storage = self.study._storage  # Optuna's storage API (create_new_study) is public; Study keeps it here
+        name = f"{self.study.study_name}{ONCE_SEPARATOR}{task}"
+        with storage_call(f"claiming the study's {task}"):
+            try:
+                marker = storage.create_new_study([StudyDirection.MAXIMIZE], name)
+            except optuna.exceptions.DuplicatedStudyError:
+                attrs = storage.get_study_user_attrs(storage.get_study_id_from_name(name))
+                return str(attrs.get("worker", "?"))
+            storage.set_study_user_attr(marker, "worker", self.worker)
+        return None
+
+    def worker_gone(self, worker: str) -> bool:
+        """``worker`` (``host:pid``) is provably gone: a dead pid on this host."""
+        host, _, pid = str(worker).rpartition(":")
+        return host == self._host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+    def wait_study_attr(self, name: str, *, claimant: str, wait_s: float, poll_s: float = 0.05) -> bool:
+        """Wait until the study holds attribute ``name`` (set by ``claimant`` once its task is done);
+        False when ``wait_s`` passed first or the claimant is provably gone."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while not self.study_attr(name):
+            if time.monotonic() >= deadline or self.worker_gone(claimant):
+                return False
+            time.sleep(poll_s)
+        return True
+
     def is_stale(self, t: Any, now: float) -> bool:
         """A RUNNING trial whose worker is gone."""
         attrs = t.user_attrs
@@ -205,8 +249,7 @@ class ClaimsLedger:
         if worker is None:
             start = t.datetime_start.timestamp() if t.datetime_start else now
             return now - start > UNCLAIMED_GRACE_S
-        host, _, pid = str(worker).rpartition(":")
-        if host == self._host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if self.worker_gone(worker):
             return True
         return now > float(attrs.get("deadline_unix", math.inf))
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 from zeroplan.runtime.api import STATUSES
 from zeroplan.spec import ModelSpec, Plan, SpecError, TrainingSpec
 
-__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES", "check_tune_precision"]
+__all__ = ["ProbeOutcome", "ProbeRunner", "Runner", "PROBE_STATUSES", "PROBED_STATUSES", "begin_warm_server", "check_tune_precision", "launch_request"]
 
 #: Statuses a probe can end with (the runtime's, plus "invalid" for a config that fails validation).
 PROBE_STATUSES = (*STATUSES, "invalid")
@@ -175,37 +175,12 @@ class ProbeRunner:
     with it the first probes get a derived timeout too (:func:`zeroplan.tuner.probetime.first_probe_timeout`)."""
 
     def _request(self, **fields) -> Any:
-        from zeroplan.runtime import ProbeRequest
-
-        env = tuple(self.env.items()) + ((("ZEROPLAN_PROBE_TARGET_CI", repr(self.target_ci)),) if self.target_ci else ())
-        return ProbeRequest(script=self.script, nproc=self.nproc, backend=self.backend, torchrun_args=tuple(self.torchrun_args), env=env,
-                            nodes=self.nodes, launcher=self.launcher, **fields)
+        return launch_request(script=self.script, nproc=self.nproc, backend=self.backend, torchrun_args=tuple(self.torchrun_args),
+                              env=self.env, nodes=self.nodes, launcher=self.launcher, target_ci=self.target_ci, **fields)
 
     def begin_warm_server(self) -> Callable[[], Optional[float]]:
-        """Start the warm launcher's server now, without waiting (one node, ``launcher`` warm), so
-        its imports overlap the caller's work. Returns ``ready()``: it waits for those imports, asks
-        the server to load the rest of what ranks need (:mod:`zeroplan.runtime.launch.warm_server`
-        ``later_work``) — call it when nothing of yours runs that this would disturb — and returns
-        the seconds the start took (torch and DeepSpeed imported: a measured lower bound on a
-        probe's start-up here); None where probes use torchrun or the server cannot start (the
-        first probe then says why)."""
-        from zeroplan.runtime import probe_environment, uses_warm_launcher
-        from zeroplan.runtime.launch.warm import WarmUnavailable, begin
-
-        request = self._request()
-        if not uses_warm_launcher(request):
-            return lambda: None
-        server = begin(probe_environment(request), log_path=self.workdir / "warm-server.log", ready_timeout_s=self.timeout_s)
-
-        def ready() -> Optional[float]:
-            try:
-                seconds = server.wait_ready()
-            except WarmUnavailable:
-                return None
-            server.preload_rest()
-            return seconds
-
-        return ready
+        """:func:`begin_warm_server` for this runner's probes."""
+        return begin_warm_server(self._request(), workdir=self.workdir, ready_timeout_s=self.timeout_s)
 
     def expected_s(self, plan: Plan) -> Optional[float]:
         """Expected wall time of a probe of ``plan`` from the probes that worked (None before any)."""
@@ -313,6 +288,44 @@ class ProbeRunner:
             ProbeTiming(predicted_step_time_s=predicted, step_time_s=outcome.step_time_s, wall_s=outcome.plan_wall_s, optimizer_steps=steps,
                         startup_s=outcome.startup_s, startup_class=plan.zero_label)
         )
+
+
+def launch_request(*, script: Path, nproc: int, backend: str = "deepspeed", torchrun_args: tuple[str, ...] = (), env: Optional[dict] = None,
+                   nodes: Any = None, launcher: str = "warm", target_ci: Optional[float] = None, **fields) -> Any:
+    """The ``zeroplan.runtime.ProbeRequest`` of a tune's probe: how its ranks start (script, ranks,
+    engine, launcher, nodes, environment, the stop rule's target) and ``fields``."""
+    from zeroplan.runtime import ProbeRequest
+
+    items = tuple((env or {}).items()) + ((("ZEROPLAN_PROBE_TARGET_CI", repr(target_ci)),) if target_ci else ())
+    return ProbeRequest(script=script, nproc=nproc, backend=backend, torchrun_args=torchrun_args, env=items, nodes=nodes, launcher=launcher,
+                        **fields)
+
+
+def begin_warm_server(request: Any, *, workdir: Path, ready_timeout_s: float) -> Callable[[], Optional[float]]:
+    """Start the warm launcher's server for probes launched as ``request`` (:func:`launch_request`)
+    now, without waiting (one node, launcher warm), so its imports overlap the caller's work; a
+    later call for the same probes finds it running. Returns ``ready()``: it waits for those
+    imports, asks the server to load the rest of what ranks need
+    (:mod:`zeroplan.runtime.launch.warm_server` ``later_work``) — call it when nothing of yours runs
+    that this would disturb — and returns the seconds the start took (torch and DeepSpeed imported:
+    a measured lower bound on a probe's start-up here); None where probes use torchrun or the
+    server cannot start (the first probe then says why)."""
+    from zeroplan.runtime import probe_environment, uses_warm_launcher
+    from zeroplan.runtime.launch.warm import WarmUnavailable, begin
+
+    if not uses_warm_launcher(request):
+        return lambda: None
+    server = begin(probe_environment(request), log_path=workdir / "warm-server.log", ready_timeout_s=ready_timeout_s)
+
+    def ready() -> Optional[float]:
+        try:
+            seconds = server.wait_ready()
+        except WarmUnavailable:
+            return None
+        server.preload_rest()
+        return seconds
+
+    return ready
 
 
 def outcome_from_result(result: Any, *, cfg: dict, wall_s: float, progress: Optional[list[str]] = None) -> ProbeOutcome:

@@ -40,6 +40,11 @@ __all__ = ["NEAR_BEST", "REMEASURED_ATTR", "SAMPLERS", "remeasurements", "Trust"
 _LOG_TAIL_CHARS = 2000
 
 
+#: Study attribute set once the study is seeded (pruned plans recorded, the estimator's picks enqueued).
+SEEDED_ATTR = "zeroplan_seeded"
+#: Longest wait for another worker's seeding of the study before this one seeds it itself.
+SEED_WAIT_S = 60.0
+
 #: The error recorded for a probe that ended ``ok`` without a step time.
 NO_THROUGHPUT = "the probe ran but measured no step time, so it has no throughput to rank"
 
@@ -123,6 +128,21 @@ class Tuner:
     def prepare(self, *, resume: bool) -> list[str]:
         """Check the study matches this space, recover crashed trials (resume), seed a new study."""
         messages: list[str] = []
+        self._check_signature()
+        if resume:
+            messages.extend(self.ledger.recover())
+        if not self.ledger.study_attr(SEEDED_ATTR):
+            # Workers starting together on a new study all find it unseeded: one claims the seeding
+            # in the storage, the others wait for it (a claimant that died is taken over).
+            claimant = self.ledger.claim_once("seeding")
+            if claimant is None or not self.ledger.wait_study_attr(SEEDED_ATTR, claimant=claimant, wait_s=SEED_WAIT_S):
+                messages.append(self._seed())
+            else:
+                messages.append(f"study seeded by worker {claimant}")
+                self._check_signature()
+        return messages
+
+    def _check_signature(self) -> None:
         signature = space_signature(self.space)
         stored = self.ledger.study_attr("space_signature")
         if stored is not None and stored != signature:
@@ -130,18 +150,13 @@ class Tuner:
                 "the study in this storage was made for a different model, batch or search space "
                 f"(signature {stored} ≠ {signature}); choose another --output/--storage"
             )
-        if resume:
-            messages.extend(self.ledger.recover())
-        if not self.ledger.study_attr("zeroplan_seeded"):
-            messages.append(self._seed())
-        return messages
 
     def _seed(self) -> str:
-        """Record the estimator's pruned plans as PRUNED trials and enqueue its best predictions."""
+        """Record the estimator's pruned plans as PRUNED trials and enqueue its best predictions;
+        then mark the study seeded (other workers wait for that mark, :meth:`prepare`)."""
         from optuna.trial import TrialState, create_trial
 
         self.ledger.set_study_attr("space_signature", space_signature(self.space))
-        self.ledger.set_study_attr("zeroplan_seeded", True)
         dists = self.space.distributions()
         gpu = self.space.cluster.gpu_memory_bytes
         for cand in self.space.pruned:
@@ -158,6 +173,7 @@ class Tuner:
         initial = initial_candidates(self.space, self.settings.initial)
         for cand in initial:
             self.ledger.enqueue(cand.params, {"source": "estimator"})
+        self.ledger.set_study_attr(SEEDED_ATTR, True)
         return (
             f"new study: {len(self.space.candidates)} plans, {len(self.space.pruned)} pruned by the "
             f"estimator, {len(initial)} best predictions enqueued first"
@@ -348,9 +364,10 @@ class Tuner:
                     continue
                 if outcome.ok and outcome.samples_per_second > 0:
                     self.ledger.add_remeasurement(key, outcome.samples_per_second, cpu_step_time_s=outcome.cpu_step_time_s, load_average=outcome.load_average)
-                    self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second)
+                    self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second, outcome=outcome)
                 else:
-                    self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands")
+                    self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands",
+                                  outcome=outcome)
         ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
         medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
         spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
