@@ -170,3 +170,16 @@ def test_wrapped_is_richs_word_wrap(text, width, pad):
 ])
 def test_shown_as_typed(text, markup, shown):
     assert shown_as_typed(text, markup=markup) is shown
+
+
+
+def test_a_rich_without_its_private_wrap_module_gets_the_table_from_rich(tables, monkeypatch, capsys):
+    """plain_draw lays text out with rich._wrap, a private module: where a rich release has moved
+    it, rich's console draws the table (the same characters) instead of the command failing."""
+    import sys
+
+    reference, used_rich = _draw(tables["fsdp"], 120, monkeypatch, capsys, rich_draws=False)
+    assert not used_rich
+    monkeypatch.setitem(sys.modules, "rich._wrap", None)  # an import of it fails
+    moved, used_rich = _draw(tables["fsdp"], 120, monkeypatch, capsys, rich_draws=False)
+    assert used_rich and moved == reference

@@ -310,7 +310,10 @@ def _render_table(
         from zeroplan.cli.plain_draw import plain_stdout_width
 
         width = plain_stdout_width(piped=_PIPED_WIDTH)
-        text = None if width is None else _plain_table_text(title, rows, shown, width, lambda dropped: notes(dropped, width), recommend)
+        try:
+            text = None if width is None else _plain_table_text(title, rows, shown, width, lambda dropped: notes(dropped, width), recommend)
+        except ImportError:  # plain_draw lays text out with rich._wrap, a private module a rich release may move
+            text = None
         if text is not None:
             sys.stdout.write(text)
             sys.stdout.flush()  # as rich does after each print: before anything estimate writes on stderr
