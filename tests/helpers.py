@@ -73,6 +73,25 @@ def run_main(argv: list[str], capsys, *, input: Optional[str] = None) -> tuple[i
     return code, out, err
 
 
+class SpaceReached(Exception):
+    """Raised by :func:`stop_at_space`'s stand-in for the tuner's space: the tune got that far."""
+
+
+def stop_at_space(monkeypatch) -> dict:
+    """Make ``zeroplan.tuner.usecase._space`` record the space options a tune hands it and raise
+    :class:`SpaceReached` before anything is built or probed; returns the dict it fills."""
+    import zeroplan.tuner.usecase as usecase
+
+    seen: dict = {}
+
+    def space(request, listener, runner, model, cluster, training, space_options, **kw):
+        seen.update(space_options)
+        raise SpaceReached
+
+    monkeypatch.setattr(usecase, "_space", space)
+    return seen
+
+
 def run_mains(cases: list[list[str]]) -> list[tuple[int, str, str]]:
     """Each argv through zeroplan's entry point in one child process (one interpreter start for
     all): (exit code, stdout, stderr) per argv."""

@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from helpers import run_main
+from helpers import SpaceReached, run_main, stop_at_space
 from zeroplan.spec import GiB
 
 #: Llama-2-7B's parameters as transformers counts them (LlamaForCausalLM on the meta device).
@@ -151,19 +151,8 @@ def test_tune_space_prunes_on_estimates_host_figure(case, capsys):
 def test_tune_hands_the_build_to_the_space(tmp_path, monkeypatch, capsys, repo_root):
     """``tune --model-build`` reaches the space the search prunes with, and ``zero_init`` narrows
     it to stage 3 as estimate's does; the run is stopped before the space is built."""
-    import zeroplan.tuner.usecase as usecase
-
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def space(request, listener, runner, model, cluster, training, space_options, **kw):
-        seen.update(space_options)
-        raise Stop
-
-    monkeypatch.setattr(usecase, "_space", space)
-    with pytest.raises(Stop):
+    seen = stop_at_space(monkeypatch)
+    with pytest.raises(SpaceReached):
         run_main(["tune", str(repo_root / "examples" / "gpt_task.py"), "--gpus", "2", "--params", "1e8", "--global-batch", "8",
                   "--model-build", "bf16", "--output", str(tmp_path / "out")], capsys)
     assert seen["model_build"] == "bf16"

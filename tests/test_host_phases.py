@@ -14,7 +14,7 @@ from zeroplan.estimator.host import offload_accumulation_bytes
 from zeroplan.spec import ClusterSpec, GiB, ModelSpec, Plan, TrainingSpec
 from zeroplan import profiles
 
-from helpers import ROOT
+from helpers import ROOT, SpaceReached, stop_at_space
 A100 = profiles.load_gpu("a100-80gb")
 
 # The engine-side model: Embedding(V, H) → Linear(H, F) → Linear(F, H), no biases.
@@ -332,19 +332,10 @@ def test_tune_estimates_the_save_of_the_script_it_runs(tmp_path, monkeypatch, so
 
     script = tmp_path / "train.py"
     script.write_text(source)
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def space(request, listener, runner, model, cluster, training, space_options, **kw):
-        seen.update(space_options)
-        raise Stop
-
-    monkeypatch.setattr(usecase, "_space", space)
+    seen = stop_at_space(monkeypatch)
     request = TuneRequest(script=script, script_kind="script", gpus=2, nproc=2, params=1e8, global_batch=8,
                           output=tmp_path / "out", model_save=given)
-    with pytest.raises(Stop):
+    with pytest.raises(SpaceReached):
         usecase.run_tune(request)
     assert seen["model_save"] == expected
 
