@@ -181,18 +181,18 @@ def plan_verdict(
     ``cpu_memory_per_node_bytes`` 0: host RAM not known, no host verdict.
     """
     gpu_v = judge(gpu_required_bytes, gpu_memory_bytes, margin=margin)
-    gpu = built(Headroom, figure="gpu.required", figure_bytes=gpu_required_bytes, capacity_bytes=gpu_memory_bytes, verdict=gpu_v,
-                uncertain=gpu_uncertain if gpu_v == "tight" else ())
+    gpu = _headroom("gpu.required", gpu_required_bytes, gpu_memory_bytes, gpu_v, gpu_uncertain)
     host = None
-    verdicts = [gpu_v]
     if cpu_memory_per_node_bytes > 0:
         host_v = judge(cpu_per_node_bytes, cpu_memory_per_node_bytes, margin=margin)
-        host = built(Headroom, figure="cpu_per_node", figure_bytes=cpu_per_node_bytes, capacity_bytes=cpu_memory_per_node_bytes,
-                     verdict=host_v, uncertain=host_uncertain if host_v == "tight" else ())
-        verdicts.append(host_v)
-    if nvme_short:
-        verdicts.append("oom")
-    return built(PlanVerdict, verdict=max(verdicts, key=verdict_rank), gpu=gpu, host=host, nvme_short=nvme_short, margin=margin)
+        host = _headroom("cpu_per_node", cpu_per_node_bytes, cpu_memory_per_node_bytes, host_v, host_uncertain)
+    return combined_verdict(gpu, host, nvme_short=nvme_short, margin=margin)
+
+
+def _headroom(figure: str, figure_bytes: int, capacity_bytes: int, verdict: str, uncertain) -> Headroom:
+    """One side's :class:`Headroom`; its uncertain terms are kept only when it is tight."""
+    return built(Headroom, figure=figure, figure_bytes=figure_bytes, capacity_bytes=capacity_bytes, verdict=verdict,
+                 uncertain=tuple(uncertain) if verdict == "tight" else ())
 
 
 def judge_plan(
@@ -234,8 +234,7 @@ def gpu_headroom(
             expandable_segments=expandable_segments, stranded_bytes=stranded_bytes,
             optimizer_temporary_bytes=optimizer_temporary_bytes, peak_phase=peak_phase, device=device,
         )
-    return built(Headroom, figure="gpu.required", figure_bytes=gpu_required_bytes, capacity_bytes=cluster.gpu_memory_bytes,
-                 verdict=verdict, uncertain=terms)
+    return _headroom("gpu.required", gpu_required_bytes, cluster.gpu_memory_bytes, verdict, terms)
 
 
 def host_headroom(cpu_per_node_bytes: int, cluster, *, model_build: str, build_defaulted: bool) -> Optional[Headroom]:
@@ -251,18 +250,18 @@ def host_headroom(cpu_per_node_bytes: int, cluster, *, model_build: str, build_d
         if build_defaulted:
             terms.append((f"how the model is loaded (assumed {model_build}; --model-build)", 0))
         terms += [("dataset and tokenizer in host memory", 0), ("data-loader worker processes", 0)]
-    return built(Headroom, figure="cpu_per_node", figure_bytes=cpu_per_node_bytes, capacity_bytes=capacity, verdict=verdict,
-                 uncertain=tuple(terms))
+    return _headroom("cpu_per_node", cpu_per_node_bytes, capacity, verdict, terms)
 
 
-def combined_verdict(gpu: Headroom, host: Optional[Headroom], *, nvme_short: bool) -> PlanVerdict:
-    """The plan's verdict from its two sides (module docstring): the worse of them, ``oom`` when it is short of NVMe."""
+def combined_verdict(gpu: Headroom, host: Optional[Headroom], *, nvme_short: bool, margin: float = TIGHT_MARGIN) -> PlanVerdict:
+    """The plan's verdict from its two sides (module docstring): the worse of them, ``oom`` when it
+    is short of NVMe; ``margin`` is the one the sides were judged with."""
     verdict = gpu.verdict
-    if host is not None and VERDICTS.index(host.verdict) > VERDICTS.index(verdict):
+    if host is not None and verdict_rank(host.verdict) > verdict_rank(verdict):
         verdict = host.verdict
     if nvme_short:
         verdict = "oom"
-    return built(PlanVerdict, verdict=verdict, gpu=gpu, host=host, nvme_short=nvme_short, margin=TIGHT_MARGIN)
+    return built(PlanVerdict, verdict=verdict, gpu=gpu, host=host, nvme_short=nvme_short, margin=margin)
 
 
 def tight_note(judgement: PlanVerdict) -> str:
