@@ -233,6 +233,68 @@ def analyze(args: argparse.Namespace) -> None:
     print(f"\nthe runtime's policy (PROBE_POLICY): {PROBE_POLICY.label()}")
 
 
+#: Seconds of timed steps a probe would wait for before it may stop, compared by ``floors``.
+FLOORS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+def replay_with_floor(policy, micro_s: list[float], boundary_s: list[float], grad_accum: int, floor_s: float):
+    """``replay`` of a probe that also may not stop before its timed micro-steps cover ``floor_s``
+    seconds (past the policy's most steps if need be): (step time, measured optimizer steps), or
+    None when the series ends first."""
+    from zeroplan.runtime.measure.steptime import estimate_step_time, step_statistic, whole_steps
+
+    per = grad_accum - 1
+    for k in range(1, len(boundary_s) + 1):
+        micro, boundary = micro_s[: k * per], boundary_s[:k]
+        if len(micro) < k * per:
+            return None
+        estimate = estimate_step_time(micro, boundary, grad_accum, policy.statistic)
+        if sum(micro) + sum(boundary) >= floor_s and (k >= policy.max_steps or policy.done(estimate, k)):
+            return step_statistic(whole_steps(micro, boundary, grad_accum), policy.statistic), k
+    return None
+
+
+def floors(args: argparse.Namespace) -> None:
+    """Would a longer timed window make two probes of one plan agree? The probe policy with each
+    floor of :data:`FLOORS` (seconds of timed steps before it may stop) replayed on recorded series
+    in wall seconds (record them on an idle machine): how far two probes of one plan disagree, per
+    half. A floor is picked on the first half — the smallest whose pairs are all within 10 %, else
+    the one with the most — and read on the second."""
+    from zeroplan.runtime.measure.steptime import PROBE_POLICY
+
+    data = json.loads(Path(args.series).read_text())
+    probes = [p for p in data["probes"] if p["ok"]]
+    first, second, half = halves(probes)
+    loads = [x for p in probes for x in p["load_1m"]]
+    steps = [s for p in probes for s in step_series(p)]
+    print(f"# {args.series}: {len(probes)} probes of {len({p['plan'] for p in probes})} plans, {min(len(step_series(p)) for p in probes)}+ "
+          f"measured steps each (median {statistics.median(steps) * 1e3:.0f} ms); 1-min load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores")
+    print(f"# the probe policy ({PROBE_POLICY.label()}) held until the floor; choose on rounds < {half}, read on rounds >= {half}; wall seconds")
+    print(f"{'floor':>6} {'half':<7} {'pairs':>5} {'median':>7} {'p90':>7} {'max':>7} {'<=10%':>6} {'steps':>6}")
+    scored = []
+    for floor in FLOORS:
+        for name, part in (("choose", first), ("read", second)):
+            by_plan: dict[str, list[float]] = {}
+            cost = []
+            for p in part:
+                got = replay_with_floor(PROBE_POLICY, p["micro_times"], p["boundary_times"], p["grad_accum"], floor)
+                if got is not None:
+                    by_plan.setdefault(p["plan"], []).append(got[0])
+                    cost.append(got[1])
+            diffs = sorted(abs(a - b) / min(a, b) for vals in by_plan.values() for a, b in itertools.combinations(vals, 2))
+            if not diffs:
+                print(f"{floor:>6.2f} {name:<7}     0   (the series end before this floor)")
+                continue
+            within = sum(d <= 0.10 for d in diffs) / len(diffs)
+            print(f"{floor:>6.2f} {name:<7} {len(diffs):>5} {statistics.median(diffs):>7.1%} {diffs[round(0.9 * (len(diffs) - 1))]:>7.1%} "
+                  f"{diffs[-1]:>7.1%} {within:>6.0%} {statistics.fmean(cost):>6.1f}")
+            if name == "choose":
+                scored.append((floor, within))
+    complete = [f for f, w in scored if w == 1.0]
+    pick = min(complete) if complete else max(scored, key=lambda fw: (fw[1], -fw[0]))[0]
+    print(f"picked on the first half: {pick:g} s")
+
+
 def tunes(args: argparse.Namespace) -> None:
     """The done-when of issue 22 as the user meets it: ``--repeat`` times, one ``tune`` of the
     example GPT (1 rank, stage 0, global batch 32, 3 trials: the two best are measured again) and a
@@ -319,10 +381,12 @@ def main() -> None:
     a.add_argument("series")
     a.add_argument("--top", type=int, default=8)
     a.add_argument("--max-cost", type=float, default=1.6, help="most measured steps per probe, as a multiple of the current policy's")
+    f = sub.add_parser("floors")
+    f.add_argument("series")
     t = sub.add_parser("tunes")
     t.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    {"record": record, "analyze": analyze, "tunes": tunes}[args.cmd](args)
+    {"record": record, "analyze": analyze, "floors": floors, "tunes": tunes}[args.cmd](args)
 
 
 if __name__ == "__main__":
