@@ -45,6 +45,12 @@ SEEDED_ATTR = "zeroplan_seeded"
 #: Longest wait for another worker's seeding of the study before this one seeds it itself.
 SEED_WAIT_S = 60.0
 
+#: Two measurements of one top plan further apart than this (max / min − 1) get a third, and the
+#: plan is ranked by the median of the three: one reading taken while the machine was slow (on a
+#: shared machine a core can run at half speed for seconds, ``benchmarks/turns_same_work.py``)
+#: then no longer moves the plan's figure. 10 %: the agreement issue 22 asks of two measurements.
+SETTLE = 0.10
+
 #: The error recorded for a probe that ended ``ok`` without a step time.
 NO_THROUGHPUT = "the probe ran but measured no step time, so it has no throughput to rank"
 
@@ -343,31 +349,20 @@ class Tuner:
 
     def remeasure(self) -> Optional[Trust]:
         """Probe the ``remeasure_top`` best plans once more (in reverse order, so a change of load
-        does not favour the first) before the best is named; record the measurements in the study
-        and say how far the ranking holds. None when fewer than one plan worked."""
+        does not favour the first), and a third time each whose two readings differ by more than
+        :data:`SETTLE`, before the best is named; record the measurements in the study and say how
+        far the ranking holds. None when fewer than one plan worked."""
         done = sorted((t for t in self.ledger.trials() if t.state.name == "COMPLETE" and t.value is not None), key=lambda t: -t.value)
         if not done:
             return None
         top = done[: self.settings.remeasure_top]
         if len(top) >= 2:
             for t in reversed(top):
-                key = t.user_attrs.get("plan_key", "")
-                cand = self.space.get(key)
-                if cand is None:
-                    continue
-                self.on_event("remeasure", number=t.number, candidate=cand)
-                self._load.append(os.getloadavg()[0])
-                try:
-                    outcome = self.runner(cand.plan, trial_number=t.number, on_line=lambda line: self.on_event("line", text=line))
-                except Exception as exc:  # noqa: BLE001 - a failed re-measurement leaves the first one standing
-                    self.on_event("warning", text=f"re-measuring {key} failed: {first_line(exc)}")
-                    continue
-                if outcome.ok and outcome.samples_per_second > 0:
-                    self.ledger.add_remeasurement(key, outcome.samples_per_second, cpu_step_time_s=outcome.cpu_step_time_s, load_average=outcome.load_average)
-                    self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second, outcome=outcome)
-                else:
-                    self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands",
-                                  outcome=outcome)
+                self._measure_again(t)
+            for t in reversed(top):  # two readings that disagree: a third settles the plan's median
+                values = self.measurements(t)
+                if len(values) == 2 and max(values) / min(values) - 1 > SETTLE:
+                    self._measure_again(t)
         ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
         medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
         spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
@@ -387,6 +382,27 @@ class Tuner:
             load_1m=(min(load), max(load)),
             cores=os.cpu_count() or 1,
         )
+
+    def _measure_again(self, t: Any) -> None:
+        """Probe a COMPLETE trial's plan once more and record the measurement in the study (a failed
+        re-measurement leaves the others standing)."""
+        key = t.user_attrs.get("plan_key", "")
+        cand = self.space.get(key)
+        if cand is None:
+            return
+        self.on_event("remeasure", number=t.number, candidate=cand)
+        self._load.append(os.getloadavg()[0])
+        try:
+            outcome = self.runner(cand.plan, trial_number=t.number, on_line=lambda line: self.on_event("line", text=line))
+        except Exception as exc:  # noqa: BLE001 - a failed re-measurement leaves the first one standing
+            self.on_event("warning", text=f"re-measuring {key} failed: {first_line(exc)}")
+            return
+        if outcome.ok and outcome.samples_per_second > 0:
+            self.ledger.add_remeasurement(key, outcome.samples_per_second, cpu_step_time_s=outcome.cpu_step_time_s, load_average=outcome.load_average)
+            self.on_event("remeasured", number=t.number, candidate=cand, samples_per_second=outcome.samples_per_second, outcome=outcome)
+        else:
+            self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands",
+                          outcome=outcome)
 
     def gap(self, best: Any = None) -> Optional[Gap]:
         """How close the best plan found is believed to be to the best of the space: the best
