@@ -352,3 +352,31 @@ def test_summary_takes_the_busiest_ranks_median_cpu_time_per_step():
     ranks = [_ok(0, step_cpu_times=[0.05, 0.06, 0.5]), _ok(1, step_cpu_times=[0.07, 0.08, 0.07])]
     assert summarize_ranks(ranks)["cpu_step_time"] == pytest.approx(0.07)
     assert "cpu_step_time" not in summarize_ranks([_ok(0, step_cpu_times=[0.05]), _ok(1)])  # not every rank measured it
+
+
+def test_two_environments_with_the_same_versions_build_ops_in_two_folders(tmp_path):
+    """torch's build command for a JIT op names torch's own include folders, which lie inside the
+    environment's torch install (``torch.utils.cpp_extension.include_paths``): two environments with
+    the same versions build differently, and in one folder each would rebuild the other's op. So
+    zeroplan's folder is one per install — the same every time for one environment, another for a
+    second torch on the path (a stand-in package here), the versions' part of the name alike."""
+    import torch
+    import torch.utils.cpp_extension as cpp_extension
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    assert all(Path(p).resolve().is_relative_to(torch_dir) for p in cpp_extension.include_paths())
+    root = Path(__file__).resolve().parents[1]
+    code = "import sys; from zeroplan.runtime.rank.dsops import private_extensions_dir as d; print(d()); print('torch' in sys.modules)"
+
+    def folder(*path: Path) -> str:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in (*path, root)))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+        assert out[1] == "False"  # located, not imported
+        return out[0]
+
+    other = tmp_path / "other-env"
+    (other / "torch").mkdir(parents=True)
+    (other / "torch" / "__init__.py").write_text("")
+    here, again, there = folder(), folder(), folder(other)
+    assert here == again != there
+    assert Path(here).parent == Path(there).parent and Path(here).name.rsplit("_", 1)[0] == Path(there).name.rsplit("_", 1)[0]

@@ -267,14 +267,38 @@ def _build_tools_running() -> bool:
 # and in the shared folder every later DeepSpeed run on the machine (the user's own, which zeroplan
 # never started and whose ranks do not drop stale locks) then waits on it with no message. Probes
 # therefore build and load ops in a folder of zeroplan's own, one per interpreter, torch and
-# DeepSpeed version (two environments' build commands differ, so sharing one folder would rebuild
-# each op alternately).
+# DeepSpeed version *and environment*: an op's build command names the include folders of the
+# torch and DeepSpeed it builds against (``torch.utils.cpp_extension.include_paths``, DeepSpeed's
+# ``csrc/includes``), so two virtual environments with the same versions write different
+# ``build.ninja`` files, and in one shared folder ninja rebuilt each op (~40 s of a compiler for
+# ``cpu_adam`` here) whenever the other environment had loaded it last — seen in a ``.ninja_log``
+# alternating between two command hashes.
+
+
+def _install_tag() -> str:
+    """8 hex digits naming where torch and DeepSpeed are installed and the interpreter's base (its
+    C headers): what an op's build command depends on besides the versions. Found without
+    importing either package (``importlib.util.find_spec`` locates a top-level package)."""
+    import hashlib
+    import importlib.util
+    import sys
+
+    where = []
+    for name in ("torch", "deepspeed"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        where.append(str(spec.origin) if spec is not None and spec.origin else "none")
+    where.append(sys.base_prefix)
+    return hashlib.sha1("\0".join(where).encode()).hexdigest()[:8]
 
 
 def private_extensions_dir(env=None):
-    """zeroplan's own torch-extensions folder for this interpreter, torch and DeepSpeed:
-    ``<user cache>/zeroplan/torch_extensions/py<major><minor>_torch<version>_ds<version>``
-    (versions from the installed packages' metadata: torch is not imported)."""
+    """zeroplan's own torch-extensions folder for this interpreter, torch, DeepSpeed and
+    environment: ``<user cache>/zeroplan/torch_extensions/py<major><minor>_torch<version>_ds<version>_<install tag>``
+    (versions from the installed packages' metadata, the tag from where they are installed,
+    :func:`_install_tag`: torch is not imported)."""
     import os
     import sys
     from importlib.metadata import PackageNotFoundError, version
@@ -289,7 +313,7 @@ def private_extensions_dir(env=None):
             return "none"
 
     cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")
-    tag = f"py{sys.version_info[0]}{sys.version_info[1]}_torch{ver('torch')}_ds{ver('deepspeed')}".replace("+", "-")
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}_torch{ver('torch')}_ds{ver('deepspeed')}_{_install_tag()}".replace("+", "-")
     return cache / "zeroplan" / "torch_extensions" / tag
 
 
