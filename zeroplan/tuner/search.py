@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Optional
 
 from zeroplan.tuner.admission import Knowledge, Rejection, admit, duplicate, knowledge_from_trials, memory_overshoot, not_enumerated
+from zeroplan.tuner.coreshare import CoreWatch
 from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspect_rank
 from zeroplan.tuner.ledger import REMEASURED_ATTR, ClaimsLedger, first_line, remeasurements, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
@@ -71,6 +72,7 @@ class Tuner:
         after_trial: Optional[Callable[[], None]] = None,
         clock: Callable[[], float] = time.time,
         expected_probe_s: Optional[Callable[[Any], Optional[float]]] = None,
+        cores: Optional[CoreWatch] = None,
     ) -> None:
         self.study = study
         self.expected_probe_s = expected_probe_s
@@ -85,6 +87,8 @@ class Tuner:
         self._load: list[float] = []
         """1-minute load average at the start of each probe of this process."""
         self.worker = self.ledger.worker
+        self.cores = cores or CoreWatch()
+        """Readings of the cores' reduced-speed time, before the search and after its re-measurements."""
 
     # ------------------------------------------------------------------ what the study knows
 
@@ -265,6 +269,7 @@ class Tuner:
     def run(self) -> TuneSummary:
         """Probe until the study holds ``trials`` probes, the time budget ends or no plan is left."""
         start = time.monotonic()
+        self.cores.read("before the search", self.on_event)
         probes_this_run = 0
         rejections = 0
         while True:
@@ -368,6 +373,7 @@ class Tuner:
                 else:
                     self.on_event("warning", text=f"re-measuring {key} failed ({outcome.status}: {outcome.error[:120]}); its first measurement stands",
                                   outcome=outcome)
+        self.cores.read("after the search", self.on_event)
         ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
         medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
         spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
@@ -386,6 +392,8 @@ class Tuner:
             cpu_repeat_spread=max(cpu_spreads) if cpu_spreads else None,
             load_1m=(min(load), max(load)),
             cores=os.cpu_count() or 1,
+            core_shared=self.cores.shared_range,
+            core_slowdown=self.cores.slowdown,
         )
 
     def gap(self, best: Any = None) -> Optional[Gap]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from zeroplan.spec import SpecError
+from zeroplan.tuner.coreshare import speed_swing
 from zeroplan.tuner.probetime import Gap
 
 __all__ = ["Trust", "TuneSettings", "TuneSummary"]
@@ -77,7 +78,9 @@ class TuneSummary:
 @dataclass(frozen=True)
 class Trust:
     """How much the ranking of the best plans can be trusted: their measurements repeated, the
-    gap between the first two, and the machine's load while they were measured."""
+    gap between the first two, the machine's load while they were measured, and how much of the
+    time its cores ran at reduced speed (shared with work outside the machine, which no load
+    average shows: :mod:`zeroplan.tuner.coreshare`)."""
 
     best_key: str
     runner_up_key: Optional[str]
@@ -92,22 +95,54 @@ class Trust:
     cpu_repeat_spread: Optional[float] = None
     """As ``repeat_spread`` for the CPU seconds per step of the busiest rank (None: not measured,
     e.g. on CUDA): the plan's own work, which other jobs on the machine change little."""
+    core_shared: Optional[tuple[float, float]] = None
+    """Lowest and highest fraction of time a core ran at reduced speed, over the cores and the
+    readings before the search and after the re-measurements (None: not measured, e.g. on CUDA)."""
+    core_slowdown: Optional[float] = None
+    """How many times slower the fixed loop ran in that reduced-speed mode (None: not measured)."""
+
+    def __post_init__(self) -> None:
+        if self.core_shared is not None and not 0.0 <= self.core_shared[0] <= self.core_shared[1] <= 1.0:
+            raise ValueError(f"Trust.core_shared={self.core_shared!r}: give (lowest, highest) fractions within 0..1")
+        if self.core_shared is not None and (self.core_slowdown is None or self.core_slowdown < 1.0):
+            raise ValueError(f"Trust.core_slowdown={self.core_slowdown!r}: give the slow mode's slowdown (>= 1) with core_shared")
+
+    @property
+    def share_swing(self) -> float:
+        """How far the cores' reduced-speed time alone can move a measured speed between the readings
+        (:func:`zeroplan.tuner.coreshare.speed_swing`; 0 when not measured). The loop it comes from
+        is the work that slows most of those measured (a vector add slowed 1.3×, a matmul less), so
+        for a training step it is the widest the sharing can move it."""
+        if self.core_shared is None or self.core_slowdown is None:
+            return 0.0
+        return speed_swing(self.core_shared, self.core_slowdown)
 
     @property
     def firm(self) -> bool:
-        """The best plan is ahead by more than the same plan's measurements differ."""
-        return self.runner_up_key is None or self.gap > self.repeat_spread
+        """The best plan is ahead by more than the same plan's measurements differ and than the
+        cores' reduced-speed time can move one plan's speed."""
+        return self.runner_up_key is None or self.gap > max(self.repeat_spread, self.share_swing)
 
     @property
     def text(self) -> str:
         load = f"load {self.load_1m[0]:.1f}–{self.load_1m[1]:.1f} on {self.cores} cores"
+        if self.core_shared is not None:
+            lo, hi = self.core_shared
+            load += (f"; cores ran at reduced speed {lo * 100:.0f}–{hi:.0%} of the time, {self.core_slowdown:.1f}× slower "
+                     "(shared with work outside this machine)")
         if self.runner_up_key is None:
             return f"ranking: only {self.best_key} worked ({load})"
-        verdict = "the ranking holds" if self.firm else "not told apart at this load: either may be the faster"
+        if self.firm:
+            verdict = "the ranking holds"
+        elif self.gap > self.repeat_spread:
+            verdict = (f"not told apart: the cores' reduced-speed time alone can move one plan's speed by up to "
+                       f"{self.share_swing:.0%}; either may be the faster")
+        else:
+            verdict = "not told apart at this load: either may be the faster"
         cpu = ""
         if self.cpu_repeat_spread is not None and self.repeat_spread > 0:
             cpu = f", its CPU time per step by up to {self.cpu_repeat_spread:.0%}"
-            if not self.firm and self.cpu_repeat_spread < self.repeat_spread / 2:
+            if self.gap <= self.repeat_spread and self.cpu_repeat_spread < self.repeat_spread / 2:
                 verdict += " (the plans' work repeats; their wall time is their share of cores other jobs use)"
         return (f"ranking: {self.best_key} ahead of {self.runner_up_key} by {self.gap:.0%}, while one plan measured twice "
                 f"differs by up to {self.repeat_spread:.0%}{cpu} ({load}): {verdict}")
