@@ -4,15 +4,18 @@ On a virtual machine each core (vCPU) may be one hyperthread of a physical core 
 hyperthread runs another tenant's work. While that sibling is busy the core runs slower, and
 nothing inside the machine shows it: the load average, ``/proc/stat`` steal time and the process's
 CPU time all read as if the core were alone. A fixed, tiny pure-Python loop timed again and again
-shows it as two modes: chunks at the core's own speed ("alone") and chunks about 1.9× slower
-("shared"), switching every few milliseconds; the share of time in the slow mode moved between
-0.05 and 0.84 from one 100 ms window to the next on the 2-core machine this was built on.
+shows it as two modes: chunks at the core's own speed ("alone") and chunks 1.8–1.9× slower
+("shared"), switching every few milliseconds; on the 2-core machine this was built on the share
+of time in the slow mode went anywhere between 0 and 1 from one 0.25 s window to the next, each
+core on its own, and a busy process on the other core did not raise it
+(``benchmarks/machine_steadiness.py --competitor``).
 
 :func:`classify_chunks` (pure) splits one series of chunk durations into the two modes and the
 chunks something else lengthened (the thread was preempted or interrupted: far above both modes),
 which are left out. :func:`measure_cores` pins the calling thread to each core it may run on in
 turn, times the loop there and restores the affinity; where there is no affinity it times the loop
-unpinned and says so.
+unpinned and says so. :class:`CoreWatch` keeps a tune's readings (and the fastest alone time
+seen on this machine, between runs).
 
 :func:`speed_swing` turns the lowest and highest shared fraction seen into how far that alone can
 move a measured speed, which the tuner's ranking verdict takes as a floor (:class:`Trust`).
@@ -233,6 +236,12 @@ def measure_cores(*, seconds_per_core: float = 0.25, max_seconds: float = 0.6, r
     pinned to it), restore the thread's affinity (also on error) and split each series
     (:func:`classify_chunks`; every core's alone time checked against the fastest core's, or
     ``reference_alone_ns`` when faster).
+
+    Why 0.25 s: the share itself moves on a scale of a second, so no short window reads a steady
+    value. Over 10 s per core (2026-12-02 17:01 UTC, load 2.4) the share of consecutive windows had
+    a standard deviation of 0.31–0.35 at 25 ms, 0.28–0.33 at 0.25 s, 0.15–0.19 at 1 s and 0.10–0.11
+    at 2 s, around a mean of 0.68–0.73. A reading of 0.25 s per core reads the moment (2 cores:
+    0.55 s with the split); the tune takes the lowest and highest over cores and moments.
 
     At most ``max_seconds`` in all: with more cores than fit, an evenly spread subset is measured
     and the note says so. Without ``os.sched_setaffinity`` (not Linux) one series is timed unpinned.
