@@ -195,6 +195,11 @@ def test_the_trust_line_says_the_cores_reduced_speed_and_it_widens_the_verdict()
     assert not shared.firm
     assert "cores ran at reduced speed 5–84% of the time, 1.9× slower (shared with work outside this machine)" in shared.text
     assert f"can move one plan's speed by up to {swing:.0%}; either may be the faster" in shared.text
+    # A probe's ranks run on every core: the verdict's bound takes each reading's mean over them.
+    averaged = Trust(best_key="a", runner_up_key="b", gap=0.4, repeat_spread=0.1, load_1m=(0.3, 0.5), cores=2,
+                     core_shared=(0.05, 0.84), core_slowdown=1.9, machine_shared=(0.3, 0.45))
+    assert averaged.share_swing == pytest.approx((0.7 + 0.3 / 1.9) / (0.55 + 0.45 / 1.9) - 1) and averaged.firm
+    assert "reduced speed 5–84%" in averaged.text
     calm = Trust(best_key="a", runner_up_key="b", gap=0.4, repeat_spread=0.1, load_1m=(0.3, 0.5), cores=2,
                  core_shared=(0.1, 0.2), core_slowdown=1.9)
     assert calm.firm and calm.text.endswith("the ranking holds")
@@ -234,6 +239,7 @@ def test_the_tuner_reads_the_cores_before_the_search_and_after_it_into_trust(tmp
     assert [moment for moment, _ in watch.readings] == ["before the search", "after the search"]
     assert references == [None, 4100]  # the first reading's alone time checks the second's
     assert summary.trust.core_shared == (0.12, 0.58) and summary.trust.core_slowdown == pytest.approx(1.9)
+    assert summary.trust.machine_shared == pytest.approx((0.21, 0.39))
     assert "reduced speed 12–58%" in summary.trust.text
     assert "before the search: shared (slow) time core 0 12%, core 1 30%" in watch.text
 

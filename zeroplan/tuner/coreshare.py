@@ -218,6 +218,11 @@ class CoreReading:
         return tuple(c.breakdown.shared_fraction for c in self.cores)
 
     @property
+    def mean_fraction(self) -> float:
+        """The cores' shared fractions averaged: what a probe whose ranks run on every core meets."""
+        return sum(self.fractions) / len(self.fractions)
+
+    @property
     def slowdown(self) -> float:
         """The cores' slowdowns weighted by their time shared (1.0: none was)."""
         shared = sum(c.breakdown.shared_s for c in self.cores)
@@ -390,6 +395,12 @@ class CoreWatch:
         """Lowest and highest shared fraction over cores and readings (None: no reading)."""
         fractions = [f for _, r in self.readings for f in r.fractions]
         return (min(fractions), max(fractions)) if fractions else None
+
+    @property
+    def mean_range(self) -> Optional[tuple[float, float]]:
+        """Lowest and highest of each reading's mean over the cores (None: no reading)."""
+        means = [r.mean_fraction for _, r in self.readings]
+        return (min(means), max(means)) if means else None
 
     @property
     def slowdown(self) -> Optional[float]:

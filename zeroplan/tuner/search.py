@@ -394,6 +394,7 @@ class Tuner:
             cores=os.cpu_count() or 1,
             core_shared=self.cores.shared_range,
             core_slowdown=self.cores.slowdown,
+            machine_shared=self.cores.mean_range,
         )
 
     def gap(self, best: Any = None) -> Optional[Gap]:

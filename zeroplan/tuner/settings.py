@@ -100,22 +100,29 @@ class Trust:
     readings before the search and after the re-measurements (None: not measured, e.g. on CUDA)."""
     core_slowdown: Optional[float] = None
     """How many times slower the fixed loop ran in that reduced-speed mode (None: not measured)."""
+    machine_shared: Optional[tuple[float, float]] = None
+    """Lowest and highest of each reading's fraction averaged over the cores — what a probe whose
+    ranks run on every core meets — which bounds the verdict (None: ``core_shared`` does)."""
 
     def __post_init__(self) -> None:
         if self.core_shared is not None and not 0.0 <= self.core_shared[0] <= self.core_shared[1] <= 1.0:
             raise ValueError(f"Trust.core_shared={self.core_shared!r}: give (lowest, highest) fractions within 0..1")
+        if self.machine_shared is not None and not 0.0 <= self.machine_shared[0] <= self.machine_shared[1] <= 1.0:
+            raise ValueError(f"Trust.machine_shared={self.machine_shared!r}: give (lowest, highest) fractions within 0..1")
         if self.core_shared is not None and (self.core_slowdown is None or self.core_slowdown < 1.0):
             raise ValueError(f"Trust.core_slowdown={self.core_slowdown!r}: give the slow mode's slowdown (>= 1) with core_shared")
 
     @property
     def share_swing(self) -> float:
         """How far the cores' reduced-speed time alone can move a measured speed between the readings
-        (:func:`zeroplan.tuner.coreshare.speed_swing`; 0 when not measured). The loop it comes from
-        is the work that slows most of those measured (a vector add slowed 1.3×, a matmul less), so
-        for a training step it is the widest the sharing can move it."""
-        if self.core_shared is None or self.core_slowdown is None:
+        (:func:`zeroplan.tuner.coreshare.speed_swing` over ``machine_shared``, else ``core_shared``;
+        0 when not measured). The loop it comes from is the work that slows most of those measured
+        (a vector add slowed 1.3×, a matmul less), so for a training step it is the widest the
+        sharing can move it."""
+        shared = self.machine_shared or self.core_shared
+        if shared is None or self.core_slowdown is None:
             return 0.0
-        return speed_swing(self.core_shared, self.core_slowdown)
+        return speed_swing(shared, self.core_slowdown)
 
     @property
     def firm(self) -> bool:
