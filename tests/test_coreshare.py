@@ -3,7 +3,8 @@ an independent one (Otsu's threshold in numpy), a series built with a known answ
 own count of the time a thread waited to run, and what the tuner does with the readings.
 
 The fixtures are real: ``tests/data/coreshare_chunks*.json.gz`` are 0.1 s of the loop pinned to
-core 0 of the project's 2-core AMD EPYC virtual machine, recorded with
+core 0 of the project's 2-core AMD EPYC virtual machine (chosen from nine recordings: a mixed one,
+a mostly shared one, one shared throughout), recorded with
 ``python benchmarks/machine_steadiness.py --record PATH`` (2026-12-02 17:04 UTC, load 1.1-1.2;
 each file says how, when and what ``/proc/thread-self/schedstat`` counted meanwhile).
 """
@@ -99,6 +100,19 @@ def test_one_mode_only_is_no_shared_time_and_a_reference_finds_a_core_never_alon
     assert against.shared_fraction == 1.0 and against.slowdown == pytest.approx(1.9, rel=0.03)
     with pytest.raises(ValueError, match="too few"):
         classify_chunks([4000] * 10)
+
+
+def test_a_core_shared_for_a_whole_recorded_series_is_one_mode_not_split_in_two():
+    """0.1 s of core 0 recorded a few seconds after the mixed series, all of it in the slow mode
+    (its 1st percentile 1.67× the mixed series'): alone it is one mode (shared 0, not a sliver of
+    its own tail); against the mixed series' alone time it was shared throughout."""
+    one = recorded("coreshare_chunks_one_mode.json.gz")
+    b = classify_chunks(one.tolist())
+    assert (b.shared_fraction, b.slowdown, b.alone_seen) == (0.0, 1.0, True)
+    reference = classify_chunks(recorded(FIXTURES[0]).tolist()).alone_ns
+    against = classify_chunks(one.tolist(), reference_alone_ns=reference)
+    assert against.shared_fraction > 0.99 and not against.alone_seen
+    assert 1.6 < against.slowdown < 2.1
 
 
 def test_speed_swing_is_the_work_rate_at_the_lowest_share_over_the_highest():
