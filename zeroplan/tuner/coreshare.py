@@ -243,9 +243,10 @@ def measure_cores(*, seconds_per_core: float = 0.25, max_seconds: float = 0.6, r
     ``reference_alone_ns`` when faster).
 
     Why 0.25 s: the share itself moves on a scale of a second, so no short window reads a steady
-    value. Over 10 s per core (2026-12-02 17:01 UTC, load 2.4) the share of consecutive windows had
-    a standard deviation of 0.31–0.35 at 25 ms, 0.28–0.33 at 0.25 s, 0.15–0.19 at 1 s and 0.10–0.11
-    at 2 s, around a mean of 0.68–0.73. A reading of 0.25 s per core reads the moment (2 cores:
+    value. Over 10 s per core the share of consecutive windows had a standard deviation of
+    0.31–0.35 at 25 ms, 0.28–0.33 at 0.25 s, 0.15–0.19 at 1 s and 0.10–0.11 at 2 s around a mean
+    of 0.68–0.73 (2026-12-02 17:01 UTC, load 2.4), and 0.24–0.32, 0.15–0.21, 0.09–0.13 and
+    0.03–0.10 around 0.28–0.36 (17:35 UTC, load 4.0). A reading of 0.25 s per core reads the moment (2 cores:
     0.55 s with the split); the tune takes the lowest and highest over cores and moments.
 
     At most ``max_seconds`` in all: with more cores than fit, an evenly spread subset is measured
