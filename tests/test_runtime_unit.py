@@ -17,7 +17,7 @@ from zeroplan.runtime.measure.classify import classify, summarize_ranks
 from zeroplan.runtime.probe import build_command, script_kind
 from zeroplan.spec import Plan, SpecError
 
-from helpers import example, run_zeroplan
+from helpers import ROOT, example, run_zeroplan
 
 
 # -- request / result ------------------------------------------------------------------------
@@ -363,13 +363,12 @@ def test_two_environments_with_the_same_versions_build_ops_in_two_folders(tmp_pa
     import torch
     import torch.utils.cpp_extension as cpp_extension
 
-    torch_dir = Path(torch.__file__).resolve().parent
+    torch_dir = Path(torch.__path__[0]).resolve()
     assert all(Path(p).resolve().is_relative_to(torch_dir) for p in cpp_extension.include_paths())
-    root = Path(__file__).resolve().parents[1]
     code = "import sys; from zeroplan.runtime.rank.dsops import private_extensions_dir as d; print(d()); print('torch' in sys.modules)"
 
     def folder(*path: Path) -> str:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in (*path, root)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in (*path, ROOT)))
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
         assert out[1] == "False"  # located, not imported
         return out[0]

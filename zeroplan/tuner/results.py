@@ -230,7 +230,7 @@ def render_report(frame: Any, meta: dict[str, Any], *, plot_name: Optional[str],
     """``report.md``: what was searched, the best plan, the measured ranking, failures, pruned plans."""
     lines = ["# zeroplan tune report", ""]
     for key in ("script", "backend", "gpus", "model", "global_batch", "seq_len", "precision", "loss", "storage", "sampler", "time_model", "model_save",
-                "model_build"):
+                "model_build", "core_sharing"):
         if meta.get(key) not in (None, ""):
             lines.append(f"- **{key.replace('_', ' ')}**: {meta[key]}")
     probed = frame[frame["status"].isin(PROBED_STATUSES)]

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Optional
 
 from zeroplan.tuner.admission import Knowledge, Rejection, admit, duplicate, knowledge_from_trials, memory_overshoot, not_enumerated
+from zeroplan.tuner.coreshare import CoreWatch
 from zeroplan.tuner.failures import classify_failure, script_wide_failure, suspect_rank
 from zeroplan.tuner.ledger import REMEASURED_ATTR, ClaimsLedger, first_line, remeasurements, storage_call
 from zeroplan.tuner.objective import PROBED_STATUSES, ProbeOutcome, Runner
@@ -77,6 +78,7 @@ class Tuner:
         after_trial: Optional[Callable[[], None]] = None,
         clock: Callable[[], float] = time.time,
         expected_probe_s: Optional[Callable[[Any], Optional[float]]] = None,
+        cores: Optional[CoreWatch] = None,
     ) -> None:
         self.study = study
         self.expected_probe_s = expected_probe_s
@@ -91,6 +93,8 @@ class Tuner:
         self._load: list[float] = []
         """1-minute load average at the start of each probe of this process."""
         self.worker = self.ledger.worker
+        self.cores = cores or CoreWatch()
+        """Readings of the cores' reduced-speed time, before the search and after its re-measurements."""
 
     # ------------------------------------------------------------------ what the study knows
 
@@ -271,6 +275,7 @@ class Tuner:
     def run(self) -> TuneSummary:
         """Probe until the study holds ``trials`` probes, the time budget ends or no plan is left."""
         start = time.monotonic()
+        self.cores.read("before the search", self.on_event)
         probes_this_run = 0
         rejections = 0
         while True:
@@ -363,25 +368,15 @@ class Tuner:
                 values = self.measurements(t)
                 if len(values) == 2 and max(values) / min(values) - 1 > SETTLE:
                     self._measure_again(t)
+        self.cores.read("after the search", self.on_event)
         ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
-        medians = [statistics.median(self.measurements(t)) for t in ranked[:2]]
-        spreads = [(max(m) - min(m)) / statistics.median(m) for m in (self.measurements(t) for t in ranked[:2]) if len(m) > 1]
         records = self.ledger.remeasurement_records()
-        cpu_spreads = []
-        for t in ranked[:2]:
-            cpu = [t.user_attrs.get("cpu_step_time_s")] + [r.get("cpu_step_time_s") for r in records.get(t.user_attrs.get("plan_key", ""), [])]
-            if len(cpu) > 1 and all(cpu):
-                cpu_spreads.append((max(cpu) - min(cpu)) / statistics.median(cpu))
-        load = self._load or [os.getloadavg()[0]]
-        return Trust(
-            best_key=ranked[0].user_attrs.get("plan_key", ""),
-            runner_up_key=ranked[1].user_attrs.get("plan_key", "") if len(ranked) > 1 else None,
-            gap=medians[0] / medians[1] - 1.0 if len(medians) > 1 and medians[1] > 0 else 0.0,
-            repeat_spread=max(spreads) if spreads else 0.0,
-            cpu_repeat_spread=max(cpu_spreads) if cpu_spreads else None,
-            load_1m=(min(load), max(load)),
-            cores=os.cpu_count() or 1,
-        )
+
+        def cpu_times(t: Any) -> list[Any]:
+            return [t.user_attrs.get("cpu_step_time_s")] + [r.get("cpu_step_time_s") for r in records.get(t.user_attrs.get("plan_key", ""), [])]
+
+        return Trust.of([(t.user_attrs.get("plan_key", ""), self.measurements(t), cpu_times(t)) for t in ranked[:2]],
+                        load_1m=self._load or [os.getloadavg()[0]], cores=os.cpu_count() or 1, watch=self.cores)
 
     def _measure_again(self, t: Any) -> None:
         """Probe a COMPLETE trial's plan once more and record the measurement in the study (a failed

@@ -135,7 +135,14 @@ def run_tune(request: TuneRequest, listener: TuneListener | None = None) -> Tune
         listener.event("budget", time_budget_s=request.settings.time_budget_s, floor_s=floor, probes=fit)
     if request.engine == "deepspeed":  # after the budget check: a budget too small for one probe says so at once
         _build_optimizer_ops(listener, space, training, base_config=base_config, optimizer_impl=request.optimizer_impl)
-    summary, tuner = _search(request, listener, study, space, runner, meta, url=url, time_model=time_model)
+    from zeroplan.tuner.coreshare import CoreWatch, alone_cache_path, measure_cores
+
+    # The cores' reduced-speed time (another tenant on the same physical core) bears on a CPU probe's
+    # step time only; a GPU's timings are the device's.
+    cores = CoreWatch(None if on_cuda else measure_cores, cache=alone_cache_path())
+    summary, tuner = _search(request, listener, study, space, runner, meta, url=url, time_model=time_model, cores=cores)
+    if cores.readings:
+        meta["core_sharing"] = cores.text
     from zeroplan.tuner.results import write_results
     from zeroplan.tuner.search import remeasurements
 
@@ -274,7 +281,7 @@ def _space(request, listener, runner, model_spec, cluster, training, space_optio
     return space, cluster, time_model, warm_s[0]
 
 
-def _search(request, listener, study, space, runner, meta, *, url: str, time_model: str):
+def _search(request, listener, study, space, runner, meta, *, url: str, time_model: str, cores=None):
     """Run the search; (its summary, the tuner). Results are written after every trial."""
     from zeroplan.tuner import Tuner, write_results
     from zeroplan.tuner.results import PLOT_MISSING, plotting_available
@@ -285,7 +292,8 @@ def _search(request, listener, study, space, runner, meta, *, url: str, time_mod
         # Without the plot: it is drawn with the final results (zeroplan.tuner.results).
         write_results(tuner.ledger.trials(), output, meta, plot=False)
 
-    tuner = Tuner(study, space, runner, request.settings, on_event=listener.event, after_trial=after_trial, expected_probe_s=runner.expected_s)
+    tuner = Tuner(study, space, runner, request.settings, on_event=listener.event, after_trial=after_trial, expected_probe_s=runner.expected_s,
+                  cores=cores)
     listener.event("time_model", text=time_model)
     for message in tuner.prepare(resume=request.resume):
         listener.event("prepared", text=message)
