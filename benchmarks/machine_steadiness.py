@@ -32,9 +32,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Optional
 
-from zeroplan.tuner.coreshare import LOOP_ITERATIONS, CoreWatch, alone_cache_path, classify_chunks, measure_cores, time_chunks
+from zeroplan.tuner.coreshare import LOOP_ITERATIONS, CoreWatch, alone_cache_path, classify_chunks, measure_cores, pinned_chunks, run_delay_ns, time_chunks
 
 
 def work(iterations: int) -> int:
@@ -42,15 +41,6 @@ def work(iterations: int) -> int:
     for i in range(iterations):
         total += i
     return total
-
-
-def run_delay_ns() -> Optional[int]:
-    """Nanoseconds the calling thread has waited on a run queue (Linux schedstat), or None."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def checked_reading(watch: CoreWatch, label: str) -> str:
@@ -70,19 +60,14 @@ def checked_reading(watch: CoreWatch, label: str) -> str:
 def competitor_reading(core: int, seconds: float = 0.5) -> str:
     """The loop on ``core`` while a busy process is pinned to the same core."""
     busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
-    before_affinity = os.sched_getaffinity(0)
     try:
         time.sleep(0.1)
-        os.sched_setaffinity(0, {core})
-        before = run_delay_ns()
-        durations = time_chunks(seconds)
-        waited = run_delay_ns()
+        durations, waited = pinned_chunks(core, seconds)
     finally:
-        os.sched_setaffinity(0, before_affinity)
         busy.kill()
         busy.wait()
     b = classify_chunks(durations)
-    wait_ms = (waited - before) / 1e6 if before is not None and waited is not None else float("nan")
+    wait_ms = waited / 1e6 if waited is not None else float("nan")
     return (f"  busy process pinned to core {core} beside the loop ({seconds} s): shared {b.shared_fraction:.0%}, "
             f"disturbed {b.disturbed_s * 1e3:.0f} ms in {b.disturbed_chunks} chunks vs waited to run {wait_ms:.0f} ms")
 
@@ -114,14 +99,7 @@ def neighbour_check(core: int, other: int, rounds: int = 6, seconds: float = 0.2
 
 def record(path: str, core: int, seconds: float) -> None:
     """Save one core's chunk series with what the kernel says about the thread meanwhile."""
-    before_affinity = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {core})
-        before = run_delay_ns()
-        durations = time_chunks(seconds)
-        waited = run_delay_ns()
-    finally:
-        os.sched_setaffinity(0, before_affinity)
+    durations, waited = pinned_chunks(core, seconds)
     doc = {
         "how": f"benchmarks/machine_steadiness.py --record: zeroplan.tuner.coreshare.time_chunks({seconds}) pinned to core {core}",
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -129,7 +107,7 @@ def record(path: str, core: int, seconds: float) -> None:
         "cores": os.cpu_count(),
         "python": sys.version.split()[0],
         "loop_iterations": LOOP_ITERATIONS,
-        "run_delay_ns": (waited - before) if before is not None and waited is not None else None,
+        "run_delay_ns": waited,
         "durations_ns": durations,
     }
     with gzip.open(path, "wt") as f:

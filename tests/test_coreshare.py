@@ -169,29 +169,24 @@ def test_a_real_reading_of_every_core_is_short():
     assert all(0.0 <= f <= 1.0 for f in reading.fractions)
 
 
-def _run_delay_ns() -> int:
-    return int(Path("/proc/thread-self/schedstat").read_text().split()[1])
-
-
 @pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists() or not hasattr(os, "sched_setaffinity"),
                     reason="needs Linux's schedstat and CPU affinity")
 def test_a_busy_process_on_the_same_core_is_disturbed_time_not_shared_time():
     """Linux time-slices two busy threads on one core: the loop's thread waits whole slices (ms),
-    which the kernel counts as run_delay. Those waits must be the disturbed chunks, so they stay
-    out of the reduced-speed share. The kernel's count is the independent truth."""
+    which the kernel counts as run_delay (``/proc/thread-self/schedstat``). Those waits must be the
+    disturbed chunks, so they stay out of the reduced-speed share. The kernel's count is the
+    independent truth; the loop runs pinned to the busy process's core and its affinity comes back."""
     core = min(os.sched_getaffinity(0))
-    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     before_affinity = os.sched_getaffinity(0)
+    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     try:
         time.sleep(0.2)
-        os.sched_setaffinity(0, {core})
-        before = _run_delay_ns()
-        durations = coreshare.time_chunks(0.4)
-        waited_s = (_run_delay_ns() - before) / 1e9
+        durations, waited_ns = coreshare.pinned_chunks(core, 0.4)
     finally:
-        os.sched_setaffinity(0, before_affinity)
         busy.kill()
         busy.wait()
+    assert os.sched_getaffinity(0) == before_affinity
+    waited_s = waited_ns / 1e9
     b = classify_chunks(durations)
     wall_s = sum(durations) / 1e9
     assert waited_s > 0.2 * wall_s, "the busy process did not share the core"

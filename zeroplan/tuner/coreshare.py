@@ -194,6 +194,31 @@ def time_chunks(seconds: float, *, iterations: int = LOOP_ITERATIONS) -> list[in
             return out
 
 
+def run_delay_ns() -> Optional[int]:
+    """Nanoseconds the calling thread has waited on a run queue (Linux ``/proc/thread-self/schedstat``,
+    its second field), or None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pinned_chunks(core: int, seconds: float, *, iterations: int = LOOP_ITERATIONS) -> tuple[list[int], Optional[int]]:
+    """:func:`time_chunks` with the calling thread pinned to ``core`` (its affinity restored after,
+    also on error), and the nanoseconds it waited on a run queue meanwhile (:func:`run_delay_ns`;
+    None where the kernel does not say): the kernel's own count of time taken by other threads."""
+    before_affinity = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {core})
+        before = run_delay_ns()
+        durations = time_chunks(seconds, iterations=iterations)
+        after = run_delay_ns()
+    finally:
+        os.sched_setaffinity(0, before_affinity)
+    return durations, (after - before if before is not None and after is not None else None)
+
+
 @dataclass(frozen=True)
 class CoreShare:
     """One core's series, split."""
