@@ -205,7 +205,7 @@ def test_the_trust_line_says_the_cores_reduced_speed_and_qualifies_a_verdict_it_
     swing = (0.95 + 0.05 / 1.9) / (0.16 + 0.84 / 1.9) - 1  # 62 %
     assert shared.share_swing == pytest.approx(swing)
     assert shared.firm  # 40 % ahead, one plan's readings 10 % apart
-    assert "cores ran at reduced speed 5–84% of the time, 1.9× slower (shared with work outside this machine)" in shared.text
+    assert "cores ran at reduced speed 5–84% of the time, 1.9× slower — shared with work outside this machine)" in shared.text
     assert shared.text.endswith(f"the ranking holds as measured, though the cores' reduced-speed time could move one plan's speed by up to "
                                 f"{swing:.0%}: measure again when they are less shared")
     apart = Trust(best_key="a", runner_up_key="b", gap=0.4, repeat_spread=0.5, load_1m=(0.3, 0.5), cores=2,

@@ -94,7 +94,7 @@ def _check_finished_tune(r: subprocess.CompletedProcess, out: Path, rows: pd.Dat
     from zeroplan.tuner.checks import cuda_visible
 
     if not cuda_visible():  # CPU ranks: the cores' reduced-speed time, read before the search and after it (tuner.coreshare)
-        assert "(shared with work outside this machine)" in " ".join(r.stdout.split())
+        assert "— shared with work outside this machine)" in " ".join(r.stdout.split())
         assert report.count("shared (slow) time core") == 2 and "**core sharing**: before the search:" in report
 
 

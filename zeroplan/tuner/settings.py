@@ -160,7 +160,7 @@ class Trust:
         if self.core_shared is not None:
             lo, hi = self.core_shared
             load += (f"; cores ran at reduced speed {lo * 100:.0f}–{hi:.0%} of the time, {self.core_slowdown:.1f}× slower "
-                     "(shared with work outside this machine)")
+                     "— shared with work outside this machine")
         if self.runner_up_key is None:
             return f"ranking: only {self.best_key} worked ({load})"
         verdict = "the ranking holds" if self.firm else "not told apart at this load: either may be the faster"
