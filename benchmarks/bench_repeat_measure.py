@@ -348,7 +348,7 @@ def tunes(args: argparse.Namespace) -> None:
         if tune_cpu and c_probe:
             after_cpu.append(c_probe / min(tune_cpu) - 1)
         print(f"{i:<4} {best['plan']:<24} {ranked:>8.1f} {got:>8.1f} {got / ranked - 1:>+6.1%}   {cpu:<22} {load2:.1f}-{os.getloadavg()[0]:.1f}"
-              f"   (tune's ranked figure, then `probe` right after; tune wall {wall:.0f} s)", flush=True)
+              f"   (tune's ranked figure, then `probe` right after; tune wall {wall:.0f} s{_core_sharing(proc.stdout)})", flush=True)
     if within:
         print(f"\nwithin a tune: {sum(d <= 0.10 for d in within)} of {len(within)} pairs within 10 % (largest {max(within):.1%})")
     if after:
@@ -358,6 +358,14 @@ def tunes(args: argparse.Namespace) -> None:
               f"{len(within_cpu)} pairs within 10 % (largest {max(within_cpu, default=0):.1%}); probe right after "
               f"{', '.join(f'{a:+.1%}' for a in after_cpu)} against the tune's fastest")
     print(f"(load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+
+
+def _core_sharing(tune_stdout: str) -> str:
+    """The tune's reading of how much of the time the cores ran at reduced speed (its ranking line), or ''."""
+    import re
+
+    m = re.search(r"cores ran at reduced speed (\d+)–(\d+)% of the time, ([\d.]+)× slower", " ".join(tune_stdout.split()))
+    return f"; cores at reduced speed {m.group(1)}–{m.group(2)} % of the time, {m.group(3)}× slower" if m else ""
 
 
 def _fastest_cpu(workdir: Path) -> float | None:
