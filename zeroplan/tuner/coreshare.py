@@ -18,7 +18,7 @@ unpinned and says so. :class:`CoreWatch` keeps a tune's readings (and the fastes
 seen on this machine, between runs).
 
 :func:`speed_swing` turns the lowest and highest shared fraction seen into how far that alone can
-move a measured speed, which the tuner's ranking verdict takes as a floor (:class:`Trust`).
+move a measured speed, which the tuner's ranking line gives beside its verdict (:class:`Trust`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["CoreReading", "CoreShare", "CoreWatch", "ShareBreakdown", "alone_cache_path", "classify_chunks", "measure_cores", "speed_swing", "time_chunks",
+__all__ = ["CoreReading", "CoreShare", "CoreWatch", "ShareBreakdown", "alone_cache_path", "classify_chunks", "measure_cores", "pinned_chunks", "run_delay_ns",
+           "speed_swing", "time_chunks",
            "LOOP_ITERATIONS"]
 
 #: Iterations of the timed loop: about 4.5 µs per chunk on a 2020s x86 core, so that the timer's

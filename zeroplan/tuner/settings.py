@@ -103,7 +103,7 @@ class Trust:
     """How many times slower the fixed loop ran in that reduced-speed mode (None: not measured)."""
     machine_shared: Optional[tuple[float, float]] = None
     """Lowest and highest of each reading's fraction averaged over the cores — what a probe whose
-    ranks run on every core meets — which bounds the verdict (None: ``core_shared`` does)."""
+    ranks run on every core meets — from which the line's remark on a held ranking is taken (None: ``core_shared``)."""
 
     def __post_init__(self) -> None:
         if self.core_shared is not None and not 0.0 <= self.core_shared[0] <= self.core_shared[1] <= 1.0:
