@@ -340,8 +340,9 @@ ALONE_KEPT_S = 24 * 3600.0
 
 def alone_cache_path() -> Path:
     """Where the fastest alone time seen on this machine is kept between runs."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "zeroplan" / "core_alone.json"
+    from zeroplan.runtime.rank.dsops import user_cache_dir
+
+    return user_cache_dir() / "zeroplan" / "core_alone.json"
 
 
 def _machine_key() -> str:

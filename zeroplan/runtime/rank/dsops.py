@@ -102,6 +102,17 @@ def build_ops(builders: tuple[str, ...], *, timeout_s: float = 1800.0) -> dict[s
     return {name: float(secs) for name, secs in (ln.split() for ln in r.stdout.splitlines() if len(ln.split()) == 2)}
 
 
+def user_cache_dir(env=None):
+    """The user's cache folder for a process with environment ``env`` (default: this one's):
+    ``$XDG_CACHE_HOME``, else ``$HOME/.cache`` — where torch puts its extensions folder and
+    zeroplan its own files."""
+    import os
+    from pathlib import Path
+
+    env = os.environ if env is None else env
+    return Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")
+
+
 def _lock_files(names, env=None) -> list:
     """``<build dir>/lock`` of each op in ``names``, where torch.utils.cpp_extension
     ``_get_build_directory`` puts it for a process with environment ``env`` (default: this one's):
@@ -114,7 +125,7 @@ def _lock_files(names, env=None) -> list:
     root = env.get("TORCH_EXTENSIONS_DIR")
     if root:
         return [Path(root) / name / "lock" for name in names]
-    cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache") / "torch_extensions"
+    cache = user_cache_dir(env) / "torch_extensions"
     return [lock for name in names for lock in cache.glob(f"*/{name}/lock")]
 
 
@@ -302,7 +313,6 @@ def private_extensions_dir(env=None):
     import os
     import sys
     from importlib.metadata import PackageNotFoundError, version
-    from pathlib import Path
 
     env = os.environ if env is None else env
 
@@ -312,7 +322,7 @@ def private_extensions_dir(env=None):
         except PackageNotFoundError:
             return "none"
 
-    cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")
+    cache = user_cache_dir(env)
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}_torch{ver('torch')}_ds{ver('deepspeed')}_{_install_tag()}".replace("+", "-")
     return cache / "zeroplan" / "torch_extensions" / tag
 
@@ -337,7 +347,7 @@ def _user_cache_roots(env=None) -> list:
     env = os.environ if env is None else env
     if env.get("TORCH_EXTENSIONS_DIR"):
         return [Path(env["TORCH_EXTENSIONS_DIR"])]
-    cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache") / "torch_extensions"
+    cache = user_cache_dir(env) / "torch_extensions"
     return sorted(p for p in cache.glob("*") if p.is_dir()) if cache.is_dir() else []
 
 
