@@ -220,6 +220,12 @@ def pinned_chunks(core: int, seconds: float, *, iterations: int = LOOP_ITERATION
     return durations, (after - before if before is not None and after is not None else None)
 
 
+def _slowdown(breakdowns: Sequence[ShareBreakdown]) -> float:
+    """The slow mode's slowdown over several series, each weighted by its time shared (1.0: none was)."""
+    shared = sum(b.shared_s for b in breakdowns)
+    return sum(b.slowdown * b.shared_s for b in breakdowns) / shared if shared > 0 else 1.0
+
+
 @dataclass(frozen=True)
 class CoreShare:
     """One core's series, split."""
@@ -251,8 +257,7 @@ class CoreReading:
     @property
     def slowdown(self) -> float:
         """The cores' slowdowns weighted by their time shared (1.0: none was)."""
-        shared = sum(c.breakdown.shared_s for c in self.cores)
-        return sum(c.breakdown.slowdown * c.breakdown.shared_s for c in self.cores) / shared if shared > 0 else 1.0
+        return _slowdown([c.breakdown for c in self.cores])
 
     @property
     def text(self) -> str:
@@ -292,17 +297,11 @@ def measure_cores(*, seconds_per_core: float = 0.25, max_seconds: float = 0.6, r
                                                        for i in range(fit)]
         if len(chosen) < len(allowed):
             notes.append(f"{len(chosen)} of {len(allowed)} cores measured")
-        before = os.sched_getaffinity(0)
-        try:
-            for core in chosen:
-                try:
-                    os.sched_setaffinity(0, {core})
-                except OSError as exc:
-                    notes.append(f"core {core} not measured ({exc.strerror or exc})")
-                    continue
-                series.append((core, time_chunks(seconds_per_core, iterations=iterations)))
-        finally:
-            os.sched_setaffinity(0, before)
+        for core in chosen:
+            try:
+                series.append((core, pinned_chunks(core, seconds_per_core, iterations=iterations)[0]))
+            except OSError as exc:
+                notes.append(f"core {core} not measured ({exc.strerror or exc})")
     usable = [(core, d) for core, d in series if len(d) >= MIN_CHUNKS]
     if not usable:
         raise ValueError(f"no core gave {MIN_CHUNKS} chunks in {seconds_per_core} s")
@@ -434,10 +433,7 @@ class CoreWatch:
     def slowdown(self) -> Optional[float]:
         """The slow mode's slowdown over all readings, weighted by time shared (None: no reading)."""
         cores = [c.breakdown for _, r in self.readings for c in r.cores]
-        if not cores:
-            return None
-        shared = sum(b.shared_s for b in cores)
-        return sum(b.slowdown * b.shared_s for b in cores) / shared if shared > 0 else 1.0
+        return _slowdown(cores) if cores else None
 
     @property
     def text(self) -> str:
