@@ -122,16 +122,18 @@ class Tuner:
         # Stable: prediction order within; tight plans after those that fit with margin.
         return sorted(left, key=lambda c: (suspect_rank(c, knowledge.failures), c.verdict == "tight"))
 
-    def measurements(self, trial: Any) -> list[float]:
-        """Every throughput measured for a COMPLETE trial's plan: its probe's, then its re-measurements."""
-        again = self.ledger.remeasurements().get(trial.user_attrs.get("plan_key", ""), [])
-        return [float(trial.value), *(float(v) for v in again)]
+    def measurements(self, trial: Any, again: Optional[dict[str, list[float]]] = None) -> list[float]:
+        """Every throughput measured for a COMPLETE trial's plan: its probe's, then its re-measurements
+        (``again``: the study's, already read by :meth:`ClaimsLedger.remeasurements`; None: read them)."""
+        again = self.ledger.remeasurements() if again is None else again
+        return [float(trial.value), *(float(v) for v in again.get(trial.user_attrs.get("plan_key", ""), []))]
 
     def best(self) -> Any:
         """The COMPLETE trial with the highest median measured throughput (its probe and any
         re-measurements), or None."""
         done = [t for t in self.ledger.trials() if t.state.name == "COMPLETE" and t.value is not None]
-        return max(done, key=lambda t: statistics.median(self.measurements(t))) if done else None
+        again = self.ledger.remeasurements()  # one read of the study for every trial
+        return max(done, key=lambda t: statistics.median(self.measurements(t, again))) if done else None
 
     # ------------------------------------------------------------------ setup
 
@@ -364,23 +366,23 @@ class Tuner:
         if len(top) >= 2:
             for t in reversed(top):
                 self._measure_again(t)
+            again = self.ledger.remeasurements()
             for t in reversed(top):  # two readings that disagree: a third settles the plan's median
-                values = self.measurements(t)
+                values = self.measurements(t, again)
                 if len(values) == 2 and max(values) / min(values) - 1 > SETTLE:
                     self._measure_again(t)
         self.cores.read("after the search", self.on_event)
-        ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t)))
-        records = self.ledger.remeasurement_records()
+        again, records = self.ledger.remeasurements(), self.ledger.remeasurement_records()
+        ranked = sorted(done, key=lambda t: -statistics.median(self.measurements(t, again)))
 
         def cpu_times(t: Any) -> list[Any]:
             return [t.user_attrs.get("cpu_step_time_s")] + [r.get("cpu_step_time_s") for r in records.get(t.user_attrs.get("plan_key", ""), [])]
 
-        return Trust.of([(t.user_attrs.get("plan_key", ""), self.measurements(t), cpu_times(t)) for t in ranked[:2]],
+        return Trust.of([(t.user_attrs.get("plan_key", ""), self.measurements(t, again), cpu_times(t)) for t in ranked[:2]],
                         load_1m=self._load or [os.getloadavg()[0]], cores=os.cpu_count() or 1, watch=self.cores)
 
     def _measure_again(self, t: Any) -> None:
-        """Probe a COMPLETE trial's plan once more and record the measurement in the study (a failed
-        re-measurement leaves the others standing)."""
+        """Probe a COMPLETE trial's plan once more and record it in the study (a failure leaves the others standing)."""
         key = t.user_attrs.get("plan_key", "")
         cand = self.space.get(key)
         if cand is None:
